@@ -1,0 +1,24 @@
+"""The library's front door: recipe reference + options -> JobSpec -> Plan. The CLI and the
+Python API both go through here, so they cannot drift apart."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from . import backends, recipe, site as sites
+from .plan import Plan
+from .spec import Backend, CompileMode, JobSpec, resolve
+
+
+def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] = (),
+             site: Optional[str] = None, backend: Backend = "slurm",
+             compile_mode: CompileMode = "auto", smoke: bool = False,
+             run_name: Optional[str] = None) -> JobSpec:
+    """Load, override, validate and resolve a recipe for a node count on a site."""
+    rec, source = recipe.load(ref, list(overrides))
+    return resolve(rec, source, sites.load(site), nodes, backend=backend,
+                   compile_mode=compile_mode, smoke=smoke, run_name=run_name)
+
+
+def plan(spec: JobSpec) -> Plan:
+    """The backend's plan for a spec (pure: no clock, no network)."""
+    return backends.get(spec.backend).plan(spec)

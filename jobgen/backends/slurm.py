@@ -1,0 +1,61 @@
+"""The Slurm backend: one sbatch script per job (compile pass, then training pass)."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .. import launch
+from ..plan import Plan, PlannedFile
+from ..render import render
+from ..spec import JobSpec
+
+TEMPLATE = "slurm/job.sbatch.j2"
+
+
+def compile_key(spec: JobSpec, lau: launch.Launch) -> str:
+    """Identifies the graphs of this job: the compile command, the environment and the node
+    count. The step count is left out, since the training pass must hit the same graphs."""
+    blob = json.dumps({"args": lau.compile_args, "env": launch.env_block(spec),
+                       "nodes": spec.nodes, "program": lau.program}, sort_keys=True)
+    return f"{spec.recipe.name}-{spec.nodes}n-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def plan(spec: JobSpec) -> Plan:
+    lau = launch.for_spec(spec, "slurm")
+    site, recipe = spec.site, spec.recipe
+    text = render(
+        TEMPLATE,
+        job_name=recipe.name,
+        nodes=spec.nodes,
+        cpus_per_task=site.slurm.cpus_per_task,
+        exclusive=site.slurm.exclusive,
+        partition=site.slurm.partition,
+        account=site.slurm.account,
+        time_limit=recipe.job.time_limit,
+        title=f"{recipe.name}: {recipe.description}",
+        source=spec.source,
+        site=site.name,
+        compile_steps=recipe.compile.steps,
+        run_dir=spec.run_dir,
+        payload_dir=site.payload_dir,
+        launcher=lau.launcher,
+        activate=site.setup.activate or "",
+        max_restarts=recipe.job.max_restarts,
+        compile_mode=spec.compile_mode,
+        compile_cache=site.paths.compile_cache,
+        local_compile_cache=site.paths.local_compile_cache or "",
+        compile_key=compile_key(spec, lau),
+        master_resolver=site.slurm.master_resolver,
+        master_port=recipe.job.master_port,
+        workers_per_node=spec.workers_per_node,
+        workdir=lau.workdir,
+        program=lau.program,
+        compile_wrapper=lau.compile_wrapper,
+        compile_args=lau.compile_args,
+        train_args=lau.train_args,
+        env=launch.env_block(spec),
+        files=lau.files,
+    )
+    name = f"{spec.run_name}.sbatch"
+    return Plan(backend="slurm", files=(PlannedFile(name, text, executable=True),),
+                primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))

@@ -1,0 +1,137 @@
+"""The command line: thin click commands over jobgen.api. Errors become one line and an exit
+status in `main`, the only place that catches them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import click
+
+from .errors import JobgenError
+
+F = Callable[..., Any]
+
+
+def _spec_options(func: F) -> F:
+    """The options every command that resolves a recipe takes (defined once)."""
+    for option in reversed((
+        click.option("--nodes", "-n", type=int, help="Node count (default: the recipe's)."),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                     help="Override a recipe value, e.g. --set optim.lr=1e-4 (repeatable)."),
+        click.option("--site", help="Site profile: a name in env/sites/ or a path "
+                                    "(default: local)."),
+        click.option("--compile", "compile_mode", type=click.Choice(["auto", "always", "never"]),
+                     default="auto", show_default=True,
+                     help="Compile pass: skip it when the cache has this spec's graphs (auto)."),
+        click.option("--run-name", help="Run directory name (default: RECIPE-<N>n); a rerun "
+                                        "with the same name resumes from its checkpoints."),
+    )):
+        func = option(func)
+    return func
+
+
+def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+          compile_mode: str, run_name: Optional[str], backend: str = "slurm") -> Any:
+    from . import api
+    return api.job_spec(recipe, nodes, overrides=overrides, site=site, backend=backend,  # type: ignore[arg-type]
+                        compile_mode=compile_mode, run_name=run_name)  # type: ignore[arg-type]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="jobgen")
+def cli() -> None:
+    """Render training recipes into Slurm (Trainium) and AWS Batch multi-node jobs."""
+
+
+@cli.command("list")
+def list_cmd() -> None:
+    """The built-in recipes, one line each."""
+    from . import recipe as recipes
+    rows = []
+    for name in recipes.recipe_names():
+        rec, _ = recipes.load(name)
+        rows.append((rec.name, rec.payload, rec.platform, f"{rec.nodes}n", rec.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])
+
+
+@cli.command()
+@click.argument("recipe")
+@_spec_options
+@click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
+              show_default=True)
+def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+         compile_mode: str, run_name: Optional[str], backend: str) -> None:
+    """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step)."""
+    import yaml
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, backend)
+    click.echo(yaml.safe_dump(spec.as_dict(), sort_keys=False, default_flow_style=False,
+                              width=100), nl=False)
+
+
+@cli.command()
+@click.argument("recipe")
+@_spec_options
+@click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
+              show_default=True)
+@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path),
+              help="Write the job's files into this folder (atomically) instead of stdout.")
+def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+           compile_mode: str, run_name: Optional[str], backend: str,
+           output_dir: Optional[Path]) -> None:
+    """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
+    from . import api
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, backend)
+    plan = api.plan(spec)
+    if output_dir is None:
+        click.echo(plan.text, nl=False)
+        return
+    for path in plan.write(output_dir):
+        click.echo(str(path))
+
+
+@cli.command()
+@click.option("--site", help="Site profile to render for (default: local).")
+@click.option("--recipe", "recipes", multiple=True, help="Only these recipes (repeatable).")
+@click.option("--test-only", is_flag=True,
+              help="Also ask the Slurm controller with `sbatch --test-only` (node counts the "
+                   "cluster can hold).")
+@click.option("--no-shellcheck", is_flag=True, help="Skip shellcheck even where it is installed.")
+def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
+          no_shellcheck: bool) -> None:
+    """Dry-run every recipe at 1, 2, 4, ... 128 nodes: render, shellcheck, optionally
+    `sbatch --test-only`. Exits 1 if anything failed."""
+    from . import check as checking
+    report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
+                          shellcheck=not no_shellcheck)
+    click.echo(report.table())
+    if report.failed:
+        raise SystemExit(1)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point: runs the CLI; JobgenError -> one line on stderr and its exit status."""
+    try:
+        cli.main(args=argv, prog_name="jobgen", standalone_mode=False)
+    except JobgenError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except BrokenPipeError:
+        # `jobgen render ... | head`: the reader went away; not an error worth a traceback.
+        sys.stderr.close()
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Recipes: one YAML file per model, loaded strictly into frozen records.
+
+A recipe states what is trained and how (payload, platform, model, parallelism, optimizer and
+schedule, data, checkpointing, compile pass, default node count). Where a job runs (paths,
+partition) is the site profile's business (`site.py`); numbers derived from the node count are the
+job spec's (`spec.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional
+
+from . import schema
+from .errors import ConfigError
+from .platforms import PLATFORM_NAMES, PlatformName
+from .resources import RECIPES_DIR
+
+PayloadName = Literal["neuron_nemo", "neuronx_distributed", "habana_deepspeed"]
+
+
+@dataclass(frozen=True)
+class Model:
+    family: Literal["gpt_neox", "llama", "bert"]
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int
+    max_position_embeddings: int
+    num_kv_heads: Optional[int] = None
+    init_method_std: Optional[float] = None
+    layernorm_epsilon: float = 1e-5
+    hidden_dropout: float = 0.0
+    position_embedding_type: Literal["rope", "learned_absolute"] = "learned_absolute"
+    rotary_percentage: float = 1.0
+    rope_theta: Optional[float] = None
+    transformer_block_type: Optional[str] = None
+    activation_checkpointing: Literal["full", "selective", "none"] = "none"
+    max_predictions: Optional[int] = None  # masked-LM predictions per sequence (BERT)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    micro_batch_size: int
+    tensor: int = 1
+    pipeline: int = 1
+    sequence_parallel: bool = False
+    zero1: bool = False
+    # Exactly one of the two: the global batch (Megatron style) or the accumulation (DeepSpeed
+    # style, where the global batch grows with the node count).
+    global_batch_size: Optional[int] = None
+    gradient_accumulation: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class LrScaling:
+    """The learning rate as a stated function of the node count (BERT 1.5B: 0.0015 at 8 nodes,
+    0.003 at 16): lr = base_lr * (nodes / base_nodes) for rule `linear`."""
+    base_nodes: int
+    rule: Literal["linear", "sqrt", "none"] = "linear"
+
+
+@dataclass(frozen=True)
+class Optim:
+    name: Literal["adamw", "lamb"]
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lr_scaling: Optional[LrScaling] = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: Literal["cosine", "linear"]
+    max_steps: int
+    warmup_steps: Optional[int] = None
+    warmup_fraction: Optional[float] = None
+    constant_steps: Optional[int] = None
+    constant_fraction: Optional[float] = None
+    min_lr: float = 0.0
+    decay_steps: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Data:
+    path: str  # relative paths are under the site's data_dir
+    vocab_file: Optional[str] = None
+    merge_file: Optional[str] = None
+    num_workers: int = 1
+    splits: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    # Exactly one trigger: every N optimizer steps, or every N seconds of training.
+    every_steps: Optional[int] = None
+    every_seconds: Optional[int] = None
+    keep: int = 3
+
+
+@dataclass(frozen=True)
+class Compile:
+    steps: int = 3
+
+
+@dataclass(frozen=True)
+class Job:
+    max_restarts: int = 10
+    master_port: int = 41000
+    time_limit: Optional[str] = None
+    log_every_steps: int = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    payload: PayloadName
+    platform: PlatformName
+    nodes: int
+    model: Model
+    parallelism: Parallelism
+    precision: Literal["bf16_sr", "bf16", "fp32"]
+    optim: Optim
+    schedule: Schedule
+    data: Data
+    checkpoint: Checkpoint
+    compile: Compile = Compile()
+    job: Job = Job()
+    seed: int = 1234
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Payload-specific launch knobs that are not part of the model (e.g. NeMo's config name).
+    launch: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def recipe_names() -> list[str]:
+    """The built-in recipes, by file stem."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def locate(ref: str) -> tuple[Path, str]:
+    """Resolve a recipe reference (built-in name or a path) to (file, name shown in messages)."""
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path = Path(ref)
+        if not path.is_file():
+            raise ConfigError(f"{ref}: no such recipe file")
+        return path, ref
+    path = RECIPES_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown recipe {ref!r} (built-in recipes: {', '.join(recipe_names())})")
+    return path, f"recipes/{ref}.yaml"
+
+
+def load_yaml(path: Path, shown: str) -> dict[str, Any]:
+    """Parse a YAML mapping, turning parser errors into one-line ConfigErrors."""
+    import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{shown}: invalid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{shown}: cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: expected a mapping at the top level")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> dict[str, Any]:
+    """Apply `--set a.b=value` overrides to raw recipe data; the path must exist in the schema and
+    the value is parsed as YAML, then type-checked by the same constructor as the file."""
+    import copy
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE (for example optim.lr=1e-4)")
+        target = schema.field_type(Recipe, key, f"--set {key}")
+        value = _parse_value(text, target)
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part} is not a mapping in {where}")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _parse_value(text: str, target: Any) -> Any:
+    """Parse a --set value as YAML, except where the field is a string (kept verbatim) or a
+    number (YAML 1.1 reads `1e-4` as a string; users mean a number)."""
+    import yaml
+    if target in (str, Optional[str]):
+        return text
+    if target in (float, Optional[float]):
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        return text
+
+
+def check_names(recipe: Recipe, where: str) -> None:
+    """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
+    if not schema.NAME_RE.match(recipe.name):
+        raise ConfigError(f"{where}: name: {schema.describe(recipe.name)} must match "
+                          f"{schema.NAME_RE.pattern}")
+    for key in list(recipe.env) + list(recipe.launch):
+        if not schema.ENV_NAME_RE.match(key):
+            section = "env" if key in recipe.env else "launch"
+            raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
+
+
+def load(ref: str, overrides: Optional[list[str]] = None) -> tuple[Recipe, str]:
+    """Load and strictly validate a recipe; returns it with the name used in error messages."""
+    path, shown = locate(ref)
+    data = load_yaml(path, shown)
+    if overrides:
+        data = apply_overrides(data, overrides, shown)
+    recipe = schema.build(Recipe, data, shown)
+    check_names(recipe, shown)
+    if recipe.platform not in PLATFORM_NAMES:  # pragma: no cover - Literal already checks
+        raise ConfigError(f"{shown}: platform: unknown platform {recipe.platform!r}")
+    return recipe, shown

@@ -1,0 +1,98 @@
+"""The Jinja environment. Templates format, Python decides.
+
+Shell templates (`*.sh.j2`, `*.sbatch.j2`) pass every `{{ value }}` through `shell_quote`, the one
+place where jobgen quotes for the shell: a string becomes a single-quoted word, a list becomes
+quoted words separated by spaces. Only values already checked against a safe alphabet (`ident`,
+`sbatch` filters) are let through as they are. JSON templates encode every value as JSON.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shlex
+from typing import Any
+
+from .errors import RenderError
+from .resources import TEMPLATES_DIR
+
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]{1,200}$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Verbatim(str):
+    """Text that has been checked against a safe alphabet and goes into a script as it is."""
+
+
+def shell_quote(value: Any) -> str:
+    """Quote one value (or a list of values) as shell words. The single choke point."""
+    if isinstance(value, Verbatim):
+        return str(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if value is None:
+        return "''"
+    if isinstance(value, (list, tuple)):
+        return " ".join(shell_quote(v) for v in value)
+    text = str(value)
+    # Plain words stay bare for readability; everything else is single-quoted by shlex.
+    return text if _SAFE_WORD.match(text) else shlex.quote(text)
+
+
+def ident(value: str) -> Verbatim:
+    """A variable name, checked (used for `export NAME=...`)."""
+    if not _IDENT.match(value):
+        raise RenderError(f"refusing to render {value!r} as a variable name")
+    return Verbatim(value)
+
+
+def sbatch_value(value: Any) -> Verbatim:
+    """A value on an #SBATCH line: a comment to bash, parsed by sbatch, so no quoting can help;
+    only a safe alphabet is accepted (names are validated earlier with a clearer message)."""
+    text = str(value)
+    if not _SBATCH_VALUE.match(text):
+        raise RenderError(f"refusing to put {text!r} on an #SBATCH line")
+    return Verbatim(text)
+
+
+def _json_finalize(value: Any) -> str:
+    if isinstance(value, Verbatim):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(kind: str) -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        finalize=shell_quote if kind == "shell" else _json_finalize,
+    )
+    env.filters["ident"] = ident
+    env.filters["sbatch"] = sbatch_value
+    env.filters["verbatim_json"] = lambda v: Verbatim(json.dumps(v, indent=2, sort_keys=True))
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    """Render a template by name; errors name the template and line."""
+    import jinja2
+
+    kind = "json" if template.endswith(".json.j2") else "shell"
+    try:
+        return str(_environment(kind).get_template(template).render(**context))
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"templates/{template}: {exc.message}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"templates/{exc.name or template}:{exc.lineno}: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        raise RenderError(f"templates/{exc.name}: template not found") from None

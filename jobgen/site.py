@@ -1,0 +1,94 @@
+"""Site profiles (`env/sites/<name>.yaml`): where jobs run. The recipe says what to train; the
+site says which partition, which shared directories, which virtualenv, where the compile cache and
+the upstream trainer checkouts live. `local` is the embedded default that works on this machine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from . import schema
+from .errors import ConfigError
+from .recipe import load_yaml
+from .resources import PAYLOAD_DIR, SITES_DIR
+
+DEFAULT_SITE = "local"
+
+
+@dataclass(frozen=True)
+class SlurmSite:
+    cpus_per_task: int
+    max_nodes: int
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    exclusive: bool = True
+    # How the first node's name becomes an IP: `nslookup` asks DNS and so avoids the trn1
+    # /etc/hosts mis-mapping (REFERENCE §1.9); `getent` also reads /etc/hosts (emulated nodes).
+    master_resolver: Literal["nslookup", "getent"] = "nslookup"
+
+
+@dataclass(frozen=True)
+class Paths:
+    work_dir: str                            # run directories: logs, checkpoints, experiments
+    data_dir: str                            # recipes' relative data paths are under this
+    compile_cache: str                       # shared Neuron persistent cache (compile pass)
+    local_compile_cache: Optional[str] = None  # node-local copy used by the training pass
+    payload_dir: Optional[str] = None        # jobgen's payload/ on the nodes (default: this one)
+    nemo_dir: Optional[str] = None           # neuronx-nemo-megatron .../language_modeling
+    nxd_llama_dir: Optional[str] = None      # neuronx-distributed .../tp_zero1_llama_hf_pretrain
+
+
+@dataclass(frozen=True)
+class Setup:
+    activate: Optional[str] = None  # a virtualenv's bin/activate, sourced before anything runs
+
+
+@dataclass(frozen=True)
+class BatchSite:
+    job_queue: Optional[str] = None
+    images: Optional[dict[str, str]] = None  # platform name -> image URI
+    job_role_arn: Optional[str] = None
+    execution_role_arn: Optional[str] = None
+    log_group: str = "/aws/batch/job"
+    region: Optional[str] = None
+    shared_volume: Optional[str] = None  # host path mounted at the same path in the container
+    timeout_hours: int = 72
+    max_nodes: int = 16
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    description: str
+    slurm: SlurmSite
+    paths: Paths
+    setup: Setup = Setup()
+    batch: Optional[BatchSite] = None
+
+    @property
+    def payload_dir(self) -> str:
+        return self.paths.payload_dir or str(PAYLOAD_DIR)
+
+
+def site_names() -> list[str]:
+    return sorted(p.stem for p in SITES_DIR.glob("*.yaml"))
+
+
+def load(ref: Optional[str] = None) -> Site:
+    """Load a site profile by name (env/sites/NAME.yaml) or by path."""
+    ref = ref or DEFAULT_SITE
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path, shown = Path(ref), ref
+        if not path.is_file():
+            raise ConfigError(f"{ref}: no such site profile")
+    else:
+        path, shown = SITES_DIR / f"{ref}.yaml", f"env/sites/{ref}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown site {ref!r} (sites: {', '.join(site_names())})")
+    site = schema.build(Site, load_yaml(path, shown), shown)
+    for key, value in (("slurm.partition", site.slurm.partition),
+                       ("slurm.account", site.slurm.account), ("name", site.name)):
+        if value is not None and not schema.NAME_RE.match(value):
+            raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
+                              f"{schema.NAME_RE.pattern}")
+    return site

@@ -1,0 +1,234 @@
+"""The job spec: a recipe resolved against a site and a node count, with every derived number
+(world size, data parallelism, gradient accumulation, tokens per step, the learning rate at this
+node count) computed once and the parallelism arithmetic checked before anything is rendered."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from . import schema
+from .errors import ConfigError, RuleError
+from .platforms import PLATFORMS, Platform
+from .recipe import Recipe
+from .site import Site
+
+CompileMode = Literal["auto", "always", "never"]
+Backend = Literal["slurm", "batch"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    recipe: Recipe
+    source: str          # the recipe file as named in messages
+    site: Site
+    nodes: int
+    backend: Backend = "slurm"
+    compile_mode: CompileMode = "auto"
+    smoke: bool = False
+    run_name: str = ""
+
+    # --- sizes ---------------------------------------------------------------------------------
+    @property
+    def platform(self) -> Platform:
+        return PLATFORMS[self.recipe.platform]
+
+    @property
+    def workers_per_node(self) -> int:
+        return self.platform.workers_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+    @property
+    def model_parallel(self) -> int:
+        return self.recipe.parallelism.tensor * self.recipe.parallelism.pipeline
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.model_parallel
+
+    @property
+    def gradient_accumulation(self) -> int:
+        par = self.recipe.parallelism
+        if par.gradient_accumulation is not None:
+            return par.gradient_accumulation
+        assert par.global_batch_size is not None
+        return par.global_batch_size // (par.micro_batch_size * self.data_parallel)
+
+    @property
+    def global_batch_size(self) -> int:
+        par = self.recipe.parallelism
+        return par.micro_batch_size * self.gradient_accumulation * self.data_parallel
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.recipe.model.seq_length
+
+    # --- schedule ------------------------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The peak learning rate at this node count (the recipe states how it scales)."""
+        optim = self.recipe.optim
+        scaling = optim.lr_scaling
+        if scaling is None or scaling.rule == "none":
+            return optim.lr
+        ratio = self.nodes / scaling.base_nodes
+        factor = ratio if scaling.rule == "linear" else math.sqrt(ratio)
+        return float(f"{optim.lr * factor:.6g}")  # 0.0015*2 -> 0.003, not 0.0030000000000000001
+
+    @property
+    def warmup_steps(self) -> int:
+        sched = self.recipe.schedule
+        if sched.warmup_fraction is not None:
+            return round(sched.warmup_fraction * sched.max_steps)
+        return sched.warmup_steps or 0
+
+    @property
+    def constant_steps(self) -> int:
+        sched = self.recipe.schedule
+        if sched.constant_fraction is not None:
+            return round(sched.constant_fraction * sched.max_steps)
+        return sched.constant_steps or 0
+
+    # --- places --------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        """Stable across requeues and resubmissions of the same run, so training resumes."""
+        return posixpath.join(self.site.paths.work_dir, self.run_name)
+
+    def data_path(self, path: str) -> str:
+        return posixpath.join(self.site.paths.data_dir, path)
+
+    # --- identity ------------------------------------------------------------------------------
+    def as_dict(self) -> dict[str, Any]:
+        """Every resolved value plus the derived numbers, for `jobgen show`."""
+        return {
+            "recipe": self.source,
+            "site": self.site.name,
+            "backend": self.backend,
+            "nodes": self.nodes,
+            "run_name": self.run_name,
+            "run_dir": self.run_dir,
+            "compile_mode": self.compile_mode,
+            "smoke": self.smoke,
+            "derived": {
+                "workers_per_node": self.workers_per_node,
+                "world_size": self.world_size,
+                "model_parallel": self.model_parallel,
+                "data_parallel": self.data_parallel,
+                "gradient_accumulation": self.gradient_accumulation,
+                "global_batch_size": self.global_batch_size,
+                "tokens_per_step": self.tokens_per_step,
+                "lr": self.lr,
+                "warmup_steps": self.warmup_steps,
+                "constant_steps": self.constant_steps,
+            },
+            "spec": schema.to_plain(self.recipe),
+        }
+
+    def content_hash(self) -> str:
+        """A short hash of everything that shapes the job (used in tags and markers)."""
+        blob = json.dumps(self.as_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _positive(where: str, key: str, value: Optional[float]) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{where}: {key}: must be positive, got {schema.describe(value)}")
+
+
+def _check_values(recipe: Recipe, where: str) -> None:
+    """Per-field rules that do not depend on the node count."""
+    m, p, s = recipe.model, recipe.parallelism, recipe.schedule
+    for key, value in (("nodes", recipe.nodes), ("model.num_layers", m.num_layers),
+                       ("model.hidden_size", m.hidden_size),
+                       ("model.num_attention_heads", m.num_attention_heads),
+                       ("model.seq_length", m.seq_length), ("model.vocab_size", m.vocab_size),
+                       ("parallelism.tensor", p.tensor), ("parallelism.pipeline", p.pipeline),
+                       ("parallelism.micro_batch_size", p.micro_batch_size),
+                       ("parallelism.global_batch_size", p.global_batch_size),
+                       ("parallelism.gradient_accumulation", p.gradient_accumulation),
+                       ("optim.lr", recipe.optim.lr), ("schedule.max_steps", s.max_steps),
+                       ("checkpoint.every_steps", recipe.checkpoint.every_steps),
+                       ("checkpoint.every_seconds", recipe.checkpoint.every_seconds),
+                       ("checkpoint.keep", recipe.checkpoint.keep),
+                       ("compile.steps", recipe.compile.steps),
+                       ("job.master_port", recipe.job.master_port)):
+        _positive(where, key, value)
+    if (p.global_batch_size is None) == (p.gradient_accumulation is None):
+        raise ConfigError(f"{where}: parallelism: set exactly one of global_batch_size and "
+                          "gradient_accumulation")
+    ckpt = recipe.checkpoint
+    if (ckpt.every_steps is None) == (ckpt.every_seconds is None):
+        raise ConfigError(f"{where}: checkpoint: set exactly one of every_steps and every_seconds")
+    for a, b in (("warmup_steps", "warmup_fraction"), ("constant_steps", "constant_fraction")):
+        if getattr(s, a) is not None and getattr(s, b) is not None:
+            raise ConfigError(f"{where}: schedule: set at most one of {a} and {b}")
+    for key in ("warmup_fraction", "constant_fraction"):
+        value = getattr(s, key)
+        if value is not None and not 0 <= value <= 1:
+            raise ConfigError(f"{where}: schedule.{key}: must be between 0 and 1, got {value}")
+    if recipe.job.max_restarts < 0:
+        raise ConfigError(f"{where}: job.max_restarts: must be 0 or more")
+    if m.ffn_hidden_size <= 0 or m.max_position_embeddings < m.seq_length:
+        raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
+                          f"is shorter than model.seq_length {m.seq_length}")
+
+
+def _check_arithmetic(spec: JobSpec) -> None:
+    """The parallelism rules (RuleError: `jobgen check` lists these combinations as skipped)."""
+    r, where, n = spec.recipe, spec.source, spec.nodes
+    p, m = r.parallelism, r.model
+    at = f"at {n} node{'s' if n != 1 else ''}"
+    if spec.world_size % spec.model_parallel:
+        raise RuleError(f"{where}: parallelism: tensor {p.tensor} x pipeline {p.pipeline} = "
+                        f"{spec.model_parallel} does not divide the {spec.world_size} workers {at}")
+    if m.num_attention_heads % p.tensor:
+        raise RuleError(f"{where}: model.num_attention_heads: {m.num_attention_heads} is not "
+                        f"divisible by parallelism.tensor {p.tensor}")
+    if m.num_kv_heads is not None and m.num_kv_heads % p.tensor:
+        raise RuleError(f"{where}: model.num_kv_heads: {m.num_kv_heads} is not divisible by "
+                        f"parallelism.tensor {p.tensor}")
+    if m.num_layers % p.pipeline:
+        raise RuleError(f"{where}: model.num_layers: {m.num_layers} is not divisible by "
+                        f"parallelism.pipeline {p.pipeline}")
+    if p.global_batch_size is not None:
+        step = p.micro_batch_size * spec.data_parallel
+        if p.global_batch_size % step:
+            raise RuleError(
+                f"{where}: parallelism.global_batch_size: {p.global_batch_size} is not divisible "
+                f"by micro_batch_size {p.micro_batch_size} x data-parallel {spec.data_parallel} "
+                f"= {step} {at}")
+
+
+def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None, *,
+            backend: Backend = "slurm", compile_mode: CompileMode = "auto", smoke: bool = False,
+            run_name: Optional[str] = None) -> JobSpec:
+    """Resolve and validate; raises ConfigError/RuleError naming the file and the key."""
+    _check_values(recipe, source)
+    n = recipe.nodes if nodes is None else nodes
+    if n < 1:
+        raise ConfigError(f"--nodes {n}: must be at least 1")
+    platform = PLATFORMS[recipe.platform]
+    if n > platform.max_nodes:
+        raise RuleError(f"--nodes {n}: {platform.name} jobs are limited to "
+                        f"{platform.max_nodes} nodes")
+    if backend == "slurm":
+        limit, key = site.slurm.max_nodes, "slurm.max_nodes"
+    else:
+        limit, key = (site.batch.max_nodes if site.batch else 0), "batch.max_nodes"
+    if n > limit:
+        raise RuleError(f"--nodes {n}: site {site.name} allows at most {limit} nodes "
+                        f"({key})")
+    name = run_name or f"{recipe.name}-{n}n" + ("-smoke" if smoke else "")
+    if not schema.NAME_RE.match(name):
+        raise ConfigError(f"--run-name: {schema.describe(name)} must match {schema.NAME_RE.pattern}")
+    spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
+                   compile_mode=compile_mode, smoke=smoke, run_name=name)
+    _check_arithmetic(spec)
+    return spec

@@ -1,0 +1,131 @@
+"""Checkpoint directory bookkeeping shared by every payload.
+
+Layout under ``<output>/checkpoints``::
+
+    step_00000006/            one directory per saved step (engine files inside)
+    step_00000006/COMPLETE    marker: JSON {"step", "consumed_samples", ...}; written last
+    latest                    text: the tag of the newest complete checkpoint; written after it
+
+A directory counts only once its marker exists. Both the marker and ``latest`` are written to a
+temporary name and renamed into place, so a crash mid-save leaves either the old state or the new
+one, never a half-written marker that a resumed run would trust. The marker, not ``latest``, is the
+authority: ``latest`` is kept for DeepSpeed's own tools (zero_to_fp32.py reads it) and for humans.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+MARKER = "COMPLETE"
+LATEST = "latest"
+_TAG_RE = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One complete checkpoint as recorded by its marker."""
+
+    path: Path
+    step: int
+    info: dict[str, Any]
+
+    @property
+    def tag(self) -> str:
+        return self.path.name
+
+
+def tag_for(step: int) -> str:
+    """Directory name for a step; zero-padded so a plain listing sorts by step."""
+    return f"step_{step:08d}"
+
+
+def step_of(name: str) -> Optional[int]:
+    match = _TAG_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so that readers see the old file or the whole new one, nothing between."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _read_marker(directory: Path) -> Optional[dict[str, Any]]:
+    try:
+        info = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def list_checkpoints(root: Path) -> tuple[list[Checkpoint], list[Path]]:
+    """Complete checkpoints (oldest first) and the step directories that lack a valid marker."""
+    complete: list[Checkpoint] = []
+    incomplete: list[Path] = []
+    if not root.is_dir():
+        return complete, incomplete
+    for entry in sorted(root.iterdir()):
+        step = step_of(entry.name)
+        if step is None or not entry.is_dir():
+            continue
+        info = _read_marker(entry)
+        if info is None or info.get("step") != step:
+            incomplete.append(entry)
+        else:
+            complete.append(Checkpoint(entry, step, info))
+    complete.sort(key=lambda ckpt: ckpt.step)
+    return complete, incomplete
+
+
+def newest_complete(root: Path) -> Optional[Checkpoint]:
+    complete, _ = list_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def prepare_save_dir(root: Path, step: int) -> Path:
+    """Make an empty directory for ``step``; debris of an earlier crashed save there is removed.
+
+    Call on one rank only, then barrier: every rank then writes its shard into it.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / tag_for(step)
+    if target.exists():
+        # Drop the marker first: a crash inside rmtree must not leave a sealed, gutted directory.
+        (target / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(target)
+    target.mkdir()
+    return target
+
+
+def mark_complete(root: Path, step: int, info: dict[str, Any]) -> Checkpoint:
+    """Seal a checkpoint once every rank's files are on disk: the marker, then ``latest``."""
+    directory = root / tag_for(step)
+    record = dict(info, step=step)
+    write_atomic(directory / MARKER, json.dumps(record, sort_keys=True) + "\n")
+    write_atomic(root / LATEST, directory.name)
+    return Checkpoint(directory, step, record)
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints, and incomplete debris older
+    than the newest complete one (an incomplete directory newer than that may be a save still in
+    progress elsewhere, so it is left alone). Returns the removed paths."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    complete, incomplete = list_checkpoints(root)
+    doomed = [ckpt.path for ckpt in complete[:-keep]]
+    if complete:
+        newest = complete[-1].step
+        doomed += [path for path in incomplete if (step_of(path.name) or 0) < newest]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

@@ -1,0 +1,61 @@
+"""One JSON object per line on stdout: the contract the job scripts and tests read.
+
+Only rank 0 speaks, so a multi-node log has each event once. Each line is flushed at once because
+Slurm and Batch buffer a child's stdout and a killed job would otherwise lose its last steps.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+
+def _clean(value: Any) -> Any:
+    """Make a value JSON-safe: NaN/inf become null (json.dumps would write bare NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return value
+
+
+def format_event(event: str, **fields: Any) -> str:
+    """The one-line text of an event; ``event`` always comes first for readability."""
+    record = {"event": event}
+    record.update({key: _clean(value) for key, value in fields.items()})
+    return json.dumps(record, separators=(", ", ": "))
+
+
+class EventLog:
+    """Writes events for rank 0: to stdout always, to ``metrics_path`` when one is given."""
+
+    def __init__(self, rank: int, metrics_path: Optional[Path] = None,
+                 stream: Optional[TextIO] = None) -> None:
+        self.enabled = rank == 0
+        self.metrics_path = metrics_path
+        self.stream = stream
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        line = format_event(event, **fields)
+        out = self.stream or sys.stdout
+        out.write(line + "\n")
+        out.flush()
+        if self.metrics_path is not None:
+            # Append and close each time: the file stays valid JSONL however the job ends.
+            with open(self.metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+
+
+def read_events(text: str) -> list[dict[str, Any]]:
+    """Pick the event lines out of a mixed log (library warnings share the stream)."""
+    events = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith('{"event"'):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Per-node launch shared by the payload launchers: node setup, rank, logs, one torchrun.
+# Sourced by payload/<payload>/launch.sh, which calls: node_launch PASS TRAINER_ARG...
+#
+# Reads: MASTER_ADDR MASTER_PORT JOBGEN_WORKERS_PER_NODE JOBGEN_LOG_DIR JOBGEN_WORKDIR
+#        JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER, and the node's place in the job from
+#        JOBGEN_NODE_RANK/JOBGEN_NNODES (AWS Batch entrypoint) or SLURM_NODEID/SLURM_NNODES (srun).
+
+node_say() { printf 'jobgen[node %s]: %s\n' "${node_rank:-?}" "$*" >&2; }
+
+node_setup() {
+  # 32 workers per node open many files; "Too many open files" shows up as RX timeouts.
+  ulimit -n 65535 2>/dev/null || node_say "could not raise the open-file limit (now $(ulimit -n))"
+  # Keep the rendezvous port out of the ephemeral range. Needs privileges that a container or a
+  # user job may not have, so it is best effort.
+  if ! { sudo -n sysctl -w "net.ipv4.ip_local_reserved_ports=$MASTER_PORT" \
+         || sysctl -w "net.ipv4.ip_local_reserved_ports=$MASTER_PORT"; } >/dev/null 2>&1; then
+    node_say "could not reserve port $MASTER_PORT (no privilege); continuing"
+  fi
+}
+
+node_launch() {
+  local pass=$1
+  shift
+  case $pass in compile | train) ;; *) node_say "unknown pass '$pass'"; return 2 ;; esac
+  node_rank=${JOBGEN_NODE_RANK:-${SLURM_NODEID:?not started by srun or the Batch entrypoint}}
+  local nnodes=${JOBGEN_NNODES:-${SLURM_NNODES:?}}
+  : "${MASTER_ADDR:?}" "${MASTER_PORT:?}" "${JOBGEN_LOG_DIR:?}" "${JOBGEN_WORKDIR:?}" "${JOBGEN_PROGRAM:?}"
+  local log_dir="$JOBGEN_LOG_DIR/node-$node_rank"
+  mkdir -p "$log_dir" || return 1
+  node_setup
+  # The trainer runs by absolute path from the submission directory, so that the job's relative
+  # paths keep their meaning.
+  local program="$JOBGEN_WORKDIR/$JOBGEN_PROGRAM"
+  [ -f "$program" ] || { node_say "no trainer at $program (check the site's paths)"; return 1; }
+
+  local -a wrapper=()
+  if [ "$pass" = compile ] && [ -n "${JOBGEN_COMPILE_WRAPPER:-}" ]; then
+    wrapper=("$JOBGEN_COMPILE_WRAPPER")
+  fi
+  node_say "$pass pass: node $node_rank of $nnodes, master $MASTER_ADDR:$MASTER_PORT, log $log_dir/$pass.log"
+  # pipefail: the status is torchrun's, not tee's.
+  set -o pipefail
+  "${wrapper[@]}" torchrun \
+    --nproc_per_node "${JOBGEN_WORKERS_PER_NODE:?}" --nnodes "$nnodes" --node_rank "$node_rank" \
+    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+    "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"
+  local status=$?
+  node_say "$pass pass ended with status $status"
+  return "$status"
+}

@@ -1,0 +1,82 @@
+"""Process-level plumbing shared by the payloads: launch environment, data order, exit codes."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from typing import Callable
+
+# Variables that tell us some launcher (torchrun, deepspeed, mpirun, srun) set up the ranks.
+_LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+class PayloadError(Exception):
+    """A problem the user can fix (bad flag, missing data): reported in one line, exit code 2."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_process_env() -> bool:
+    """Give a launcher-less run the env of a 1-process world. Returns True if it did so.
+
+    Without RANK/WORLD_SIZE, DeepSpeed falls back to MPI discovery and dies importing mpi4py;
+    torch's env:// rendezvous needs MASTER_ADDR/PORT as well.
+    """
+    if any(name in os.environ for name in _LAUNCHER_VARS):
+        return False
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    return True
+
+
+def dist_coords() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) as the launcher published them."""
+    return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def batch_positions(consumed: int, micro: int, accumulation: int, world: int,
+                    rank: int) -> list[list[int]]:
+    """Positions in the global sample stream that ``rank`` trains on in the next optimizer step.
+
+    The step covers stream positions ``[consumed, consumed + micro·accumulation·world)``; each rank
+    takes one contiguous block of it, split into ``accumulation`` micro-batches. The order is thus
+    a function of the consumed-sample count alone: a resumed run continues with exactly the
+    samples an uninterrupted one would have seen, and skipping costs nothing.
+    """
+    per_rank = micro * accumulation
+    start = consumed + rank * per_rank
+    return [list(range(start + m * micro, start + (m + 1) * micro)) for m in range(accumulation)]
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """RNG seed for one optimizer step on one rank (dropout), so resuming is reproducible."""
+    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
+
+
+def run_main(main: Callable[[], int], prog: str) -> None:
+    """Run ``main`` and exit with a status the launcher can see.
+
+    A ``PayloadError`` prints one line (exit 2); any other exception prints its traceback and a
+    closing one-line summary (exit 1). Either way torchrun/deepspeed see the failure and stop.
+    """
+    try:
+        code = main()
+    except PayloadError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:  # noqa: BLE001 - the whole point is to turn any crash into a status
+        traceback.print_exc()
+        print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    sys.exit(code)

@@ -1,0 +1,95 @@
+"""Pick the accelerator at run time (HPU, else CUDA, else CPU) and the optimizer that fits it.
+
+Must run before ``import deepspeed``: DeepSpeed reads ``DS_ACCELERATOR`` once, at import.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from common.runtime import PayloadError
+
+CHOICES = ("auto", "hpu", "cuda", "cpu")
+
+
+def _no_op() -> None:
+    """Eager devices need no graph flush between phases of a step."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str             # hpu | cuda | cpu (also the DS_ACCELERATOR value)
+    device: torch.device
+    backend: str          # torch.distributed backend
+    # Habana lazy mode builds a graph until told to run it; called after backward and step.
+    mark_step: Callable[[], None] = field(default=_no_op)
+
+
+def _habana_available() -> bool:
+    try:
+        importlib.import_module("habana_frameworks.torch")
+    except ImportError:
+        return False
+    return True
+
+
+def _resolve(request: str) -> str:
+    """Which accelerator a request means here; an explicit one that is missing is an error."""
+    if request == "auto":
+        # An explicit DS_ACCELERATOR (as the CPU tests set) wins over detection.
+        forced = os.environ.get("DS_ACCELERATOR", "")
+        if forced in ("hpu", "cuda", "cpu"):
+            return _resolve(forced)
+        if _habana_available():
+            return "hpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if request == "hpu" and not _habana_available():
+        raise PayloadError("--accelerator hpu, but habana_frameworks.torch cannot be imported")
+    if request == "cuda" and not torch.cuda.is_available():
+        raise PayloadError("--accelerator cuda, but torch sees no CUDA device")
+    return request
+
+
+def choose_accelerator(request: str, local_rank: int) -> Accelerator:
+    name = _resolve(request)
+    os.environ["DS_ACCELERATOR"] = name
+    if name == "hpu":
+        core = importlib.import_module("habana_frameworks.torch.core")
+        # Importing this module registers the "hccl" backend with torch.distributed.
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")
+        return Accelerator("hpu", torch.device("hpu"), "hccl", core.mark_step)
+    if name == "cuda":
+        torch.cuda.set_device(local_rank)
+        return Accelerator("cuda", torch.device("cuda", local_rank), "nccl")
+    return Accelerator("cpu", torch.device("cpu"), "gloo")
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices and embeddings only: biases and LayerNorm gains (1-D) stay undecayed."""
+    decay, plain = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else plain).append(param)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": plain, "weight_decay": 0.0}]
+
+
+def build_optimizer(kind: str, model: torch.nn.Module, accel: Accelerator, lr: float,
+                    weight_decay: float) -> tuple[torch.optim.Optimizer, str]:
+    """The optimizer object handed to deepspeed.initialize, and a name for the start line.
+
+    A client optimizer (not DeepSpeed's config one) avoids DeepSpeed JIT-building its fused ops.
+    """
+    groups = parameter_groups(model, weight_decay)
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6), "torch.AdamW"
+    if accel.name == "hpu":
+        fused = importlib.import_module("habana_frameworks.torch.hpex.optimizers")
+        return fused.FusedLamb(groups, lr=lr), "habana.FusedLamb"
+    from lamb import Lamb  # the script's own directory is on sys.path
+
+    return Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6), "payload.Lamb"

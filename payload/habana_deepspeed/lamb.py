@@ -1,0 +1,67 @@
+"""A plain-torch LAMB optimizer for the CPU and CUDA paths (HPU uses Habana's fused kernel).
+
+LAMB is Adam whose update is rescaled per tensor by the trust ratio ||w|| / ||update||, which is
+what lets BERT train with very large batches. Weight decay is decoupled (added to the update, as
+in AdamW) so it also enters the trust ratio.
+
+Note: under DeepSpeed ZeRO the optimizer sees each rank's flattened fp32 partition of a parameter
+group rather than individual layers, so the "per tensor" ratio becomes a per-partition ratio. The
+reference Gaudi recipe runs LAMB under ZeRO-1 the same way (``zero_allow_untested_optimizer``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+
+Params = Union[Iterable[torch.Tensor], Iterable[dict]]
+
+
+class Lamb(torch.optim.Optimizer):
+    def __init__(self, params: Params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01,
+                 bias_correction: bool = True) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"bad LAMB hyper-parameters lr={lr} betas={betas} eps={eps} "
+                             f"weight_decay={weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> Optional[torch.Tensor]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self._update(param, group)
+        return loss
+
+    def _update(self, param: torch.Tensor, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        state = self.state[param]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+        state["step"] += 1
+        grad = param.grad.float()
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        mean, var = exp_avg, exp_avg_sq
+        if group["bias_correction"]:
+            mean = exp_avg / (1 - beta1 ** state["step"])
+            var = exp_avg_sq / (1 - beta2 ** state["step"])
+        update = mean / (var.sqrt() + group["eps"])
+        weights = param.float()
+        if group["weight_decay"]:
+            update.add_(weights, alpha=group["weight_decay"])
+        w_norm, u_norm = weights.norm(), update.norm()
+        # Fall back to a ratio of 1 for zero tensors (fresh biases), where the ratio is undefined;
+        # torch.where keeps the choice on the device instead of syncing to the host.
+        trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        param.add_((update * trust * -group["lr"]).to(param.dtype))
