@@ -38,7 +38,19 @@ def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: O
                         compile_mode=compile_mode, run_name=run_name)  # type: ignore[arg-type]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Turns jobgen's errors into one line on stderr and their exit status (2 for bad input,
+    1 for a refusing scheduler or cloud API): the one place where errors are caught."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JobgenError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="jobgen")
 def cli() -> None:
     """Render training recipes into Slurm (Trainium) and AWS Batch multi-node jobs."""
@@ -112,24 +124,12 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point: runs the CLI; JobgenError -> one line on stderr and its exit status."""
+    """Console entry point."""
     try:
-        cli.main(args=argv, prog_name="jobgen", standalone_mode=False)
-    except JobgenError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+        cli.main(args=argv, prog_name="jobgen")
     except BrokenPipeError:
-        # `jobgen render ... | head`: the reader went away; not an error worth a traceback.
+        # `jobgen render ... | head`: the reader went away; not worth a traceback.
         sys.stderr.close()
-        return 0
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 0
     return 0
 
 

@@ -59,6 +59,14 @@ def env_block(spec: JobSpec) -> list[tuple[str, str]]:
     return list(env.items())
 
 
+def compile_cache_env(spec: JobSpec, cache_dir: str) -> dict[str, str]:
+    """Where the accelerator keeps compiled graphs: Neuron's persistent cache, or Habana's
+    recipe cache (directory, keep existing entries, size limit in MB)."""
+    if spec.platform.accelerator == "neuron":
+        return {"NEURON_COMPILE_CACHE_URL": cache_dir}
+    return {"PT_HPU_RECIPE_CACHE_CONFIG": f"{cache_dir},false,8192"}
+
+
 # --- NeMo (Hydra overrides) --------------------------------------------------------------------
 
 _HYDRA_BARE = re.compile(r"^[A-Za-z0-9_./:+-]*$")
@@ -260,7 +268,61 @@ def _neuronx_distributed(spec: JobSpec) -> Launch:
                   files=(("model/config.json", config),))
 
 
-_BUILDERS = {"neuron_nemo": _neuron_nemo, "neuronx_distributed": _neuronx_distributed}
+# --- Habana DeepSpeed BERT (our own program, payload/habana_deepspeed) ------------------------
+
+def _bert_args(spec: JobSpec, which: Pass, data_dir: str) -> tuple[str, ...]:
+    r = spec.recipe
+    m, p, o, c = r.model, r.parallelism, r.optim, r.checkpoint
+    args = [
+        "--input-dir", data_dir,
+        "--output-dir", posixpath.join(spec.run_dir, "train" if which == "train" else "compile"),
+        "--num-layers", str(m.num_layers),
+        "--hidden-size", str(m.hidden_size),
+        "--num-heads", str(m.num_attention_heads),
+        "--intermediate-size", str(m.ffn_hidden_size),
+        "--vocab-size", str(m.vocab_size),
+        "--max-position-embeddings", str(m.max_position_embeddings),
+        "--seq-length", str(m.seq_length),
+        "--max-predictions", str(m.max_predictions or 20),
+        "--micro-batch-size", str(p.micro_batch_size),
+        "--gradient-accumulation", str(spec.gradient_accumulation),
+        "--lr", repr(spec.lr),
+        "--warmup", repr(spec.warmup_steps / r.schedule.max_steps),
+        "--constant", repr(spec.constant_steps / r.schedule.max_steps),
+        "--max-steps", str(r.schedule.max_steps),
+        "--optimizer", o.name,
+        "--weight-decay", repr(o.weight_decay),
+        "--grad-clip", repr(o.grad_clip),
+        "--zero-stage", "1" if p.zero1 else "0",
+        "--precision", "fp32" if r.precision == "fp32" else "bf16",
+        "--seed", str(r.seed),
+        "--checkpoint-every", str(c.every_steps),
+        "--keep-checkpoints", str(c.keep),
+        "--phase", which,
+        "--compile-steps", str(r.compile.steps),
+        "--accelerator", "cpu" if spec.smoke else "auto",
+    ]
+    return tuple(args)
+
+
+def _habana_deepspeed(spec: JobSpec) -> Launch:
+    r = spec.recipe
+    if r.parallelism.tensor != 1 or r.parallelism.pipeline != 1:
+        raise ConfigError(f"{spec.source}: parallelism: the DeepSpeed BERT program is data-"
+                          "parallel only (tensor and pipeline must be 1)")
+    if r.checkpoint.every_steps is None:
+        raise ConfigError(f"{spec.source}: checkpoint.every_seconds: the BERT program "
+                          "checkpoints by step only; set checkpoint.every_steps")
+    data_dir = spec.data_path(r.data.path)
+    workdir = posixpath.join(spec.payload_dir, "habana_deepspeed")
+    return Launch(launcher="habana_deepspeed/launch.sh", workdir=workdir,
+                  program="pretrain_bert.py", compile_wrapper="",
+                  compile_args=_bert_args(spec, "compile", data_dir),
+                  train_args=_bert_args(spec, "train", data_dir))
+
+
+_BUILDERS = {"neuron_nemo": _neuron_nemo, "neuronx_distributed": _neuronx_distributed,
+             "habana_deepspeed": _habana_deepspeed}
 
 
 def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:

@@ -26,7 +26,7 @@ class Plan:
     backend: str
     files: tuple[PlannedFile, ...]
     primary: str                  # the file printed on stdout by `jobgen render`
-    submit_argv: tuple[str, ...]  # how `submit` runs it; "{primary}" stands for the file's path
+    submit_argv: tuple[str, ...]  # how the file is submitted; "{primary}" stands for its path
 
     def file(self, name: Optional[str] = None) -> PlannedFile:
         name = name or self.primary
@@ -65,4 +65,4 @@ class Plan:
         return [final for _, final in staged]
 
     def argv(self, primary_path: Path) -> list[str]:
-        return [str(primary_path) if a == "{primary}" else a for a in self.submit_argv]
+        return [a.replace("{primary}", str(primary_path)) for a in self.submit_argv]

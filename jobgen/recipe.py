@@ -182,9 +182,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> d
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--set {item}: expected KEY=VALUE (for example optim.lr=1e-4)")
-        target = schema.field_type(Recipe, key, f"--set {key}")
+            raise ConfigError(f"--set: {item}: expected KEY=VALUE (for example optim.lr=1e-4)")
+        target = schema.field_type(Recipe, key, "--set")
         value = _parse_value(text, target)
+        schema.coerce(target, value, "--set", key)  # type errors name --set, not the file
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -192,7 +193,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> d
             if child is None:
                 child = node[part] = {}
             elif not isinstance(child, dict):
-                raise ConfigError(f"--set {key}: {part} is not a mapping in {where}")
+                raise ConfigError(f"--set: {key}: {part} is not a mapping in {where}")
             node = child
         node[parts[-1]] = value
     return data

@@ -136,7 +136,7 @@ def field_type(cls: type, dotted: str, where: str) -> Any:
         if _is_optional(tp):
             (tp,) = [a for a in get_args(tp) if a is not type(None)]
         if not dataclasses.is_dataclass(tp):
-            raise ConfigError(f"{where}: {'.'.join(seen)} has no key {part!r}")
+            raise ConfigError(f"{where}: {dotted}: {'.'.join(seen)} is not a mapping")
         hints = typing.get_type_hints(tp, vars(sys.modules[tp.__module__]))
         if part not in hints:
             raise ConfigError(f"{where}: {'.'.join(seen + [part])}: unknown key "

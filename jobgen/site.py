@@ -54,6 +54,9 @@ class BatchSite:
     shared_volume: Optional[str] = None  # host path mounted at the same path in the container
     timeout_hours: int = 72
     max_nodes: int = 16
+    payload_dir: Optional[str] = None    # payload/ inside the image (default /opt/jobgen/payload)
+    entrypoint: str = "/opt/jobgen/entrypoint.sh"
+    rendezvous_timeout_s: int = 900      # how long nodes wait for each other before failing
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from .platforms import PLATFORMS, Platform
 from .recipe import Recipe
 from .site import Site
 
+IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
 CompileMode = Literal["auto", "always", "never"]
 Backend = Literal["slurm", "batch"]
 
@@ -100,6 +101,14 @@ class JobSpec:
     def run_dir(self) -> str:
         """Stable across requeues and resubmissions of the same run, so training resumes."""
         return posixpath.join(self.site.paths.work_dir, self.run_name)
+
+    @property
+    def payload_dir(self) -> str:
+        """Where jobgen's payload/ is on the nodes: the site's shared copy under Slurm, the
+        image's copy in an AWS Batch container."""
+        if self.backend == "batch":
+            return (self.site.batch.payload_dir if self.site.batch else None) or IMAGE_PAYLOAD_DIR
+        return self.site.payload_dir
 
     def data_path(self, path: str) -> str:
         return posixpath.join(self.site.paths.data_dir, path)

@@ -59,3 +59,24 @@ def read_events(text: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return events
+
+
+def open_tensorboard(directory: Path, log: EventLog) -> Any:
+    """A TensorBoard writer for rank 0, or None (with a one-line notice) when tensorboard is not
+    installed: metrics.jsonl carries the same numbers, so training goes on without it."""
+    if not log.enabled:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.emit("notice", message="tensorboard is not installed; TensorBoard logging is off")
+        return None
+    return SummaryWriter(str(directory))
+
+
+def to_tensorboard(writer: Any, step: int, numbers: dict[str, Any]) -> None:
+    if writer is None:
+        return
+    for key, value in numbers.items():
+        if isinstance(value, (int, float)):
+            writer.add_scalar(f"train/{key}", value, step)

@@ -18,8 +18,8 @@ from typing import Any, Optional
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
-from common import checkpoints  # noqa: E402
-from common.events import EventLog  # noqa: E402
+from common.events import EventLog, open_tensorboard, to_tensorboard  # noqa: E402
+from common.loop import agreed_newest, run_steps, sealed_save, target_step  # noqa: E402
 from common.runtime import (PayloadError, batch_positions, dist_coords,  # noqa: E402
                             ensure_process_env, run_main, step_seed)
 from common.schedule import learning_rate, steps_from_proportion  # noqa: E402
@@ -122,24 +122,22 @@ def build_model(args: argparse.Namespace) -> Any:
 
 
 class Trainer:
-    """Owns the engine, the data and the step counters of one invocation."""
+    """Owns the engine, the data and the step counters of one invocation (a ``loop.Runner``)."""
 
-    def __init__(self, args: argparse.Namespace, files: list[Path]) -> None:
+    def __init__(self, args: argparse.Namespace, data: Any) -> None:
         import torch
         import torch.distributed as dist
 
         from accelerators import build_optimizer, choose_accelerator
-        from bert_data import ShardedSamples
 
-        self.args, self.torch, self.dist = args, torch, dist
+        self.args, self.data, self.torch, self.dist = args, data, torch, dist
         self.rank, self.world, local_rank = dist_coords()
         self.accel = choose_accelerator(args.accelerator, local_rank)
-        import deepspeed  # only now: DS_ACCELERATOR is set
+        import deepspeed  # only now: choose_accelerator has set DS_ACCELERATOR
         import deepspeed.utils
 
         deepspeed.utils.logger.setLevel("WARNING")
         deepspeed.init_distributed(dist_backend=self.accel.backend)
-        self.data = ShardedSamples(files, args.seq_length, args.max_predictions, args.seed)
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         model = build_model(args)
         self.optimizer, opt_name = build_optimizer(args.optimizer, model, self.accel, args.lr,
@@ -148,33 +146,26 @@ class Trainer:
                                                config=deepspeed_config(args, self.world))
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.world
         self.ckpt_root = args.output_dir / "checkpoints"
-        train = args.phase == "train"
-        if train and self.rank == 0:
+        self.training = args.phase == "train"
+        if self.training and self.rank == 0:
             args.output_dir.mkdir(parents=True, exist_ok=True)
-        self.log = EventLog(self.rank, args.output_dir / "metrics.jsonl" if train else None)
+        # The compile pass leaves no trace on disk: no metrics file, no TensorBoard, no checkpoint.
+        self.log = EventLog(self.rank,
+                            args.output_dir / "metrics.jsonl" if self.training else None)
         self.log.emit("start", phase=args.phase, accelerator=self.accel.name,
                       device=str(self.accel.device), backend=self.accel.backend,
                       optimizer=opt_name, precision=args.precision, zero_stage=args.zero_stage,
                       world_size=self.world, global_batch_size=self.global_batch,
-                      shards=len(files), samples=self.data.total)
-        self.tensorboard = self._open_tensorboard() if train else None
+                      shards=len(data.files), samples=data.total)
+        self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
+                            if self.training else None)
         self.step, self.consumed = 0, 0
-
-    def _open_tensorboard(self) -> Any:
-        if self.rank != 0:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            self.log.emit("notice", message="tensorboard not installed; TensorBoard logging off")
-            return None
-        return SummaryWriter(str(self.args.output_dir / "tensorboard"))
 
     def _device_batch(self, positions: list[int]) -> dict[str, Any]:
         arrays = self.data.batch(positions)
         return {k: self.torch.from_numpy(v).to(self.accel.device) for k, v in arrays.items()}
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self) -> dict[str, Any]:
         """One optimizer step (all its micro-batches); returns the numbers for the step event."""
         torch, args = self.torch, self.args
         torch.manual_seed(step_seed(args.seed, self.step + 1, self.rank))
@@ -197,67 +188,46 @@ class Trainer:
         self.step += 1
         self.consumed += self.global_batch
         norm = self.engine.get_global_grad_norm()
-        return {"loss": mean_loss, "grad_norm": float(norm) if norm is not None else None,
-                "lr": lr, "samples_per_s": self.global_batch / elapsed}
+        return {"loss": mean_loss, "grad_norm": None if norm is None else float(norm), "lr": lr,
+                "samples_per_s": round(self.global_batch / elapsed, 2)}
+
+    def record(self, numbers: dict[str, Any]) -> None:
+        self.log.emit("step", phase=self.args.phase, step=self.step,
+                      consumed_samples=self.consumed, **numbers)
+        to_tensorboard(self.tensorboard, self.step, numbers)
 
     def resume(self) -> None:
-        """Load the newest complete checkpoint, as chosen by rank 0 for everyone."""
-        choice = [None]
-        if self.rank == 0:
-            newest = checkpoints.newest_complete(self.ckpt_root)
-            choice = [newest.tag if newest else None]
-        self.dist.broadcast_object_list(choice, src=0)
-        if choice[0] is None:
+        tag = agreed_newest(self.ckpt_root, self.rank)
+        if tag is None:
             return
-        path, client = self.engine.load_checkpoint(str(self.ckpt_root), tag=choice[0])
+        path, client = self.engine.load_checkpoint(str(self.ckpt_root), tag=tag)
         if path is None or not client:
-            raise PayloadError(f"could not load checkpoint {self.ckpt_root / choice[0]}")
+            raise PayloadError(f"could not load checkpoint {self.ckpt_root / tag}")
         self.step, self.consumed = int(client["step"]), int(client["consumed_samples"])
         self.log.emit("resume", step=self.step, consumed_samples=self.consumed,
-                      checkpoint=str(self.ckpt_root / choice[0]),
+                      checkpoint=str(self.ckpt_root / tag),
                       global_batch_changed=client.get("global_batch_size") != self.global_batch)
 
     def save(self) -> None:
-        """Every rank writes its shard; rank 0 seals the checkpoint only after all are done."""
-        if self.rank == 0:
-            checkpoints.prepare_save_dir(self.ckpt_root, self.step)
-        self.dist.barrier()
         state = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
                  "world_size": self.world, "global_batch_size": self.global_batch}
-        self.engine.save_checkpoint(str(self.ckpt_root), tag=checkpoints.tag_for(self.step),
-                                    client_state=state, save_latest=False)
-        self.dist.barrier()
-        if self.rank == 0:
-            checkpoints.mark_complete(self.ckpt_root, self.step, state)
-            checkpoints.prune(self.ckpt_root, self.args.keep_checkpoints)
-            self.log.emit("checkpoint", step=self.step,
-                          path=str(self.ckpt_root / checkpoints.tag_for(self.step)))
 
-    def record(self, numbers: dict[str, float]) -> None:
-        self.log.emit("step", phase=self.args.phase, step=self.step,
-                      consumed_samples=self.consumed, **numbers)
-        if self.tensorboard is not None:
-            for key, value in numbers.items():
-                if value is not None:
-                    self.tensorboard.add_scalar(f"train/{key}", value, self.step)
+        def write(directory: Path) -> None:
+            # Collective: every rank writes its ZeRO shard, rank 0 also the module states.
+            self.engine.save_checkpoint(str(directory.parent), tag=directory.name,
+                                        client_state=state, save_latest=False)
+
+        sealed_save(self.ckpt_root, self.step, state, self.rank, self.args.keep_checkpoints,
+                    self.log, write)
 
     def run(self) -> None:
         args = self.args
-        if args.phase == "compile":
-            target = args.compile_steps  # from the fresh model; nothing loaded or saved
-        else:
+        if self.training:
             self.resume()
-            target = args.max_steps
-            if args.steps >= 0:
-                target = min(target, self.step + args.steps)
-        saved_at = self.step
-        while self.step < target:
-            self.record(self.train_step())
-            if args.phase == "train" and self.step % args.checkpoint_every == 0:
-                self.save()
-                saved_at = self.step
-        if args.phase == "train" and self.step != saved_at:
-            self.save()  # end of a bounded (or finished) run: keep what was trained
+        target = target_step(args.phase, self.step, args.max_steps, args.compile_steps,
+                             args.steps)
+        run_steps(self, train=self.training, target=target,
+                  checkpoint_every=args.checkpoint_every)
         self.log.emit("done", phase=args.phase, step=self.step, consumed_samples=self.consumed)
         if self.tensorboard is not None:
             self.tensorboard.close()
@@ -268,13 +238,14 @@ class Trainer:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     validate(args)
-    from bert_data import find_training_files
+    from bert_data import ShardedSamples, find_training_files
 
-    # Checked before any distributed setup, so a bad path fails fast on every rank alike.
-    files = find_training_files(args.input_dir)
+    # Data problems surface before any distributed setup, so every rank fails fast alike.
+    data = ShardedSamples(find_training_files(args.input_dir), args.seq_length,
+                          args.max_predictions, args.seed)
     ensure_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    Trainer(args, files).run()
+    Trainer(args, data).run()
     return 0
 
 

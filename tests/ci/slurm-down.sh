@@ -42,7 +42,8 @@ stop() {
         if pid_of "$file" "$name" >/dev/null; then
             log "$name (pid $pid) still running after ${STOP_TIMEOUT}s: SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
-            while pid_of "$file" "$name" >/dev/null; do sleep 0.1; done
+            deadline=$((SECONDS + 10))
+            while pid_of "$file" "$name" >/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
         fi
         log "stopped $name (pid $pid)"
     else

@@ -296,11 +296,12 @@ if [[ $ACCOUNTING == dbd ]]; then
         log "MariaDB data dir initialised in $(since "$t_db") s"
     fi
     # mariadbd does not daemonize: start it in its own session, detached from our stdio.
-    # The innodb values are the ones slurmdbd recommends (it logs a warning otherwise).
+    # innodb_lock_wait_timeout and innodb_log_file_size as slurmdbd recommends; its remaining
+    # warning about innodb_buffer_pool_size (it wants a share of the host's RAM) is harmless here.
     setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR/data" \
         --socket="$DB_SOCK" --pid-file="$DB_DIR/mysqld.pid" --log-error="$DB_DIR/mariadb.log" \
         --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
-        --innodb-buffer-pool-size=256M --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 \
+        --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 \
         </dev/null >/dev/null 2>&1 &
     for _ in $(seq 300); do
         mariadb-admin --no-defaults --socket="$DB_SOCK" -u root ping >/dev/null 2>&1 && break
@@ -326,14 +327,25 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 7. slurmctld and one slurmd per emulated node (all daemonize themselves)
 # ---------------------------------------------------------------------------------------------
+t_slurmd=$(date +%s)
 slurmctld
 for ((i = 1; i <= NODES; i++)); do slurmd -N "n$i"; done
 
-# Wait until every node is idle. Nodes that an earlier run left DOWN or DRAINED (state is kept
-# in StateSaveLocation) are resumed after a few seconds.
+# slurmctld restores node states from StateSaveLocation, so a node can read "idle" before (or
+# without) its slurmd registering: also require every node's SlurmdStartTime to be from now.
+nodes_registered() {
+    local t n=0
+    while read -r t; do
+        (($(date -d "$t" +%s 2>/dev/null || echo 0) >= t_slurmd - 1)) && n=$((n + 1))
+    done < <(scontrol -o show node 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
+    ((n == NODES))
+}
+
+# Wait until every node is registered and idle. Nodes that an earlier run left DOWN or DRAINED
+# (state is kept in StateSaveLocation) are resumed after a few seconds.
 deadline=$((SECONDS + UP_TIMEOUT))
 resumed=0
-until nodes_up idle; do
+until nodes_registered && nodes_up idle; do
     if ((SECONDS >= deadline)); then
         sinfo -N >&2 || true
         tail_logs

@@ -1,0 +1,83 @@
+"""The step/checkpoint/resume contract every payload honours, written once.
+
+A payload supplies a ``Runner`` (one optimizer step, the state to record); this module decides
+how far an invocation runs, when it saves, how a save is sealed across ranks and which checkpoint
+a resume loads. torch.distributed is imported lazily so the pure parts stay cheap to test.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+from common import checkpoints
+from common.events import EventLog
+
+
+class Runner(Protocol):
+    step: int               # optimizer steps completed so far
+    consumed: int           # samples of the global stream consumed so far
+
+    def train_step(self) -> dict[str, Any]:
+        """Run one optimizer step, advance ``step``/``consumed``, return the event numbers."""
+
+    def save(self) -> None:
+        """Write a checkpoint of the current step (see ``sealed_save``)."""
+
+    def record(self, numbers: dict[str, Any]) -> None:
+        """Report one finished step (event line, TensorBoard)."""
+
+
+def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
+                bound: int) -> int:
+    """The step count an invocation stops at.
+
+    Compile: exactly ``compile_steps`` from a fresh model. Train: ``max_steps``, or ``bound``
+    more steps than the resumed step when a bound (``--steps N``, N >= 0) is given.
+    """
+    if phase == "compile":
+        return compile_steps
+    return max_steps if bound < 0 else min(max_steps, current + bound)
+
+
+def run_steps(runner: Runner, *, train: bool, target: int, checkpoint_every: int) -> None:
+    """Step until ``target``; in training save every ``checkpoint_every`` steps and at the end."""
+    saved_at = runner.step
+    while runner.step < target:
+        runner.record(runner.train_step())
+        if train and runner.step % checkpoint_every == 0:
+            runner.save()
+            saved_at = runner.step
+    if train and runner.step != saved_at:
+        runner.save()  # a bounded or finished run keeps what it trained
+
+
+def agreed_newest(root: Path, rank: int) -> Optional[str]:
+    """Tag of the newest complete checkpoint as rank 0 sees it, shared with every rank (a lagging
+    network filesystem must not let ranks resume from different steps)."""
+    import torch.distributed as dist
+
+    choice: list[Optional[str]] = [None]
+    if rank == 0:
+        newest = checkpoints.newest_complete(root)
+        choice = [newest.tag if newest else None]
+    dist.broadcast_object_list(choice, src=0)
+    return choice[0]
+
+
+def sealed_save(root: Path, step: int, state: dict[str, Any], rank: int, keep: int,
+                log: EventLog, write: Callable[[Path], None]) -> None:
+    """Save one checkpoint: rank 0 clears the directory, every rank runs ``write`` (which decides
+    who writes what), and rank 0 seals it with the marker only after all ranks are done."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        checkpoints.prepare_save_dir(root, step)
+    dist.barrier()
+    write(root / checkpoints.tag_for(step))
+    dist.barrier()
+    if rank == 0:
+        sealed = checkpoints.mark_complete(root, step, state)
+        checkpoints.prune(root, keep)
+        log.emit("checkpoint", step=step, path=str(sealed.path))
+    # Nobody races ahead (or exits) while rank 0 is still sealing and pruning.
+    dist.barrier()

@@ -1,0 +1,242 @@
+"""CPU stand-in for the Trainium recipes: trains a tiny GPT-NeoX or Llama for real with torch DDP.
+
+Rehearses a Neuron job on machines without Neuron devices while honouring the same contract as
+the real payloads: ``--phase compile`` runs ``--compile-steps`` steps and writes nothing;
+``--phase train`` resumes from the newest complete checkpoint, saves every K steps and at the end,
+keeps the newest M; rank 0 prints one JSON event per line. Runs under torchrun or alone.
+"""
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+# Running as a script: make ``payload/`` importable for ``common``.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.events import EventLog, open_tensorboard, to_tensorboard  # noqa: E402
+from common.loop import agreed_newest, run_steps, sealed_save, target_step  # noqa: E402
+from common.runtime import (PayloadError, batch_positions, dist_coords,  # noqa: E402
+                            ensure_process_env, run_main, step_seed)
+from common.schedule import DECAY_SHAPES, learning_rate  # noqa: E402
+
+PROG = "smoke-train"
+STATE_FILE = "state.pt"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--family", choices=("gpt_neox", "llama"), default="gpt_neox")
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--intermediate-size", type=int, default=None, help="default 4 × hidden")
+    p.add_argument("--seq-length", type=int, default=32)
+    p.add_argument("--vocab-size", type=int, default=512)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--gradient-accumulation", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr", type=float, default=3e-4)
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--decay", choices=DECAY_SHAPES, default="cosine")
+    p.add_argument("--max-steps", type=int, default=20)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--phase", choices=("compile", "train"), default="train")
+    p.add_argument("--compile-steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=-1,
+                   help="optimizer steps this invocation may run (-1: until --max-steps)")
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--output-dir", type=Path, default=Path("output"))
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.intermediate_size is None:
+        args.intermediate_size = 4 * args.hidden_size
+    return args
+
+
+def validate(args: argparse.Namespace) -> None:
+    positive = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "seq_length",
+                "micro_batch_size", "gradient_accumulation", "max_steps", "compile_steps",
+                "checkpoint_every", "keep_checkpoints")
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.hidden_size % args.num_heads:
+        raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by "
+                           f"--num-heads {args.num_heads}")
+    if args.vocab_size < 16:
+        raise PayloadError("--vocab-size must be at least 16")
+    if args.warmup_steps < 0 or args.warmup_steps > args.max_steps:
+        raise PayloadError("--warmup-steps must lie in [0, --max-steps]")
+    if args.steps < -1:
+        raise PayloadError("--steps must be -1 (no bound) or >= 0")
+
+
+def synthetic_tokens(position: int, seq_length: int, vocab_size: int, seed: int) -> list[int]:
+    """Sample ``position`` of the stream: an arithmetic run ``a, a+d, a+2d, … (mod vocab)``.
+
+    Start and stride come from the position and seed alone (no RNG state to checkpoint); after two
+    tokens the rest is predictable, so the loss falls quickly and visibly.
+    """
+    start = (seed * 7_919 + position * 104_729) % vocab_size
+    stride = 1 + (position * 31 + seed) % 5
+    return [(start + k * stride) % vocab_size for k in range(seq_length)]
+
+
+def build_model(args: argparse.Namespace) -> Any:
+    import transformers
+
+    common = dict(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                  num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads,
+                  intermediate_size=args.intermediate_size,
+                  max_position_embeddings=args.seq_length)
+    if args.family == "gpt_neox":
+        # GPT-NeoX 20B / Pythia style: rotary on a quarter of each head, parallel residual.
+        config = transformers.GPTNeoXConfig(rotary_pct=0.25, use_parallel_residual=True, **common)
+        return transformers.GPTNeoXForCausalLM(config)
+    config = transformers.LlamaConfig(num_key_value_heads=args.num_heads, **common)
+    return transformers.LlamaForCausalLM(config)
+
+
+class SmokeTrainer:
+    """DDP training of the tiny model; implements ``common.loop.Runner``."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.args, self.torch, self.dist = args, torch, dist
+        self.rank, self.world, _ = dist_coords()
+        dist.init_process_group("gloo")
+        torch.manual_seed(args.seed)  # identical initial weights on every rank
+        self.model = build_model(args)
+        self.ddp = DistributedDataParallel(self.model)
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        plain = [p for p in self.model.parameters() if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": args.weight_decay},
+             {"params": plain, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+        self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.world
+        self.ckpt_root = args.output_dir / "checkpoints"
+        self.training = args.phase == "train"
+        if self.training and self.rank == 0:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+        self.log = EventLog(self.rank,
+                            args.output_dir / "metrics.jsonl" if self.training else None)
+        self.log.emit("start", phase=args.phase, family=args.family, accelerator="cpu",
+                      backend="gloo", optimizer="torch.AdamW", world_size=self.world,
+                      global_batch_size=self.global_batch,
+                      parameters=sum(p.numel() for p in self.model.parameters()))
+        self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
+                            if self.training else None)
+        self.step, self.consumed = 0, 0
+
+    def schedule_params(self) -> dict[str, Any]:
+        args = self.args
+        return {"peak_lr": args.lr, "min_lr": args.min_lr, "max_steps": args.max_steps,
+                "warmup_steps": args.warmup_steps, "decay": args.decay}
+
+    def _micro_batch(self, positions: list[int]) -> Any:
+        args = self.args
+        rows = [synthetic_tokens(p, args.seq_length, args.vocab_size, args.seed)
+                for p in positions]
+        return self.torch.tensor(rows, dtype=self.torch.long)
+
+    def train_step(self) -> dict[str, Any]:
+        torch, args = self.torch, self.args
+        torch.manual_seed(step_seed(args.seed, self.step + 1, self.rank))
+        lr = learning_rate(self.step, **self.schedule_params())
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        micro_batches = batch_positions(self.consumed, args.micro_batch_size,
+                                        args.gradient_accumulation, self.world, self.rank)
+        loss_sum = torch.zeros(())
+        for index, positions in enumerate(micro_batches):
+            tokens = self._micro_batch(positions)
+            last = index == len(micro_batches) - 1
+            # Gradients are all-reduced once per optimizer step, on the last micro-batch.
+            with nullcontext() if last else self.ddp.no_sync():
+                loss = self.ddp(input_ids=tokens, labels=tokens).loss
+                (loss / len(micro_batches)).backward()
+            loss_sum += loss.detach()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.grad_clip)
+        self.optimizer.step()
+        self.dist.all_reduce(loss_sum)
+        elapsed = time.perf_counter() - started
+        self.step += 1
+        self.consumed += self.global_batch
+        return {"loss": loss_sum.item() / (len(micro_batches) * self.world),
+                "grad_norm": float(norm), "lr": lr,
+                "samples_per_s": round(self.global_batch / elapsed, 2)}
+
+    def record(self, numbers: dict[str, Any]) -> None:
+        self.log.emit("step", phase=self.args.phase, step=self.step,
+                      consumed_samples=self.consumed, **numbers)
+        to_tensorboard(self.tensorboard, self.step, numbers)
+
+    def resume(self) -> None:
+        tag = agreed_newest(self.ckpt_root, self.rank)
+        if tag is None:
+            return
+        state = self.torch.load(self.ckpt_root / tag / STATE_FILE, map_location="cpu",
+                                weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.consumed = int(state["step"]), int(state["consumed_samples"])
+        self.log.emit("resume", step=self.step, consumed_samples=self.consumed,
+                      checkpoint=str(self.ckpt_root / tag),
+                      global_batch_changed=state["global_batch_size"] != self.global_batch)
+
+    def save(self) -> None:
+        info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
+                "world_size": self.world, "global_batch_size": self.global_batch,
+                "family": self.args.family}
+
+        def write(directory: Path) -> None:
+            if self.rank != 0:
+                return  # DDP replicas are identical: one copy is the checkpoint
+            state = dict(info, model=self.model.state_dict(),
+                         optimizer=self.optimizer.state_dict(), schedule=self.schedule_params())
+            tmp = directory / f".{STATE_FILE}.tmp"
+            self.torch.save(state, tmp)
+            os.replace(tmp, directory / STATE_FILE)
+
+        sealed_save(self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
+                    self.log, write)
+
+    def run(self) -> None:
+        args = self.args
+        if self.training:
+            self.resume()
+        target = target_step(args.phase, self.step, args.max_steps, args.compile_steps,
+                             args.steps)
+        run_steps(self, train=self.training, target=target,
+                  checkpoint_every=args.checkpoint_every)
+        self.log.emit("done", phase=args.phase, step=self.step, consumed_samples=self.consumed)
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    validate(args)
+    ensure_process_env()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    SmokeTrainer(args).run()
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, PROG)

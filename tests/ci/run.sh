@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# THE test command of jobgen (`.ci/run` calls exactly this). On a fresh Debian 12 machine, as root:
+#
+#   1. apt       the system packages the venv build needs (Python venv/headers, g++) if missing
+#   2. venv      $VENV (default .venv): torch (pinned CPU wheel), DeepSpeed with its CPU shm op
+#                prebuilt (so no test JIT-compiles it), transformers, h5py, and `-e .[test]`;
+#                reused when its stamp matches (hash of setup.cfg & co. and of the install steps)
+#   3. lint      ruff, mypy and shellcheck; a failure fails the run, but the tests still run
+#   4. services  a 4-node local Slurm cluster (slurm-up.sh) and moto's server (moto-up.sh)
+#   5. pytest    `python -m pytest -q` plus this script's arguments, with JOBGEN_TEST_SLURM=1,
+#                JOBGEN_TEST_MOTO_URL and JOBGEN_REQUIRE_ALL=1 (missing components fail, not skip)
+#   6. teardown  always (trap on EXIT): moto and Slurm are stopped
+#
+#   bash tests/ci/run.sh [pytest args...]
+#
+# Environment: VENV (venv path, relative to the repo root or absolute), PYTHON (interpreter the
+# venv is made from; default python3), VENV_REBUILD=1 (delete and recreate the venv), MOTO_PORT
+# (default 5055), SLURM_CI_DIR (see slurm-up.sh).
+# Exit status: pytest's (5, "no tests collected", is a failure too); 1 if only the lint failed.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+cd "$REPO"
+
+TORCH_VERSION=2.13.0
+DEEPSPEED_SPEC=${DEEPSPEED_SPEC:-deepspeed}     # a requirement string, e.g. deepspeed==0.19.8
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+[[ $VENV == /* ]] || VENV=$REPO/$VENV
+export MOTO_PORT=${MOTO_PORT:-5055}
+export SLURM_CI_DIR=${SLURM_CI_DIR:-/var/tmp/jobgen-slurm}
+export DEBIAN_FRONTEND=noninteractive
+export PIP_PROGRESS_BAR=off PIP_DISABLE_PIP_VERSION_CHECK=1
+
+T_START=$EPOCHREALTIME
+PHASE=""
+PHASE_T0=""
+TIMINGS=()
+LINT_RC=0
+SERVICES_TOUCHED=0
+
+say() { printf '\n[run] ===== %s =====\n' "$*"; }
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+phase() {
+    end_phase
+    PHASE=$1
+    PHASE_T0=$EPOCHREALTIME
+    say "$1"
+}
+end_phase() {
+    if [[ -n $PHASE ]]; then TIMINGS+=("$(printf '%-10s %7s s' "$PHASE" "$(since "$PHASE_T0")")"); fi
+    PHASE=""
+}
+
+# shellcheck disable=SC2329  # invoked through the EXIT trap
+on_exit() {
+    local rc=$?
+    trap - EXIT INT TERM
+    set +e
+    # The phase that was running when we got here did not finish.
+    [[ -n $PHASE ]] && PHASE="$PHASE(!)"
+    if ((SERVICES_TOUCHED)); then
+        phase teardown
+        bash "$HERE/moto-down.sh"
+        bash "$HERE/slurm-down.sh"
+    fi
+    end_phase
+    printf '\n[run] ===== timing =====\n'
+    printf '[run] %s\n' "${TIMINGS[@]}"
+    printf '[run] %-10s %7s s\n' total "$(since "$T_START")"
+    exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+[[ $EUID -eq 0 ]] || { echo "[run] ERROR: run as root (installs packages, starts Slurm daemons)" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+phase apt
+# ---------------------------------------------------------------------------------------------
+pkgs=()
+if ! command -v "$PYTHON" >/dev/null; then
+    pkgs+=(python3 python3-venv python3-dev)
+else
+    "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+    # Python.h: DeepSpeed's shm op is compiled against it at install time.
+    "$PYTHON" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+        pkgs+=(python3-dev)
+fi
+command -v g++ >/dev/null || pkgs+=(g++)
+if ((${#pkgs[@]})); then
+    echo "[run] installing: ${pkgs[*]}"
+    apt-get update -qq </dev/null
+    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" </dev/null
+else
+    echo "[run] nothing to install ($("$PYTHON" -V), $(g++ --version | head -n 1))"
+fi
+
+# ---------------------------------------------------------------------------------------------
+phase venv
+# ---------------------------------------------------------------------------------------------
+vpy=$VENV/bin/python
+vpip() { "$vpy" -m pip "$@"; }
+
+# ds_ok: DeepSpeed is installed, matches DEEPSPEED_SPEC and has the CPU shm op prebuilt.
+ds_ok() {
+    DS_ACCELERATOR=cpu "$vpy" - "$DEEPSPEED_SPEC" <<'EOF' >/dev/null 2>&1
+import sys
+from importlib.metadata import version
+from packaging.requirements import Requirement
+assert Requirement(sys.argv[1]).specifier.contains(version("deepspeed"), prereleases=True)
+from deepspeed.git_version_info import installed_ops
+assert installed_ops.get("deepspeed_shm_comm"), installed_ops
+EOF
+}
+
+# The install steps. Their text is part of the venv's stamp: editing them triggers a re-run.
+venv_install() {
+    # Never let a dependency replace the pinned CPU torch (it would pull GBs of CUDA wheels).
+    printf 'torch==%s\n' "$TORCH_VERSION" >"$VENV/jobgen-constraints.txt"
+    export PIP_CONSTRAINT=$VENV/jobgen-constraints.txt
+    vpip install -q "torch==$TORCH_VERSION" setuptools wheel ninja
+    vpip install -q hjson msgpack numpy psutil py-cpuinfo pydantic einops tqdm packaging
+    if ds_ok; then
+        echo "[run] DeepSpeed with the prebuilt shm op is already installed"
+    else
+        # Build DeepSpeed's CPU shm-comm op now (about 2 min) rather than JIT at each test run.
+        # --no-build-isolation: the build sees our torch (an isolated build would fetch another);
+        # --no-cache-dir: don't reuse a cached wheel built without the op; --force-reinstall:
+        # rebuild even if a DeepSpeed without the op is installed.
+        DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 vpip install -q --no-build-isolation \
+            --no-cache-dir --no-deps --force-reinstall "$DEEPSPEED_SPEC"
+        ds_ok || { echo "[run] ERROR: DeepSpeed's shm op is not prebuilt" >&2; return 1; }
+    fi
+    vpip install -q transformers h5py
+    vpip install -q -e '.[test]'
+    unset PIP_CONSTRAINT
+}
+
+fingerprint() {
+    {
+        cat setup.cfg setup.py pyproject.toml 2>/dev/null
+        declare -f venv_install ds_ok
+        echo "$TORCH_VERSION $DEEPSPEED_SPEC $VENV"
+        "$PYTHON" -c 'import sys; print(sys.version)'
+    } | sha256sum | cut -d' ' -f1
+}
+
+STAMP=$VENV/.jobgen-ci-stamp
+want=$(fingerprint)
+venv_python_ok() {
+    [[ -x $vpy ]] && [[ "$("$vpy" -c 'import sys; print(sys.version)' 2>/dev/null)" == \
+        "$("$PYTHON" -c 'import sys; print(sys.version)')" ]]
+}
+if [[ ${VENV_REBUILD:-0} == 1 ]] || { [[ -e $VENV ]] && ! venv_python_ok; }; then
+    # Only delete something that is a venv.
+    if [[ -e $VENV && ! -e $VENV/pyvenv.cfg ]]; then
+        echo "[run] ERROR: $VENV exists and is not a virtualenv; not touching it" >&2
+        exit 1
+    fi
+    echo "[run] recreating $VENV"
+    rm -rf "$VENV"
+fi
+if [[ -f $STAMP && $(<"$STAMP") == "$want" ]] && venv_python_ok; then
+    echo "[run] reusing $VENV (stamp matches)"
+else
+    [[ -x $vpy ]] || "$PYTHON" -m venv "$VENV"
+    rm -f "$STAMP"
+    echo "[run] installing into $VENV"
+    venv_install
+    echo "$want" >"$STAMP"
+fi
+"$vpy" -c "import torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
+"$vpy" - <<'EOF'
+from importlib.metadata import version
+print("[run] " + ", ".join(f"{p} {version(p)}" for p in (
+    "torch", "deepspeed", "transformers", "boto3", "moto", "submitit", "pytest", "ruff", "mypy")))
+EOF
+
+export VIRTUAL_ENV=$VENV
+export PATH=$VENV/bin:$PATH
+
+# ---------------------------------------------------------------------------------------------
+phase lint
+# ---------------------------------------------------------------------------------------------
+lint() {
+    local name=$1
+    shift
+    if "$@"; then
+        echo "[run] lint: $name OK"
+    else
+        echo "[run] lint: $name FAILED"
+        LINT_RC=1
+    fi
+}
+lint ruff ruff check jobgen payload tests
+lint mypy mypy
+lint shellcheck shellcheck -S warning tests/ci/*.sh .ci/run
+if ((LINT_RC)); then echo "[run] LINT FAILED (the run will fail; running the tests anyway)"; fi
+
+# ---------------------------------------------------------------------------------------------
+phase services
+# ---------------------------------------------------------------------------------------------
+SERVICES_TOUCHED=1
+NODES=4 bash "$HERE/slurm-up.sh"
+VENV=$VENV bash "$HERE/moto-up.sh"
+
+# ---------------------------------------------------------------------------------------------
+phase pytest
+# ---------------------------------------------------------------------------------------------
+export JOBGEN_TEST_SLURM=1
+export JOBGEN_TEST_MOTO_URL=http://127.0.0.1:$MOTO_PORT
+export JOBGEN_REQUIRE_ALL=1
+rc=0
+python -m pytest -q "$@" || rc=$?
+end_phase
+
+case $rc in
+    0) echo "[run] pytest: passed" ;;
+    5) echo "[run] pytest: NO TESTS COLLECTED (exit 5) - counted as a failure" ;;
+    *) echo "[run] pytest: FAILED (exit $rc)" ;;
+esac
+if ((rc == 0 && LINT_RC)); then
+    echo "[run] lint failed: see the lint phase above"
+    rc=1
+fi
+exit "$rc"

@@ -1,0 +1,282 @@
+"""Unit tests for payload/common: schedule, events, checkpoint bookkeeping, launch helpers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PAYLOAD = Path(__file__).resolve().parents[1] / "payload"
+if str(PAYLOAD) not in sys.path:
+    sys.path.insert(0, str(PAYLOAD))
+
+from common import checkpoints, loop  # noqa: E402
+from common.events import EventLog, format_event, read_events  # noqa: E402
+from common.runtime import (PayloadError, batch_positions, ensure_process_env,  # noqa: E402
+                            run_main, step_seed)
+from common.schedule import learning_rate, steps_from_proportion  # noqa: E402
+
+# ---------------------------------------------------------------------------------- schedule
+
+
+def lr(step: int, **kw: Any) -> float:
+    params = dict(peak_lr=1.0, max_steps=100, warmup_steps=10, constant_steps=20)
+    params.update(kw)
+    return learning_rate(step, **params)
+
+
+def test_warmup_ramps_from_peak_over_w_to_peak() -> None:
+    assert lr(0) == pytest.approx(0.1)
+    assert lr(4) == pytest.approx(0.5)
+    assert lr(9) == pytest.approx(1.0)
+
+
+def test_hold_is_constant_until_warmup_plus_constant() -> None:
+    assert lr(10) == lr(29) == 1.0
+
+
+def test_linear_decay_reaches_floor_at_max_steps() -> None:
+    assert lr(30) == pytest.approx(1.0)          # decay starts at the peak
+    assert lr(65) == pytest.approx(0.5)          # half way through the 70 decay steps
+    assert lr(99) == pytest.approx(1 / 70)       # the last update still moves
+    assert lr(100) == 0.0
+    assert lr(500) == 0.0
+
+
+def test_min_lr_and_cosine_shape() -> None:
+    assert lr(100, min_lr=0.1) == pytest.approx(0.1)
+    assert lr(65, min_lr=0.1) == pytest.approx(0.55)
+    assert lr(65, decay="cosine") == pytest.approx(0.5)
+    assert lr(48, decay="cosine") > lr(48)  # cosine stays high longer, then falls faster
+    assert lr(90, decay="cosine") < lr(90)
+
+
+def test_no_warmup_starts_at_peak() -> None:
+    assert lr(0, warmup_steps=0, constant_steps=0) == 1.0
+    assert lr(50, warmup_steps=0, constant_steps=0) == pytest.approx(0.5)
+
+
+def test_bert_1p5b_proportions_to_steps() -> None:
+    # REFERENCE.md §3.1: MAX_STEPS 155000, WARMUP 0.05, CONST 0.25.
+    assert steps_from_proportion(0.05, 155_000) == 7_750
+    assert steps_from_proportion(0.25, 155_000) == 38_750
+    with pytest.raises(ValueError):
+        steps_from_proportion(1.5, 10)
+
+
+def test_schedule_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        lr(-1)
+    with pytest.raises(ValueError):
+        lr(1, decay="step")
+
+
+# ---------------------------------------------------------------------------------- events
+
+
+def test_event_line_is_one_json_object_with_event_first() -> None:
+    line = format_event("step", step=3, loss=float("nan"), lr=1e-3)
+    assert "\n" not in line
+    assert line.startswith('{"event": "step"')
+    assert json.loads(line) == {"event": "step", "step": 3, "loss": None, "lr": 1e-3}
+
+
+def test_event_log_rank0_only_and_metrics_file(tmp_path: Path, capsys: Any) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    EventLog(1, metrics).emit("step", step=1)
+    EventLog(0, metrics).emit("step", step=1)
+    EventLog(0, metrics).emit("done", step=1)
+    out = capsys.readouterr().out
+    assert [e["event"] for e in read_events(out)] == ["step", "done"]
+    assert [json.loads(x)["event"] for x in metrics.read_text().splitlines()] == ["step", "done"]
+
+
+def test_read_events_skips_library_noise() -> None:
+    text = 'warning: x\n{"event": "step", "step": 1}\n{"event": broken\n[INFO] y\n'
+    assert read_events(text) == [{"event": "step", "step": 1}]
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+
+def make_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
+    directory = checkpoints.prepare_save_dir(root, step)
+    (directory / "weights.pt").write_text("w")
+    if complete:
+        checkpoints.mark_complete(root, step, {"consumed_samples": step * 8})
+    return directory
+
+
+def test_newest_complete_ignores_incomplete_and_foreign(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    make_checkpoint(root, 3)
+    make_checkpoint(root, 6)
+    make_checkpoint(root, 9, complete=False)            # crashed mid-save
+    bad = make_checkpoint(root, 12, complete=False)
+    (bad / checkpoints.MARKER).write_text("{not json")   # torn marker
+    wrong = make_checkpoint(root, 15, complete=False)
+    (wrong / checkpoints.MARKER).write_text('{"step": 3}')  # marker of another step
+    (root / "something_else").mkdir()
+    newest = checkpoints.newest_complete(root)
+    assert newest is not None
+    assert (newest.step, newest.tag, newest.info["consumed_samples"]) == (6, "step_00000006", 48)
+    assert (root / checkpoints.LATEST).read_text() == "step_00000006"
+    complete, incomplete = checkpoints.list_checkpoints(root)
+    assert [c.step for c in complete] == [3, 6]
+    assert [p.name for p in incomplete] == ["step_00000009", "step_00000012", "step_00000015"]
+
+
+def test_newest_complete_of_missing_or_empty_root(tmp_path: Path) -> None:
+    assert checkpoints.newest_complete(tmp_path / "nope") is None
+    assert checkpoints.newest_complete(tmp_path) is None
+
+
+def test_prune_keeps_newest_and_newer_debris(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (3, 6, 9, 12):
+        make_checkpoint(root, step)
+    make_checkpoint(root, 4, complete=False)
+    make_checkpoint(root, 15, complete=False)
+    removed = checkpoints.prune(root, keep=2)
+    assert sorted(p.name for p in removed) == ["step_00000003", "step_00000004", "step_00000006"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [
+        "step_00000009", "step_00000012", "step_00000015"]
+    with pytest.raises(ValueError):
+        checkpoints.prune(root, keep=0)
+
+
+def test_prepare_save_dir_clears_a_previous_attempt(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    old = make_checkpoint(root, 6)
+    (old / "stale_rank_1.pt").write_text("x")
+    fresh = checkpoints.prepare_save_dir(root, 6)
+    assert fresh == old and list(fresh.iterdir()) == []
+    assert checkpoints.newest_complete(root) is None
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
+    checkpoints.write_atomic(tmp_path / "latest", "step_00000003")
+    checkpoints.write_atomic(tmp_path / "latest", "step_00000006")
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"]
+    assert (tmp_path / "latest").read_text() == "step_00000006"
+
+
+def test_tags_sort_by_step() -> None:
+    assert checkpoints.tag_for(7) < checkpoints.tag_for(10) < checkpoints.tag_for(155_000)
+    assert checkpoints.step_of("step_00000042") == 42
+    assert checkpoints.step_of("global_step42") is None
+
+
+# ---------------------------------------------------------------------------------- runtime
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_batch_positions_tile_the_stream(world: int) -> None:
+    micro, accumulation, consumed = 3, 2, 120
+    taken = []
+    for rank in range(world):
+        micro_batches = batch_positions(consumed, micro, accumulation, world, rank)
+        assert len(micro_batches) == accumulation
+        assert all(len(mb) == micro for mb in micro_batches)
+        taken += [p for mb in micro_batches for p in mb]
+    assert sorted(taken) == list(range(consumed, consumed + micro * accumulation * world))
+
+
+def test_step_seed_differs_by_step_and_rank() -> None:
+    seeds = {step_seed(1, s, r) for s in range(50) for r in range(8)}
+    assert len(seeds) == 400
+
+
+def test_process_env_defaults_only_without_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "OMPI_COMM_WORLD_RANK", "PMI_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(name, "")  # records the original state, so teardown restores it
+        monkeypatch.delenv(name)
+    assert ensure_process_env() is True
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == (
+        "0", "1", "0")
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and int(os.environ["MASTER_PORT"]) > 0
+    monkeypatch.setenv("RANK", "3")
+    assert ensure_process_env() is False
+    assert os.environ["RANK"] == "3"
+
+
+def test_run_main_exit_codes(capsys: Any) -> None:
+    def user_error() -> int:
+        raise PayloadError("no training shards in /data")
+
+    def crash() -> int:
+        raise RuntimeError("boom")
+
+    with pytest.raises(SystemExit) as exited:
+        run_main(user_error, "prog")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "prog: error: no training shards in /data\n"
+    with pytest.raises(SystemExit) as exited:
+        run_main(crash, "prog")
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "prog: error: RuntimeError: boom"
+    with pytest.raises(SystemExit) as exited:
+        run_main(lambda: 0, "prog")
+    assert exited.value.code == 0
+
+
+# ---------------------------------------------------------------------------------- loop
+
+
+def test_target_step() -> None:
+    assert loop.target_step("compile", 40, 100, 3, -1) == 3
+    assert loop.target_step("train", 40, 100, 3, -1) == 100
+    assert loop.target_step("train", 40, 100, 3, 6) == 46
+    assert loop.target_step("train", 98, 100, 3, 6) == 100
+    assert loop.target_step("train", 100, 100, 3, -1) == 100
+
+
+class FakeRunner:
+    def __init__(self, step: int = 0) -> None:
+        self.step, self.consumed, self.saves, self.recorded = step, step * 8, [], []
+
+    def train_step(self) -> dict[str, Any]:
+        self.step += 1
+        self.consumed += 8
+        return {"loss": 1.0 / self.step}
+
+    def save(self) -> None:
+        self.saves.append(self.step)
+
+    def record(self, numbers: dict[str, Any]) -> None:
+        self.recorded.append(self.step)
+
+
+def test_run_steps_saves_every_k_and_at_the_end() -> None:
+    runner = FakeRunner(step=2)
+    loop.run_steps(runner, train=True, target=10, checkpoint_every=3)
+    assert runner.recorded == list(range(3, 11))
+    assert runner.saves == [3, 6, 9, 10]
+
+
+def test_run_steps_no_double_save_and_nothing_to_do() -> None:
+    runner = FakeRunner()
+    loop.run_steps(runner, train=True, target=6, checkpoint_every=3)
+    assert runner.saves == [3, 6]
+    idle = FakeRunner(step=6)
+    loop.run_steps(idle, train=True, target=6, checkpoint_every=3)
+    assert idle.saves == [] and idle.recorded == []
+
+
+def test_compile_phase_never_saves() -> None:
+    runner = FakeRunner()
+    loop.run_steps(runner, train=False, target=3, checkpoint_every=1)
+    assert runner.recorded == [1, 2, 3] and runner.saves == []
+
+
+def test_common_does_not_import_torch() -> None:
+    # Flag and data checks run before the heavy imports, so a bad job fails in a second.
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import common.checkpoints, common.events, common.loop, common.runtime, "
+            "common.schedule; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code, str(PAYLOAD)], check=True, timeout=60)
