@@ -26,16 +26,19 @@ def _spec_options(func: F) -> F:
                      help="Compile pass: skip it when the cache has this spec's graphs (auto)."),
         click.option("--run-name", help="Run directory name (default: RECIPE-<N>n); a rerun "
                                         "with the same name resumes from its checkpoints."),
+        click.option("--smoke", is_flag=True,
+                     help="Rehearse on CPU: the same job with a tiny model of the recipe's family."),
     )):
         func = option(func)
     return func
 
 
 def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-          compile_mode: str, run_name: Optional[str], backend: str = "slurm") -> Any:
+          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = "slurm") -> Any:
     from . import api
-    return api.job_spec(recipe, nodes, overrides=overrides, site=site, backend=backend,  # type: ignore[arg-type]
-                        compile_mode=compile_mode, run_name=run_name)  # type: ignore[arg-type]
+    return api.job_spec(recipe, nodes, overrides=overrides, site=site,
+                        backend=backend, compile_mode=compile_mode,  # type: ignore[arg-type]
+                        run_name=run_name, smoke=smoke)
 
 
 class _Group(click.Group):
@@ -75,10 +78,10 @@ def list_cmd() -> None:
 @click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
               show_default=True)
 def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-         compile_mode: str, run_name: Optional[str], backend: str) -> None:
+         compile_mode: str, run_name: Optional[str], smoke: bool, backend: str) -> None:
     """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step)."""
     import yaml
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, backend)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
     click.echo(yaml.safe_dump(spec.as_dict(), sort_keys=False, default_flow_style=False,
                               width=100), nl=False)
 
@@ -91,11 +94,11 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
 @click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Write the job's files into this folder (atomically) instead of stdout.")
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-           compile_mode: str, run_name: Optional[str], backend: str,
+           compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
            output_dir: Optional[Path]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from . import api
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, backend)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
     plan = api.plan(spec)
     if output_dir is None:
         click.echo(plan.text, nl=False)

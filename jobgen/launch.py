@@ -28,6 +28,8 @@ class Launch:
     compile_args: tuple[str, ...]
     train_args: tuple[str, ...]
     files: tuple[tuple[str, str], ...] = ()  # (path under the run dir, content) written first
+    # A command run once before the compile pass: (script under payload/, its arguments).
+    prepare: tuple[str, ...] = ()
 
     def args(self, which: Pass) -> tuple[str, ...]:
         return self.compile_args if which == "compile" else self.train_args
@@ -56,6 +58,9 @@ def env_block(spec: JobSpec) -> list[tuple[str, str]]:
         if recipe.payload == "neuron_nemo":
             env["HYDRA_FULL_ERROR"] = "1"
     env.update(recipe.env)
+    if spec.smoke:
+        # The rehearsal keeps the whole environment above and runs on CPU processes.
+        env.update({"JOBGEN_SMOKE": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
     return list(env.items())
 
 
@@ -321,11 +326,79 @@ def _habana_deepspeed(spec: JobSpec) -> Launch:
                   train_args=_bert_args(spec, "train", data_dir))
 
 
+# --- smoke: the same job on CPU with a tiny model of the recipe's family ----------------------
+
+# The smoke model and run length. Small enough that a 2-node rehearsal on a laptop finishes in
+# seconds; long enough to show warmup, several checkpoints and a resume.
+SMOKE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 256,
+         "seq_length": 32, "vocab_size": 512, "micro_batch_size": 2, "max_steps": 24,
+         "checkpoint_every": 4, "max_predictions": 5, "samples": 256}
+
+
+def _smoke_common(spec: JobSpec, which: Pass) -> list[str]:
+    r = spec.recipe
+    return [
+        "--num-layers", str(SMOKE["num_layers"]),
+        "--hidden-size", str(SMOKE["hidden_size"]),
+        "--num-heads", str(SMOKE["num_heads"]),
+        "--intermediate-size", str(SMOKE["intermediate_size"]),
+        "--seq-length", str(SMOKE["seq_length"]),
+        "--vocab-size", str(SMOKE["vocab_size"]),
+        "--micro-batch-size", str(SMOKE["micro_batch_size"]),
+        "--gradient-accumulation", "1",
+        "--max-steps", str(SMOKE["max_steps"]),
+        "--checkpoint-every", str(SMOKE["checkpoint_every"]),
+        "--keep-checkpoints", str(min(r.checkpoint.keep, 3)),
+        "--grad-clip", repr(r.optim.grad_clip),
+        "--weight-decay", repr(r.optim.weight_decay),
+        "--seed", str(r.seed),
+        "--phase", which,
+        "--compile-steps", str(r.compile.steps),
+        "--output-dir", posixpath.join(spec.run_dir, "train" if which == "train" else "compile"),
+    ]
+
+
+def _smoke(spec: JobSpec) -> Launch:
+    r = spec.recipe
+    if r.model.family == "bert":
+        data = posixpath.join(spec.run_dir, "smoke-data")
+
+        def bert(which: Pass) -> tuple[str, ...]:
+            return tuple(_smoke_common(spec, which) + [
+                "--input-dir", data, "--max-predictions", str(SMOKE["max_predictions"]),
+                "--max-position-embeddings", str(SMOKE["seq_length"]),
+                "--lr", "0.001", "--warmup", "0.1", "--constant", "0.2",
+                "--optimizer", r.optim.name, "--zero-stage", "1" if r.parallelism.zero1 else "0",
+                "--precision", "fp32" if r.precision == "fp32" else "bf16",
+                "--accelerator", "cpu"])
+
+        return Launch(launcher="habana_deepspeed/launch.sh",
+                      workdir=posixpath.join(spec.payload_dir, "habana_deepspeed"),
+                      program="pretrain_bert.py", compile_wrapper="",
+                      compile_args=bert("compile"), train_args=bert("train"),
+                      prepare=("habana_deepspeed/make_tiny_shard.py", "--out", data,
+                               "--samples", str(SMOKE["samples"]),
+                               "--seq-length", str(SMOKE["seq_length"]),
+                               "--max-predictions", str(SMOKE["max_predictions"]),
+                               "--vocab-size", str(SMOKE["vocab_size"]), "--seed", str(r.seed)))
+
+    def gpt(which: Pass) -> tuple[str, ...]:
+        return tuple(_smoke_common(spec, which) + [
+            "--family", r.model.family, "--lr", "0.003", "--min-lr", "0.0003",
+            "--warmup-steps", "2"])
+
+    return Launch(launcher="smoke/launch.sh", workdir=posixpath.join(spec.payload_dir, "smoke"),
+                  program="train.py", compile_wrapper="", compile_args=gpt("compile"),
+                  train_args=gpt("train"))
+
+
 _BUILDERS = {"neuron_nemo": _neuron_nemo, "neuronx_distributed": _neuronx_distributed,
              "habana_deepspeed": _habana_deepspeed}
 
 
 def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
+    if spec.smoke:
+        return _smoke(spec)
     builder = _BUILDERS.get(spec.recipe.payload)
     if builder is None:
         raise ConfigError(f"{spec.source}: payload: {spec.recipe.payload} cannot run on "

@@ -93,6 +93,6 @@ def render(template: str, **context: Any) -> str:
     except jinja2.UndefinedError as exc:
         raise RenderError(f"templates/{template}: {exc.message}") from None
     except jinja2.TemplateSyntaxError as exc:
-        raise RenderError(f"templates/{exc.name or template}:{exc.lineno}: {exc.message}") from None
+        raise RenderError(f"templates/{template}:{exc.lineno}: {exc.message}") from None
     except jinja2.TemplateNotFound as exc:
         raise RenderError(f"templates/{exc.name}: template not found") from None

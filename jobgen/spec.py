@@ -3,6 +3,7 @@
 node count) computed once and the parallelism arithmetic checked before anything is rendered."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -17,6 +18,7 @@ from .recipe import Recipe
 from .site import Site
 
 IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
+SMOKE_WORKERS_PER_NODE = 1
 CompileMode = Literal["auto", "always", "never"]
 Backend = Literal["slurm", "batch"]
 
@@ -39,7 +41,8 @@ class JobSpec:
 
     @property
     def workers_per_node(self) -> int:
-        return self.platform.workers_per_node
+        """Ranks per node: the platform's accelerators, or one CPU process in a smoke run."""
+        return SMOKE_WORKERS_PER_NODE if self.smoke else self.platform.workers_per_node
 
     @property
     def world_size(self) -> int:
@@ -239,5 +242,6 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
         raise ConfigError(f"--run-name: {schema.describe(name)} must match {schema.NAME_RE.pattern}")
     spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
                    compile_mode=compile_mode, smoke=smoke, run_name=name)
-    _check_arithmetic(spec)
+    # A smoke rehearsal is refused wherever the real job would be.
+    _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
     return spec

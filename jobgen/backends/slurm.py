@@ -23,6 +23,8 @@ def compile_key(spec: JobSpec, lau: launch.Launch) -> str:
 def plan(spec: JobSpec) -> Plan:
     lau = launch.for_spec(spec, "slurm")
     site, recipe = spec.site, spec.recipe
+    # The cache variable, e.g. NEURON_COMPILE_CACHE_URL=DIR or PT_HPU_RECIPE_CACHE_CONFIG=DIR,...
+    ((cache_var, cache_value),) = launch.compile_cache_env(spec, "DIR").items()
     text = render(
         TEMPLATE,
         job_name=recipe.name,
@@ -37,7 +39,7 @@ def plan(spec: JobSpec) -> Plan:
         site=site.name,
         compile_steps=recipe.compile.steps,
         run_dir=spec.run_dir,
-        payload_dir=site.payload_dir,
+        payload_dir=spec.payload_dir,
         launcher=lau.launcher,
         activate=site.setup.activate or "",
         max_restarts=recipe.job.max_restarts,
@@ -55,6 +57,9 @@ def plan(spec: JobSpec) -> Plan:
         train_args=lau.train_args,
         env=launch.env_block(spec),
         files=lau.files,
+        prepare=lau.prepare,
+        cache_var=cache_var,
+        cache_suffix=cache_value[len("DIR"):],
     )
     name = f"{spec.run_name}.sbatch"
     return Plan(backend="slurm", files=(PlannedFile(name, text, executable=True),),

@@ -43,12 +43,14 @@ class Lamb(torch.optim.Optimizer):
     def _update(self, param: torch.Tensor, group: dict) -> None:
         beta1, beta2 = group["betas"]
         state = self.state[param]
+        # Moments and arithmetic in at least fp32, whatever the parameter's own precision.
+        dtype = torch.promote_types(param.dtype, torch.float32)
         if not state:
             state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
-            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(param, dtype=dtype)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=dtype)
         state["step"] += 1
-        grad = param.grad.float()
+        grad = param.grad.to(dtype)
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -57,7 +59,7 @@ class Lamb(torch.optim.Optimizer):
             mean = exp_avg / (1 - beta1 ** state["step"])
             var = exp_avg_sq / (1 - beta2 ** state["step"])
         update = mean / (var.sqrt() + group["eps"])
-        weights = param.float()
+        weights = param.to(dtype)
         if group["weight_decay"]:
             update.add_(weights, alpha=group["weight_decay"])
         w_norm, u_norm = weights.norm(), update.norm()

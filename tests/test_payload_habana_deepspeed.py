@@ -1,0 +1,417 @@
+"""Tests for payload/habana_deepspeed: LAMB, hdf5 data, config, and real DeepSpeed runs on CPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = ROOT / "payload"
+BERT_DIR = PAYLOAD / "habana_deepspeed"
+PROGRAM = BERT_DIR / "pretrain_bert.py"
+for entry in (str(PAYLOAD), str(BERT_DIR)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+from common.events import read_events  # noqa: E402
+
+
+def need(*modules: str) -> None:
+    """Skip when a module is missing, unless JOBGEN_REQUIRE_ALL=1 (CI), where that is a failure."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    reason = f"needs {', '.join(missing)} (install the 'payload' extra)"
+    if os.environ.get("JOBGEN_REQUIRE_ALL") == "1":
+        pytest.fail(f"JOBGEN_REQUIRE_ALL=1 but {reason}")
+    pytest.skip(reason)
+
+
+# ---------------------------------------------------------------------------------- LAMB
+
+
+def test_lamb_first_step_matches_hand_computation() -> None:
+    need("torch")
+    import torch
+
+    from lamb import Lamb
+
+    weight = torch.nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+    weight.grad = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    Lamb([weight], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01).step()
+    # By hand: after bias correction m = g and v = g², so the Adam direction is g/(|g|+eps)
+    # = [0.999998, -0.999999]; plus decay 0.01·w gives u = [1.029998, -0.959999], |u| = 1.408011;
+    # trust = |w|/|u| = 5/1.408011 = 3.551110; w ← w − 0.1·trust·u.
+    assert weight.tolist() == pytest.approx([2.6342364, 4.3409062], rel=1e-7)
+
+
+def test_lamb_second_step_and_state() -> None:
+    need("torch")
+    import torch
+
+    from lamb import Lamb
+
+    weight = torch.nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+    opt = Lamb([weight], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+    grads = ([0.5, -1.0], [0.2, 0.4])
+    w = [3.0, 4.0]
+    m, v = [0.0, 0.0], [0.0, 0.0]
+    for t, g in enumerate(grads, start=1):
+        weight.grad = torch.tensor(g, dtype=torch.float64)
+        opt.step()
+        m = [0.9 * a + 0.1 * b for a, b in zip(m, g)]
+        v = [0.999 * a + 0.001 * b * b for a, b in zip(v, g)]
+        u = [(a / (1 - 0.9**t)) / (math.sqrt(b / (1 - 0.999**t)) + 1e-6) for a, b in zip(m, v)]
+        trust = math.hypot(*w) / math.hypot(*u)
+        w = [a - 0.1 * trust * b for a, b in zip(w, u)]
+    assert weight.tolist() == pytest.approx(w, rel=1e-9)
+    assert opt.state[weight]["step"] == 2
+
+
+def test_lamb_zero_tensor_gets_trust_one() -> None:
+    need("torch")
+    import torch
+
+    from lamb import Lamb
+
+    bias = torch.nn.Parameter(torch.zeros(2))
+    bias.grad = torch.tensor([1.0, -2.0])
+    Lamb([bias], lr=0.5, weight_decay=0.0).step()
+    # ||w|| = 0, so the ratio is undefined and taken as 1: a plain Adam first step of ±lr.
+    assert bias.tolist() == pytest.approx([-0.5, 0.5], rel=1e-5)
+
+
+def test_parameter_groups_do_not_decay_biases_and_norms() -> None:
+    need("torch")
+    import torch
+
+    from accelerators import parameter_groups
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    decay, plain = parameter_groups(model, 0.01)
+    assert [tuple(p.shape) for p in decay["params"]] == [(3, 4)]
+    assert len(plain["params"]) == 3 and plain["weight_decay"] == 0.0
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+def make_shards(out: Path, samples: int = 64, shards: int = 1, seed: int = 0) -> Path:
+    import make_tiny_shard
+
+    make_tiny_shard.main(["--out", str(out), "--samples", str(samples), "--seq-length", "32",
+                          "--max-predictions", "5", "--vocab-size", "1000", "--seed", str(seed),
+                          "--shards", str(shards)])
+    return out
+
+
+def test_mlm_labels_by_hand() -> None:
+    need("numpy", "h5py")
+    import numpy as np
+
+    from bert_data import mlm_labels
+
+    positions = np.array([[1, 3, 0], [2, 0, 0]])
+    ids = np.array([[11, 33, 0], [22, 0, 0]])
+    assert mlm_labels(5, positions, ids).tolist() == [
+        [-100, 11, -100, 33, -100],
+        [-100, -100, 22, -100, -100]]
+
+
+def test_tiny_shard_layout_and_determinism(tmp_path: Path) -> None:
+    need("numpy", "h5py")
+    import h5py
+
+    first = make_shards(tmp_path / "a") / "tiny_training_0.hdf5"
+    second = make_shards(tmp_path / "b") / "tiny_training_0.hdf5"
+    with h5py.File(first, "r") as a, h5py.File(second, "r") as b:
+        shapes = {key: a[key].shape for key in a}
+        assert all((a[key][()] == b[key][()]).all() for key in a)
+        ids, positions = a["input_ids"][()], a["masked_lm_positions"][()]
+        assert (ids[:, 0] == 1).all()  # [CLS]
+        assert ids.max() < 1000 and (positions[:, 0] > 0).all()  # at least one prediction
+    assert shapes == {"input_ids": (64, 32), "input_mask": (64, 32), "segment_ids": (64, 32),
+                      "masked_lm_positions": (64, 5), "masked_lm_ids": (64, 5),
+                      "next_sentence_labels": (64,)}
+
+
+def test_batches_build_labels_at_masked_positions(tmp_path: Path) -> None:
+    need("numpy", "h5py")
+    import numpy as np
+
+    from bert_data import ShardedSamples, find_training_files
+
+    data = ShardedSamples(find_training_files(make_shards(tmp_path)), 32, 5, seed=7)
+    batch = data.batch([0, 1, 2, 3])
+    assert {k: v.shape for k, v in batch.items()} == {
+        "input_ids": (4, 32), "attention_mask": (4, 32), "token_type_ids": (4, 32),
+        "labels": (4, 32), "next_sentence_label": (4,)}
+    assert all(v.dtype == np.int64 for v in batch.values())
+    masked = batch["labels"] != -100
+    assert masked.any(axis=1).all()
+    assert (batch["input_ids"][masked] == 3).all()  # [MASK] wherever a label is set
+    assert (batch["labels"][masked] >= 5).all()     # labels are real word ids
+
+
+def test_sample_order_is_a_deterministic_permutation_per_epoch(tmp_path: Path) -> None:
+    need("numpy", "h5py")
+    from bert_data import ShardedSamples, find_training_files
+
+    files = find_training_files(make_shards(tmp_path, samples=10, shards=3))
+    data = ShardedSamples(files, 32, 5, seed=1)
+    assert data.total == 30
+    epoch0 = [data.locate(p) for p in range(30)]
+    epoch1 = [data.locate(p) for p in range(30, 60)]
+    assert sorted(epoch0) == sorted(epoch1) == [(s, r) for s in range(3) for r in range(10)]
+    assert epoch0 != epoch1
+    again = ShardedSamples(files, 32, 5, seed=1)
+    assert [again.locate(p) for p in range(59, 29, -1)] == epoch1[::-1]  # any access order
+    other = ShardedSamples(files, 32, 5, seed=2)
+    assert [other.locate(p) for p in range(30)] != epoch0
+
+
+def test_training_files_are_picked_by_name(tmp_path: Path) -> None:
+    need("numpy", "h5py")
+    from bert_data import find_training_files
+    from common.runtime import PayloadError
+
+    make_shards(tmp_path, shards=2)
+    shutil.copy(tmp_path / "tiny_training_0.hdf5", tmp_path / "tiny_test_0.hdf5")
+    assert [p.name for p in find_training_files(tmp_path)] == [
+        "tiny_training_0.hdf5", "tiny_training_1.hdf5"]
+    with pytest.raises(PayloadError, match="is not a directory"):
+        find_training_files(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PayloadError, match="expected hdf5 files whose name contains 'training'"):
+        find_training_files(tmp_path / "empty")
+
+
+def test_shard_shape_mismatch_is_reported(tmp_path: Path) -> None:
+    need("numpy", "h5py")
+    from bert_data import ShardedSamples, find_training_files
+    from common.runtime import PayloadError
+
+    files = find_training_files(make_shards(tmp_path))
+    with pytest.raises(PayloadError, match=r"input_ids has shape \(64, 32\), expected \(64, 128\)"):
+        ShardedSamples(files, 128, 5, seed=0)
+
+
+# ---------------------------------------------------------------------------------- config
+
+
+def bert_args(*extra: str) -> Any:
+    import pretrain_bert
+
+    return pretrain_bert.parse_args([
+        "--num-layers", "48", "--hidden-size", "1600", "--num-heads", "25",
+        "--intermediate-size", "6400", "--vocab-size", "30522", "--input-dir", "/data",
+        "--micro-batch-size", "16", "--gradient-accumulation", "24", "--lr", "0.0015",
+        "--warmup", "0.05", "--constant", "0.25", "--max-steps", "155000", *extra])
+
+
+def test_bert_1p5b_flags_give_the_reference_deepspeed_config() -> None:
+    import pretrain_bert
+
+    args = bert_args()
+    pretrain_bert.validate(args)
+    # REFERENCE.md §3.2: 384 samples per accelerator per step, ZeRO-1, BF16, clip 1.0.
+    assert pretrain_bert.deepspeed_config(args, world_size=128) == {
+        "train_batch_size": 384 * 128, "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": 24, "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+        "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+        "wall_clock_breakdown": False}
+    fp32 = pretrain_bert.deepspeed_config(bert_args("--precision", "fp32"), world_size=8)
+    assert fp32["bf16"] == {"enabled": False}
+
+
+def test_bert_schedule_boundaries() -> None:
+    import pretrain_bert
+
+    args = bert_args()
+    assert pretrain_bert.schedule(args, 0) == pytest.approx(0.0015 / 7750)
+    assert pretrain_bert.schedule(args, 7749) == pytest.approx(0.0015)
+    assert pretrain_bert.schedule(args, 7750 + 38750 - 1) == pytest.approx(0.0015)
+    assert pretrain_bert.schedule(args, 155_000) == 0.0
+
+
+def test_bert_defaults_and_launcher_flag() -> None:
+    args = bert_args("--local_rank=3")
+    assert (args.seq_length, args.max_predictions, args.optimizer, args.zero_stage,
+            args.precision, args.phase, args.compile_steps, args.steps, args.keep_checkpoints,
+            args.weight_decay, args.grad_clip, args.accelerator, args.max_position_embeddings,
+            args.type_vocab_size) == (128, 20, "lamb", 1, "bf16", "train", 3, -1, 3, 0.01, 1.0,
+                                      "auto", 512, 2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--num-heads", "24"), "--hidden-size 1600 is not divisible by --num-heads 24"),
+    (("--warmup", "0.9"), "--warmup and --constant must be >= 0 and sum to at most 1"),
+    (("--micro-batch-size", "0"), "--micro-batch-size must be at least 1"),
+    (("--steps", "-2"), "--steps must be -1 (no bound) or >= 0"),
+])
+def test_bad_flags_are_user_errors(flags: tuple[str, ...], message: str) -> None:
+    import pretrain_bert
+    from common.runtime import PayloadError
+
+    with pytest.raises(PayloadError) as error:
+        pretrain_bert.validate(bert_args(*flags))
+    assert str(error.value) == message
+
+
+def test_program_never_imports_jobgen() -> None:
+    for path in PAYLOAD.rglob("*.py"):
+        text = path.read_text()
+        assert "import jobgen" not in text and "from jobgen" not in text, path
+
+
+# ---------------------------------------------------------------------------------- real runs
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "4",
+        "--intermediate-size", "256", "--vocab-size", "1000", "--seq-length", "32",
+        "--max-predictions", "5", "--micro-batch-size", "2", "--gradient-accumulation", "2",
+        "--lr", "1e-3", "--warmup", "0.1", "--constant", "0.2", "--max-steps", "9",
+        "--optimizer", "lamb", "--zero-stage", "1", "--precision", "bf16", "--seed", "5",
+        "--checkpoint-every", "3", "--keep-checkpoints", "2"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env() -> dict[str, str]:
+    """The test's env minus any rank variables it may itself have inherited."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def launch(args: list[str], cwd: Path, nproc: int = 2, launcher: str = "torchrun",
+           timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the program as a job would; the first launch on a fresh machine may JIT DeepSpeed's
+    shm op (about a minute), hence the generous timeout."""
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(PROGRAM)]
+    elif launcher == "deepspeed":
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
+               "--master_port", str(free_port()), str(PROGRAM)]
+    else:
+        cmd = [sys.executable, str(PROGRAM)]
+    started = time.monotonic()
+    result = subprocess.run(cmd + args, cwd=cwd, env=clean_env(), capture_output=True, text=True,
+                            timeout=timeout)
+    print(f"[{launcher} x{nproc}] {' '.join(args[-6:])}: rc={result.returncode} "
+          f"{time.monotonic() - started:.1f}s")
+    return result
+
+
+def events_of(result: subprocess.CompletedProcess, kind: str) -> list[dict[str, Any]]:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [e for e in read_events(result.stdout) if e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    need("numpy", "h5py")
+    return make_shards(tmp_path_factory.mktemp("wikicorpus"))
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_compile_phase_runs_three_steps_and_writes_nothing(shard_dir: Path,
+                                                           tmp_path: Path) -> None:
+    need("torch", "deepspeed", "transformers", "h5py")
+    out = tmp_path / "out"
+    result = launch(TINY + ["--input-dir", str(shard_dir), "--output-dir", str(out),
+                            "--phase", "compile"], tmp_path)
+    steps = events_of(result, "step")
+    assert [e["step"] for e in steps] == [1, 2, 3]
+    assert all(e["phase"] == "compile" and math.isfinite(e["loss"]) for e in steps)
+    start = events_of(result, "start")[0]
+    assert (start["world_size"], start["accelerator"], start["optimizer"]) == (
+        2, "cpu", "payload.Lamb")
+    assert events_of(result, "done") == [
+        {"event": "done", "phase": "compile", "step": 3, "consumed_samples": 24}]
+    assert events_of(result, "checkpoint") == []
+    assert not out.exists()
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_train_saves_then_resumes_at_step_6(shard_dir: Path, tmp_path: Path) -> None:
+    need("torch", "deepspeed", "transformers", "h5py")
+    out = tmp_path / "out"
+    common = TINY + ["--input-dir", str(shard_dir), "--output-dir", str(out), "--phase", "train"]
+    first = launch(common + ["--steps", "6"], tmp_path)
+    assert [e["step"] for e in events_of(first, "step")] == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in events_of(first, "checkpoint")] == [3, 6]
+    assert events_of(first, "resume") == []
+    marker = json.loads((out / "checkpoints" / "step_00000006" / "COMPLETE").read_text())
+    assert (marker["step"], marker["consumed_samples"]) == (6, 48)
+
+    second = launch(common, tmp_path)  # runs on to --max-steps 9
+    resume = events_of(second, "resume")
+    assert [(e["step"], e["consumed_samples"]) for e in resume] == [(6, 48)]
+    steps = events_of(second, "step")
+    assert steps[0]["step"] == 7 and [e["step"] for e in steps] == [7, 8, 9]
+    assert events_of(second, "done")[0]["step"] == 9
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
+    assert ckpts == ["step_00000006", "step_00000009"]  # --keep-checkpoints 2
+    assert (out / "checkpoints" / "latest").read_text() == "step_00000009"
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in logged if e["event"] == "step"] == list(range(1, 10))
+    # The schedule continues where it stopped: 9 steps, warmup 1, hold 2, decay to 0 at 9.
+    assert [round(e["lr"] / 1e-3, 4) for e in steps] == [0.5, 0.3333, 0.1667]
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_failing_run_exits_nonzero_with_one_line(tmp_path: Path) -> None:
+    need("torch")
+    empty = tmp_path / "no_shards"
+    empty.mkdir()
+    (empty / "wiki_test_0.hdf5").write_text("")
+    result = launch(TINY + ["--input-dir", str(empty), "--output-dir", str(tmp_path / "o")],
+                    tmp_path)
+    assert result.returncode != 0
+    message = (f"pretrain_bert: error: no training shards in {empty} "
+               "(expected hdf5 files whose name contains 'training')")
+    assert message in result.stderr.splitlines()
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_single_process_without_launcher(shard_dir: Path, tmp_path: Path) -> None:
+    need("torch", "deepspeed", "transformers", "h5py")
+    result = launch(TINY + ["--input-dir", str(shard_dir), "--output-dir", str(tmp_path / "o"),
+                            "--phase", "compile", "--optimizer", "adamw", "--precision", "fp32"],
+                    tmp_path, nproc=1, launcher="none")
+    assert [e["step"] for e in events_of(result, "step")] == [1, 2, 3]
+    assert events_of(result, "start")[0]["world_size"] == 1
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_deepspeed_launcher(shard_dir: Path, tmp_path: Path) -> None:
+    need("torch", "deepspeed", "transformers", "h5py")
+    out = tmp_path / "out"
+    result = launch(TINY + ["--input-dir", str(shard_dir), "--output-dir", str(out),
+                            "--phase", "train", "--steps", "3"], tmp_path, launcher="deepspeed")
+    assert [e["step"] for e in events_of(result, "step")] == [1, 2, 3]
+    assert events_of(result, "start")[0]["world_size"] == 2
+    assert [e["step"] for e in events_of(result, "checkpoint")] == [3]
