@@ -126,6 +126,75 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
         raise SystemExit(1)
 
 
+@cli.command()
+@click.argument("recipe")
+@_spec_options
+@click.option("--chain", is_flag=True,
+              help="Compile and train as two jobs; training depends on the compile job (afterok).")
+@click.option("--via", type=click.Choice(["sbatch", "submitit"]), default="sbatch",
+              show_default=True, help="Submit the rendered script, or the same job via submitit.")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends; exit with its status.")
+def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+           compile_mode: str, run_name: Optional[str], smoke: bool, chain: bool, via: str,
+           wait: bool) -> None:
+    """Submit RECIPE to Slurm (exactly the script `jobgen render` prints); prints the job id."""
+    from . import api, slurm_client
+    from .backends import slurm
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke)
+    if via == "submitit":
+        from . import submitit_runner
+        job = submitit_runner.submit(spec)
+        click.echo(job.job_id)
+        if wait:
+            results = job.results()
+            click.echo(f"job {job.job_id}: {len(results)} nodes finished: {results}")
+        return
+    if chain:
+        first, second = slurm_client.submit_chain(slurm.plan(spec, "compile"),
+                                                  slurm.plan(spec, "train"))
+        click.echo(f"{first} {second}")
+        job_id = second
+    else:
+        job_id = slurm_client.submit(api.plan(spec))
+        click.echo(job_id)
+    if wait:
+        final = slurm_client.wait(job_id, on_change=lambda m: click.echo(m, err=True))
+        raise SystemExit(0 if final.state == "COMPLETED" else 1)
+
+
+@cli.command()
+@click.argument("job_id")
+def status(job_id: str) -> None:
+    """The state of a Slurm job (from the controller, or from accounting once it ended)."""
+    from . import slurm_client
+    for line in slurm_client.status_lines(job_id):
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+def logs(job_id: str, follow: bool) -> None:
+    """The job's output file (all nodes' launchers write through it; per-node logs are under
+    RUN_DIR/logs/JOB_ID/)."""
+    from . import slurm_client
+    path = slurm_client.log_path(job_id)
+    if follow:
+        slurm_client.follow(path, job_id, lambda text: click.echo(text, nl=False))
+        return
+    if not path.exists():
+        raise click.ClickException(f"{path}: not written yet")
+    click.echo(path.read_text(encoding="utf-8", errors="replace"), nl=False)
+
+
+@cli.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a Slurm job (scancel); a job that already ended is left alone."""
+    from . import slurm_client
+    click.echo(slurm_client.cancel(job_id))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point."""
     try:

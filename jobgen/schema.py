@@ -135,6 +135,11 @@ def field_type(cls: type, dotted: str, where: str) -> Any:
     for part in dotted.split("."):
         if _is_optional(tp):
             (tp,) = [a for a in get_args(tp) if a is not type(None)]
+        if get_origin(tp) in (dict, abc.Mapping):
+            # A free-form mapping (env, launch): any key, values of the mapping's value type.
+            tp = get_args(tp)[1]
+            seen.append(part)
+            continue
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"{where}: {dotted}: {'.'.join(seen)} is not a mapping")
         hints = typing.get_type_hints(tp, vars(sys.modules[tp.__module__]))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Literal
 
 from .. import launch
 from ..plan import Plan, PlannedFile
@@ -20,14 +21,19 @@ def compile_key(spec: JobSpec, lau: launch.Launch) -> str:
     return f"{spec.recipe.name}-{spec.nodes}n-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def plan(spec: JobSpec) -> Plan:
+Passes = Literal["both", "compile", "train"]
+
+
+def plan(spec: JobSpec, passes: Passes = "both") -> Plan:
+    """The sbatch script; `passes` splits the job in two for chained submission."""
     lau = launch.for_spec(spec, "slurm")
     site, recipe = spec.site, spec.recipe
     # The cache variable, e.g. NEURON_COMPILE_CACHE_URL=DIR or PT_HPU_RECIPE_CACHE_CONFIG=DIR,...
     ((cache_var, cache_value),) = launch.compile_cache_env(spec, "DIR").items()
     text = render(
         TEMPLATE,
-        job_name=recipe.name,
+        job_name=recipe.name + ("" if passes == "both" else f"-{passes}"),
+        passes=passes,
         nodes=spec.nodes,
         cpus_per_task=site.slurm.cpus_per_task,
         exclusive=site.slurm.exclusive,
@@ -61,6 +67,6 @@ def plan(spec: JobSpec) -> Plan:
         cache_var=cache_var,
         cache_suffix=cache_value[len("DIR"):],
     )
-    name = f"{spec.run_name}.sbatch"
+    name = f"{spec.run_name}{'' if passes == 'both' else '-' + passes}.sbatch"
     return Plan(backend="slurm", files=(PlannedFile(name, text, executable=True),),
                 primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))

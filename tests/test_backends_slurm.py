@@ -1,0 +1,343 @@
+"""The Slurm backend: the sbatch script of every recipe, byte for byte (golden files), and the
+properties users rely on: the #SBATCH header, the environment block, a compile pass that differs
+from the training pass only where documented, determinism.
+
+The generated-values block of a script is read back by running it through bash, so these tests
+see what the job will see, after shell quoting."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from jobgen import api, launch
+from jobgen.backends import slurm
+
+GOLDEN = [("neox20b", 4), ("neox20b", 16), ("pythia6.9b", 1), ("pythia6.9b", 4),
+          ("llama2-7b", 4), ("llama2-7b", 128)]
+NEURON_RECIPES = ("neox20b", "pythia6.9b", "llama2-7b")
+END_OF_VALUES = "# ---- end of generated values"
+
+
+def render(jobgen: Callable, *args: str) -> str:
+    result = jobgen("render", *args)
+    assert result.exit_code == 0, result.stderr
+    assert result.exception is None
+    return result.stdout
+
+
+@dataclass
+class Values:
+    """The generated-values block of a script, as bash sees it."""
+    shell: dict[str, str]      # every NAME=value assigned there (exported or not)
+    env: dict[str, str]        # the exported environment
+    compile_args: list[str]
+    train_args: list[str]
+
+
+def generated_values(script: str, tmp_path: Path) -> Values:
+    head, sep, _ = script.partition(END_OF_VALUES)
+    assert sep, "the script has no end-of-generated-values marker"
+    names = sorted(set(re.findall(r"^(?:export )?([A-Z_][A-Z0-9_]*)=(?!\()", head, re.M)))
+    out = [tmp_path / f"values-{i}" for i in range(4)]
+    dump = "\n".join([
+        head,
+        f"for n in {' '.join(names)}; do printf '%s=%s\\0' \"$n\" \"${{!n}}\"; done > \"$1\"",
+        'printf "%s\\0" "${COMPILE_ARGS[@]}" > "$2"',
+        'printf "%s\\0" "${TRAIN_ARGS[@]}" > "$3"',
+        'env -0 > "$4"',
+    ])
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", dump, "values", *map(str, out)],
+                          env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+    def pairs(path: Path) -> dict[str, str]:
+        items = path.read_text().split("\0")[:-1]
+        return dict(item.split("=", 1) for item in items)
+
+    def words(path: Path) -> list[str]:
+        return path.read_text().split("\0")[:-1]
+
+    return Values(pairs(out[0]), pairs(out[3]), words(out[1]), words(out[2]))
+
+
+def hydra_overrides(args: list[str]) -> dict[str, str]:
+    """NeMo's arguments: --config-name=X then key=value overrides."""
+    assert args[0].startswith("--config-name=")
+    return dict(a.split("=", 1) for a in args)
+
+
+def nxd_flags(args: list[str]) -> dict[str, object]:
+    """argparse-style flags: --flag value, or a bare --flag (True)."""
+    flags: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        assert args[i].startswith("--"), args[i]
+        if i + 1 < len(args) and not re.match(r"^--[a-z]", args[i + 1]):
+            flags[args[i]] = args[i + 1]
+            i += 2
+        else:
+            flags[args[i]] = True
+            i += 1
+    return flags
+
+
+# --- golden files ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("recipe,nodes", GOLDEN, ids=[f"{r}-{n}n" for r, n in GOLDEN])
+def test_matches_golden(jobgen: Callable, golden: Callable, recipe: str, nodes: int) -> None:
+    script = render(jobgen, recipe, "--nodes", str(nodes), "--site", "trn1-pcluster")
+    golden(Path("slurm") / f"{recipe}-{nodes}n.sbatch", script)
+
+
+def test_golden_files_hold_no_machine_paths() -> None:
+    """Goldens are rendered for trn1-pcluster (/fsx/...): nothing of this checkout leaks in."""
+    files = sorted((Path(__file__).parent / "golden" / "slurm").glob("*.sbatch"))
+    assert {f.name for f in files} >= {f"{r}-{n}n.sbatch" for r, n in GOLDEN}
+    checkout = str(Path(__file__).resolve().parent.parent)
+    for f in files:
+        text = f.read_text()
+        assert checkout not in text, f.name
+        assert "/home/" not in text and "/tmp/" not in text, f.name
+
+
+def test_render_is_deterministic(jobgen: Callable, jobgen_proc: Callable) -> None:
+    """Same inputs, byte-identical output: twice in process, and in processes with different
+    hash seeds (set and dict ordering), matching the in-process result."""
+    args = ("render", "neox20b", "--nodes", "8", "--site", "trn1-pcluster")
+    first = render(jobgen, *args[1:])
+    assert render(jobgen, *args[1:]) == first
+    for seed in ("1", "2"):
+        proc = jobgen_proc(*args, env={"PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == first
+
+
+def test_plan_has_one_executable_sbatch_file() -> None:
+    plan = api.plan(api.job_spec("neox20b", 4, site="trn1-pcluster"))
+    assert plan.backend == "slurm"
+    assert [f.name for f in plan.files] == ["neox20b-4n.sbatch"]
+    assert plan.file().executable
+    assert plan.text.startswith("#!/bin/bash\n") and plan.text.endswith("\n")
+    assert plan.argv(Path("/x/neox20b-4n.sbatch")) == ["sbatch", "--parsable",
+                                                       "/x/neox20b-4n.sbatch"]
+
+
+# --- the #SBATCH header ------------------------------------------------------------------------
+
+def sbatch_lines(script: str) -> list[str]:
+    return [line[len("#SBATCH "):] for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_sbatch_header_for_pcluster(jobgen: Callable) -> None:
+    script = render(jobgen, "neox20b", "--nodes", "16", "--site", "trn1-pcluster")
+    assert sbatch_lines(script) == [
+        "--job-name=neox20b", "--nodes=16", "--ntasks-per-node=1", "--cpus-per-task=128",
+        "--exclusive", "--partition=compute1", "--output=%x-%j.out", "--open-mode=append",
+        "--requeue"]
+
+
+def test_sbatch_header_for_local_site_and_options(jobgen: Callable, write_site: Callable) -> None:
+    script = render(jobgen, "llama2-7b", "--nodes", "2")
+    assert sbatch_lines(script) == [
+        "--job-name=llama2-7b", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
+        "--exclusive", "--output=%x-%j.out", "--open-mode=append", "--requeue"]
+    site = write_site("trn1-pcluster", {"slurm.account": "ml-team", "slurm.exclusive": False,
+                                        "slurm.cpus_per_task": 96})
+    script = render(jobgen, "llama2-7b", "--nodes", "2", "--site", str(site),
+                    "--set", "job.time_limit=2-00:00:00")
+    lines = sbatch_lines(script)
+    assert "--exclusive" not in lines
+    assert {"--cpus-per-task=96", "--partition=compute1", "--account=ml-team",
+            "--time=2-00:00:00"} <= set(lines)
+
+
+@pytest.mark.parametrize("recipe", NEURON_RECIPES)
+def test_sbatch_lines_come_before_the_first_command(jobgen: Callable, recipe: str) -> None:
+    """sbatch stops reading #SBATCH lines at the first command: all must come first."""
+    lines = render(jobgen, recipe, "--nodes", "2").splitlines()
+    assert lines[0] == "#!/bin/bash"
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert all(not line.startswith("#SBATCH") for line in lines[first_command:])
+    assert len(sbatch_lines("\n".join(lines[:first_command]))) >= 7
+
+
+# --- the generated values ----------------------------------------------------------------------
+
+def test_generated_values_as_bash_sees_them(jobgen: Callable, tmp_path: Path) -> None:
+    values = generated_values(
+        render(jobgen, "neox20b", "--nodes", "4", "--site", "trn1-pcluster"), tmp_path)
+    assert values.shell["RUN_DIR"] == "/fsx/jobgen/runs/neox20b-4n"
+    assert values.shell["PAYLOAD_DIR"] == "/fsx/jobgen/payload"
+    assert values.shell["LAUNCHER"] == "neuron_nemo/launch.sh"
+    assert values.shell["ACTIVATE"] == "/fsx/aws_neuron_venv_pytorch/bin/activate"
+    assert values.shell["MAX_RESTARTS"] == "10"
+    assert values.shell["COMPILE_CACHE"] == "/fsx/neuron-compile-cache"
+    assert values.shell["LOCAL_COMPILE_CACHE"] == "/local_storage/neuron-compile-cache"
+    assert values.shell["MASTER_RESOLVER"] == "nslookup"
+    assert re.fullmatch(r"neox20b-4n-[0-9a-f]{16}", values.shell["COMPILE_KEY"])
+    assert values.env["MASTER_PORT"] == "41000"
+    assert values.env["JOBGEN_WORKERS_PER_NODE"] == "32"
+    assert values.env["JOBGEN_WORKDIR"] == \
+        "/fsx/neuronx-nemo-megatron/nemo/examples/nlp/language_modeling"
+    assert values.env["JOBGEN_PROGRAM"] == "megatron_gpt_pretraining.py"
+
+
+@pytest.mark.parametrize("recipe", NEURON_RECIPES)
+def test_environment_block(jobgen: Callable, tmp_path: Path, recipe: str) -> None:
+    env = generated_values(render(jobgen, recipe, "--nodes", "4"), tmp_path).env
+    flags = env["NEURON_CC_FLAGS"]
+    assert flags.startswith("--model-type transformer --distribution-strategy=llm-training")
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["FI_EFA_FORK_SAFE"] == "1"
+    assert env["MALLOC_ARENA_MAX"] == ("64" if recipe == "llama2-7b" else "128")
+    assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"   # every recipe trains bf16_sr
+    assert env["XLA_USE_BF16"] == "1"
+    assert env["NEURON_FUSE_SOFTMAX"] == "1"
+    if recipe == "llama2-7b":
+        assert "--enable-mixed-precision-accumulation" not in flags
+        assert "HYDRA_FULL_ERROR" not in env
+    else:
+        assert flags.endswith(" --enable-mixed-precision-accumulation")
+        assert env["HYDRA_FULL_ERROR"] == "1"
+
+
+def test_environment_follows_precision(jobgen: Callable, tmp_path: Path) -> None:
+    bf16 = generated_values(render(jobgen, "neox20b", "--set", "precision=bf16"), tmp_path).env
+    assert bf16["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "0"
+    assert bf16["XLA_USE_BF16"] == "1"
+    assert bf16["NEURON_CC_FLAGS"] == \
+        "--model-type transformer --distribution-strategy=llm-training"
+    fp32 = generated_values(render(jobgen, "neox20b", "--set", "precision=fp32"), tmp_path).env
+    assert fp32["XLA_USE_BF16"] == "0"
+    assert fp32["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "0"
+
+
+def test_recipe_env_overrides_and_extends_defaults(jobgen: Callable, tmp_path: Path) -> None:
+    script = render(jobgen, "neox20b", "--set", "env.MALLOC_ARENA_MAX=32",
+                    "--set", "env.EXTRA_SETTING=a b 'c'")
+    env = generated_values(script, tmp_path).env
+    assert env["MALLOC_ARENA_MAX"] == "32"
+    assert env["EXTRA_SETTING"] == "a b 'c'"
+    assert "export MALLOC_ARENA_MAX=32\n" in script
+    assert script.count("export MALLOC_ARENA_MAX=") == 1
+
+
+# --- the two passes ----------------------------------------------------------------------------
+
+NEMO_DIFFERENCES = {
+    # steps
+    "trainer.max_steps", "trainer.val_check_interval",
+    # log dir
+    "exp_manager.explicit_log_dir",
+    # TensorBoard
+    "exp_manager.create_tensorboard_logger",
+    # resume
+    "exp_manager.resume_if_exists", "exp_manager.resume_ignore_no_checkpoint",
+    # checkpointing
+    "exp_manager.create_checkpoint_callback", "exp_manager.checkpoint_callback_params.save_last",
+}
+
+
+@pytest.mark.parametrize("recipe,nodes", [("neox20b", 4), ("pythia6.9b", 2)])
+def test_nemo_passes_differ_only_where_documented(jobgen: Callable, tmp_path: Path,
+                                                  recipe: str, nodes: int) -> None:
+    values = generated_values(
+        render(jobgen, recipe, "--nodes", str(nodes), "--site", "trn1-pcluster"), tmp_path)
+    compile_pass = hydra_overrides(values.compile_args)
+    train_pass = hydra_overrides(values.train_args)
+    assert compile_pass.keys() == train_pass.keys()
+    differing = {k for k in compile_pass if compile_pass[k] != train_pass[k]}
+    assert differing == NEMO_DIFFERENCES
+    run_dir = f"/fsx/jobgen/runs/{recipe}-{nodes}n"
+    assert compile_pass["trainer.max_steps"] == compile_pass["trainer.val_check_interval"] == "3"
+    assert train_pass["trainer.max_steps"] == "10000"
+    assert compile_pass["exp_manager.explicit_log_dir"] == f"{run_dir}/compile"
+    assert train_pass["exp_manager.explicit_log_dir"] == f"{run_dir}/nemo"
+    for key in NEMO_DIFFERENCES - {"trainer.max_steps", "trainer.val_check_interval",
+                                   "exp_manager.explicit_log_dir"}:
+        assert (compile_pass[key], train_pass[key]) == ("False", "True"), key
+    assert train_pass["trainer.num_nodes"] == str(nodes)
+    assert train_pass["trainer.devices"] == "32"
+    assert train_pass["--config-name"] == "megatron_neox_config"
+
+
+def test_nxd_passes_differ_only_where_documented(jobgen: Callable, tmp_path: Path) -> None:
+    values = generated_values(
+        render(jobgen, "llama2-7b", "--nodes", "128", "--site", "trn1-pcluster"), tmp_path)
+    compile_pass, train_pass = nxd_flags(values.compile_args), nxd_flags(values.train_args)
+    run_dir = "/fsx/jobgen/runs/llama2-7b-128n"
+    checkpointing = {"--checkpoint_dir": f"{run_dir}/checkpoints", "--checkpoint_freq": "1000",
+                     "--num_kept_checkpoint": "5", "--loading_step": "latest_if_exists"}
+    # The compile pass neither loads nor saves a checkpoint; the rest is the training pass's.
+    assert {k: train_pass[k] for k in set(train_pass) - set(compile_pass)} == checkpointing
+    assert set(compile_pass) <= set(train_pass)
+    differing = {k for k in compile_pass if compile_pass[k] != train_pass[k]}
+    assert differing == {"--steps_this_run", "--output_dir", "--metrics_file"}
+    assert (compile_pass["--steps_this_run"], train_pass["--steps_this_run"]) == ("3", "-1")
+    assert compile_pass["--output_dir"] == f"{run_dir}/compile"
+    assert train_pass["--output_dir"] == f"{run_dir}/output"
+    assert train_pass["--grad_accum_usteps"] == "2"
+    assert train_pass["--tensor_parallel_size"] == "8"
+    assert train_pass["--use_gpu_compatible_precision"] == "0"   # bf16 stochastic rounding
+    assert {"--sequence_parallel_enabled", "--use_zero_1",
+            "--selective_checkpoint_enabled"} <= set(train_pass)
+
+
+def test_compile_steps_come_from_the_recipe(jobgen: Callable, tmp_path: Path) -> None:
+    values = generated_values(render(jobgen, "neox20b", "--set", "compile.steps=5"), tmp_path)
+    assert hydra_overrides(values.compile_args)["trainer.max_steps"] == "5"
+    assert hydra_overrides(values.train_args)["trainer.max_steps"] == "10000"
+
+
+@pytest.mark.parametrize("recipe", NEURON_RECIPES)
+def test_neuron_parallel_compile_wraps_only_the_compile_pass(jobgen: Callable, tmp_path: Path,
+                                                             recipe: str) -> None:
+    script = render(jobgen, recipe, "--nodes", "4")
+    values = generated_values(script, tmp_path)
+    assert values.env["JOBGEN_COMPILE_WRAPPER"] == "neuron_parallel_compile"
+    assert "neuron_parallel_compile" not in values.compile_args + values.train_args
+    # The launcher gets the pass name; it applies the wrapper for `compile` only
+    # (payload/common/node_launch.sh; executed in test_hostile.py).
+    srun = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
+    assert srun[0].endswith('"$PAYLOAD_DIR/$LAUNCHER" compile "${COMPILE_ARGS[@]}"')
+    assert srun[-1].endswith('"$PAYLOAD_DIR/$LAUNCHER" train "${TRAIN_ARGS[@]}"')
+    assert script.count("neuron_parallel_compile") == 1
+
+
+@pytest.mark.parametrize("mode", ["auto", "always", "never"])
+def test_compile_mode_reaches_the_script(jobgen: Callable, tmp_path: Path, mode: str) -> None:
+    script = render(jobgen, "neox20b", "--compile", mode)
+    assert generated_values(script, tmp_path).shell["COMPILE_MODE"] == mode
+    default = render(jobgen, "neox20b")
+    # Nothing else changes: the same graphs, so the same compile key.
+    assert script.replace(f"COMPILE_MODE={mode}\n", "COMPILE_MODE=auto\n") == default
+
+
+def test_compile_key_identifies_the_graphs(jobgen: Callable, tmp_path: Path) -> None:
+    def key(*args: str) -> str:
+        return generated_values(render(jobgen, "neox20b", *args), tmp_path).shell["COMPILE_KEY"]
+
+    base = key("--nodes", "4")
+    assert base == key("--nodes", "4", "--compile", "always")
+    assert base == key("--nodes", "4", "--set", "schedule.max_steps=20000")
+    assert base != key("--nodes", "8")
+    assert base != key("--nodes", "4", "--set", "model.num_layers=40")
+    assert base != key("--nodes", "4", "--set", "env.NEURON_RT_EXEC_TIMEOUT=20")
+    spec = api.job_spec("neox20b", 4)
+    assert base == slurm.compile_key(spec, launch.for_spec(spec))
+
+
+def test_llama_writes_its_model_config_before_training(jobgen: Callable) -> None:
+    script = render(jobgen, "llama2-7b", "--nodes", "4")
+    writes = [line for line in script.splitlines() if "config.json" in line]
+    assert writes[0].startswith('mkdir -p "$(dirname "$RUN_DIR"/model/config.json)"')
+    assert writes[-1].endswith('> "$RUN_DIR"/model/config.json || exit 1')
+    assert script.index("config.json") < script.index("srun ")
