@@ -56,8 +56,11 @@ def _check_devices(devices: list[dict[str, Any]], where: str) -> None:
     ids = sorted(int(m.group(1)) for d in devices
                  if (m := re.match(r"^/dev/neuron(\d+)$", str(d.get("hostPath", "")))))
     if ids and ids != list(range(ids[0], ids[0] + len(ids))):
+        gaps = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids))
+        what = (f"missing {', '.join(f'/dev/neuron{i}' for i in gaps)}" if gaps else
+                f"/dev/neuron{next(i for i in ids if ids.count(i) > 1)} is listed twice")
         raise ConfigError(f"{where}.linuxParameters.devices: Neuron devices must be contiguous "
-                          f"(got /dev/neuron{ids})")
+                          f"({what})")
     for i, dev in enumerate(devices):
         if dev.get("containerPath", dev.get("hostPath")) != dev.get("hostPath") and \
                 "uverbs" in str(dev.get("hostPath")):

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import click
 
-from .errors import JobgenError
+from .errors import ConfigError, JobgenError
 
 F = Callable[..., Any]
 
@@ -49,7 +49,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except JobgenError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # Always one line, even when a bad key or file name holds a line break.
+            message = str(exc).replace("\n", "\\n")
+            click.echo(f"error: {message}", err=True)
             ctx.exit(exc.exit_code)
 
 
@@ -193,6 +195,118 @@ def cancel(job_id: str) -> None:
     """Cancel a Slurm job (scancel); a job that already ended is left alone."""
     from . import slurm_client
     click.echo(slurm_client.cancel(job_id))
+
+
+# --- AWS Batch -------------------------------------------------------------------------------------
+
+_endpoint_option = click.option(
+    "--endpoint-url", metavar="URL",
+    help="AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or AWS's own.")
+
+
+def _aws_options(func: F) -> F:
+    """--site (region, log group) and --endpoint-url, for the commands on a Batch job."""
+    func = _endpoint_option(func)
+    return click.option("--site", help="Site profile (region, log group; default: local).")(func)
+
+
+def _batch_client(site: Optional[str], endpoint_url: Optional[str]) -> Any:
+    from . import batch_client
+    from . import site as sites
+    return batch_client.client(sites.load(site), endpoint_url)
+
+
+@cli.group("batch")
+def batch_group() -> None:
+    """AWS Batch multi-node jobs: submit, follow, inspect, cancel; validate job definitions."""
+
+
+@batch_group.command("submit")
+@click.argument("recipe")
+@_spec_options
+@click.option("--queue", help="Job queue (default: the site's batch.job_queue).")
+@click.option("--wait", is_flag=True, help="Follow the nodes' states; exit with the job's status.")
+@click.option("--poll", type=float, default=15.0, show_default=True, metavar="SECONDS",
+              help="How often --wait asks Batch.")
+@_endpoint_option
+def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
+                 site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
+                 queue: Optional[str], wait: bool, poll: float,
+                 endpoint_url: Optional[str]) -> None:
+    """Register RECIPE's job definition (only if it changed) and submit it; prints the job id."""
+    import json
+
+    from . import api, batch_client
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "batch")
+    jd = json.loads(api.plan(spec).text)   # exactly what `jobgen render --backend batch` prints
+    queue = queue or (spec.site.batch.job_queue if spec.site.batch else None)
+    if not queue:
+        raise ConfigError(f"site {spec.site.name}: no batch.job_queue; pass --queue")
+    batch = batch_client.client(spec.site, endpoint_url)
+    job = batch_client.submit(batch, jd, queue=queue, nodes=spec.nodes, run_name=spec.run_name)
+    how = "registered" if job.definition.registered else "reusing unchanged"
+    click.echo(f"{how} {job.definition.arn}; submitted {job.job_name} to {queue}", err=True)
+    click.echo(job.job_id)
+    if wait:
+        raise SystemExit(batch_client.wait(batch, job.job_id, poll_s=poll,
+                                           echo=lambda m: click.echo(m, err=True)))
+
+
+@batch_group.command("status")
+@click.argument("job_id")
+@_aws_options
+def batch_status(job_id: str, site: Optional[str], endpoint_url: Optional[str]) -> None:
+    """The job's state, then each node's: state, exit code, log stream, reason."""
+    from . import batch_client
+    for line in batch_client.status(_batch_client(site, endpoint_url), job_id):
+        click.echo(line)
+
+
+@batch_group.command("logs")
+@click.argument("job_id")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Node index (0 is the main node).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@_aws_options
+def batch_logs(job_id: str, node: int, follow: bool, site: Optional[str],
+               endpoint_url: Optional[str]) -> None:
+    """A node's CloudWatch log events."""
+    from . import batch_client
+    from . import site as sites
+    profile = sites.load(site)
+    batch_client.logs(batch_client.client(profile, endpoint_url),
+                      batch_client.client(profile, endpoint_url, "logs"), job_id, node=node,
+                      follow=follow, echo=click.echo,
+                      default_group=profile.batch.log_group if profile.batch else "/aws/batch/job")
+
+
+@batch_group.command("cancel")
+@click.argument("job_id")
+@_aws_options
+def batch_cancel(job_id: str, site: Optional[str], endpoint_url: Optional[str]) -> None:
+    """Cancel a queued job, terminate a started one; a finished job is left alone."""
+    from . import batch_client
+    click.echo(batch_client.cancel(_batch_client(site, endpoint_url), job_id))
+
+
+@batch_group.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def batch_validate(file: Path) -> None:
+    """Check a job-definition JSON file (e.g. a hand-edited one) offline: botocore's request
+    shape, then the multi-node rules. Prints "ok", or the first problem (exit 2)."""
+    import json
+
+    from .batch_rules import validate
+    try:
+        jd = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{file}: not JSON: {exc}") from None
+    if not isinstance(jd, dict):
+        raise ConfigError(f"{file}: must be a JSON object (a RegisterJobDefinition request)")
+    validate(jd, str(file))
+    click.echo("ok")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

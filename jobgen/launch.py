@@ -88,7 +88,7 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     text = str(value)
-    if _HYDRA_BARE.match(text) and text not in ("null", "true", "false", "True", "False"):
+    if _HYDRA_BARE.fullmatch(text) and text not in ("null", "true", "false", "True", "False"):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -5,6 +5,7 @@ writing it puts the files in a folder atomically; submitting runs exactly what w
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from dataclasses import dataclass
@@ -56,12 +57,15 @@ class Plan:
                     out.flush()
                     os.fsync(out.fileno())
                 os.chmod(tmp, 0o755 if f.executable else 0o644)
+            for _, final in staged:  # the one thing that would make a rename below fail
+                if final.is_dir():
+                    raise IsADirectoryError(errno.EISDIR, f"{final.name} is a directory")
+            for tmp, final in staged:
+                os.replace(tmp, final)
         except OSError as exc:
             for tmp, _ in staged:
                 Path(tmp).unlink(missing_ok=True)
             raise JobgenError(f"{directory}: cannot write: {exc.strerror}") from None
-        for tmp, final in staged:
-            os.replace(tmp, final)
         return [final for _, final in staged]
 
     def argv(self, primary_path: Path) -> list[str]:

@@ -8,6 +8,7 @@ job spec's (`spec.py`).
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
@@ -216,15 +217,24 @@ def _parse_value(text: str, target: Any) -> Any:
         return text
 
 
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
+TIME_LIMIT_RE = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INFINITE",
+                           re.IGNORECASE)
+
+
 def check_names(recipe: Recipe, where: str) -> None:
     """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
-    if not schema.NAME_RE.match(recipe.name):
+    if not schema.NAME_RE.fullmatch(recipe.name):
         raise ConfigError(f"{where}: name: {schema.describe(recipe.name)} must match "
                           f"{schema.NAME_RE.pattern}")
     for key in list(recipe.env) + list(recipe.launch):
-        if not schema.ENV_NAME_RE.match(key):
+        if not schema.ENV_NAME_RE.fullmatch(key):
             section = "env" if key in recipe.env else "launch"
             raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
+    limit = recipe.job.time_limit  # goes on an #SBATCH line, where no quoting helps
+    if limit is not None and not TIME_LIMIT_RE.fullmatch(limit):
+        raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "
+                          "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
 
 
 def load(ref: str, overrides: Optional[list[str]] = None) -> tuple[Recipe, str]:

@@ -39,12 +39,12 @@ def shell_quote(value: Any) -> str:
         return " ".join(shell_quote(v) for v in value)
     text = str(value)
     # Plain words stay bare for readability; everything else is single-quoted by shlex.
-    return text if _SAFE_WORD.match(text) else shlex.quote(text)
+    return text if _SAFE_WORD.fullmatch(text) else shlex.quote(text)
 
 
 def ident(value: str) -> Verbatim:
     """A variable name, checked (used for `export NAME=...`)."""
-    if not _IDENT.match(value):
+    if not _IDENT.fullmatch(value):
         raise RenderError(f"refusing to render {value!r} as a variable name")
     return Verbatim(value)
 
@@ -53,7 +53,7 @@ def sbatch_value(value: Any) -> Verbatim:
     """A value on an #SBATCH line: a comment to bash, parsed by sbatch, so no quoting can help;
     only a safe alphabet is accepted (names are validated earlier with a clearer message)."""
     text = str(value)
-    if not _SBATCH_VALUE.match(text):
+    if not _SBATCH_VALUE.fullmatch(text):
         raise RenderError(f"refusing to put {text!r} on an #SBATCH line")
     return Verbatim(text)
 

@@ -91,7 +91,7 @@ def load(ref: Optional[str] = None) -> Site:
     site = schema.build(Site, load_yaml(path, shown), shown)
     for key, value in (("slurm.partition", site.slurm.partition),
                        ("slurm.account", site.slurm.account), ("name", site.name)):
-        if value is not None and not schema.NAME_RE.match(value):
+        if value is not None and not schema.NAME_RE.fullmatch(value):
             raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
                               f"{schema.NAME_RE.pattern}")
     return site

@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import os
@@ -21,7 +20,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import pytest
 import yaml
@@ -133,36 +132,37 @@ def jobgen_proc() -> Callable[..., subprocess.CompletedProcess[str]]:
 
 # --- recipe and site files -----------------------------------------------------------------------
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set a.b.c in nested dicts; the value `DELETE` removes the key."""
-    parts = dotted.split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    if value is DELETE:
-        node.pop(parts[-1], None)
-    else:
-        node[parts[-1]] = value
+def _edit(data: dict[str, Any], changes: Mapping[str, Any], delete: Iterable[str]) -> None:
+    """Set (or delete) dotted keys a.b.c in nested dicts."""
+    for dotted, value in [*changes.items(), *((d, _DELETE) for d in delete)]:
+        *parents, last = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is _DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = value
 
 
-DELETE = object()
+_DELETE = object()
 
 
 @pytest.fixture
 def write_recipe(tmp_path: Path) -> Callable[..., Path]:
-    """``write_recipe("neox20b", {"model.num_layers": 40}, filename="r.yaml")``: the built-in
-    recipe with dotted keys changed (DELETE removes one), or ``text=...`` verbatim."""
+    """``write_recipe("neox20b", {"model.num_layers": 40}, delete=["seed"])``: the built-in
+    recipe with dotted keys changed or removed, written to tmp_path/recipes/recipe.yaml (or
+    `filename`); ``text=...`` writes that text instead."""
     def write(base: Optional[str] = "neox20b", changes: Optional[Mapping[str, Any]] = None, *,
-              filename: str = "recipe.yaml", text: Optional[str] = None) -> Path:
+              delete: Iterable[str] = (), filename: str = "recipe.yaml",
+              text: Optional[str] = None) -> Path:
         path = tmp_path / "recipes" / filename
         path.parent.mkdir(parents=True, exist_ok=True)
         if text is None:
             data: dict[str, Any] = {}
             if base:
                 data = yaml.safe_load((ROOT / "recipes" / f"{base}.yaml").read_text())
-            data = copy.deepcopy(data)
-            for key, value in (changes or {}).items():
-                _set_dotted(data, key, value)
+            _edit(data, changes or {}, delete)
             text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         path.write_text(text, encoding="utf-8")
         return path
@@ -172,18 +172,19 @@ def write_recipe(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture
 def write_site(tmp_path: Path) -> Callable[..., Path]:
-    """``write_site("local", {"paths.work_dir": "runs"})``: a site profile file under tmp_path,
-    from a built-in one with dotted keys changed (DELETE removes one)."""
+    """``write_site("local", {"paths.work_dir": "runs"}, delete=["batch"])``: a built-in site
+    profile with dotted keys changed or removed, written to tmp_path/sites/site.yaml (or
+    `filename`); ``text=...`` writes that text instead."""
     def write(base: Optional[str] = "local", changes: Optional[Mapping[str, Any]] = None, *,
-              filename: str = "site.yaml", text: Optional[str] = None) -> Path:
+              delete: Iterable[str] = (), filename: str = "site.yaml",
+              text: Optional[str] = None) -> Path:
         path = tmp_path / "sites" / filename
         path.parent.mkdir(parents=True, exist_ok=True)
         if text is None:
             data: dict[str, Any] = {}
             if base:
                 data = yaml.safe_load((ROOT / "env" / "sites" / f"{base}.yaml").read_text())
-            for key, value in (changes or {}).items():
-                _set_dotted(data, key, value)
+            _edit(data, changes or {}, delete)
             text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         path.write_text(text, encoding="utf-8")
         return path
@@ -239,22 +240,20 @@ exec "$@"
     "sysctl": 'echo "sysctl stand-in: permission denied" >&2\nexit 1\n',
 }
 
-# torchrun: records argv, environment and cwd (one JSON object per line) and exits with the
-# status in STUB_TORCHRUN_EXIT: "7" for every call, or "0,7" per call in order (last repeats).
-_TORCHRUN = r"""
-import json, os, sys
-log = os.path.join(os.environ["STUB_LOG"], "torchrun.jsonl")
-try:
-    with open(log, encoding="utf-8") as f:
-        call = sum(1 for _ in f)
-except FileNotFoundError:
-    call = 0
-record = {"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
-with open(log, "a", encoding="utf-8") as f:
-    f.write(json.dumps(record) + "\n")
-print("torchrun stand-in: call", call, flush=True)
-statuses = (os.environ.get("STUB_TORCHRUN_EXIT") or "0").split(",")
-sys.exit(int(statuses[min(call, len(statuses) - 1)]))
+# torchrun: records its arguments, environment and working directory (NUL-separated, so any
+# byte but NUL survives) in STUB_LOG/torchrun.N.{argv,env,cwd}, prints a line, and exits with
+# the status in STUB_TORCHRUN_EXIT: "7" for every call, or "0,7" per call in order (the last
+# repeats). A shell script, not Python: it runs twice per job and must start fast.
+_STUBS["torchrun"] = r"""
+n=0
+while [ -e "$STUB_LOG/torchrun.$n.argv" ]; do n=$((n + 1)); done
+if [ $# -gt 0 ]; then printf '%s\0' "$@"; fi > "$STUB_LOG/torchrun.$n.argv"
+env -0 > "$STUB_LOG/torchrun.$n.env"
+printf '%s' "$PWD" > "$STUB_LOG/torchrun.$n.cwd"
+echo "torchrun stand-in: call $n"
+IFS=, read -r -a statuses <<< "${STUB_TORCHRUN_EXIT:-0}"
+last=$((${#statuses[@]} - 1))
+exit "${statuses[$((n < last ? n : last))]}"
 """
 
 
@@ -262,14 +261,18 @@ sys.exit(int(statuses[min(call, len(statuses) - 1)]))
 class StubBin:
     path: Path   # the folder of stand-ins (first on PATH)
     log: Path    # where they record their calls
+    home: Path   # HOME of the scripts: a scratch folder holding only the file `sentinel`
 
     def env(self, submit_dir: Path, **extra: str) -> dict[str, str]:
-        """The environment of a one-node Slurm batch step, with the stand-ins first on PATH
-        and no SLURM_* variable leaking in from whatever runs the tests."""
+        """The environment of a one-node Slurm batch step, with the stand-ins first on PATH,
+        no SLURM_* variable leaking in from whatever runs the tests, and a scratch HOME: a
+        script that wrongly expands `$HOME` or `~` (and then moves or deletes it) must not
+        reach the real one."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "STUB_"))}
         env.update(PATH=f"{self.path}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-                   STUB_LOG=str(self.log), SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="n1",
-                   SLURM_JOB_NUM_NODES="1", SLURM_SUBMIT_DIR=str(submit_dir))
+                   HOME=str(self.home), STUB_LOG=str(self.log), SLURM_JOB_ID="4242",
+                   SLURM_JOB_NODELIST="n1", SLURM_JOB_NUM_NODES="1",
+                   SLURM_SUBMIT_DIR=str(submit_dir))
         env.update(extra)
         return env
 
@@ -281,10 +284,20 @@ class StubBin:
                               check=False)
 
     def torchrun_calls(self) -> list[dict[str, Any]]:
-        path = self.log / "torchrun.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        """Each torchrun call in order: {"argv": [...], "env": {...}, "cwd": "..."}."""
+        def fields(path: Path) -> list[str]:
+            return path.read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
+
+        calls = []
+        n = 0
+        while (self.log / f"torchrun.{n}.argv").exists():
+            base = f"torchrun.{n}"
+            env = dict(item.split("=", 1) for item in fields(self.log / f"{base}.env")
+                       if "=" in item)
+            calls.append({"argv": fields(self.log / f"{base}.argv"), "env": env,
+                          "cwd": (self.log / f"{base}.cwd").read_text()})
+            n += 1
+        return calls
 
     def requeues(self) -> list[str]:
         path = self.log / "scontrol-requeue.log"
@@ -299,14 +312,13 @@ class StubBin:
 def stub_bin(tmp_path: Path) -> Iterator[StubBin]:
     folder = tmp_path / "stub-bin"
     log = tmp_path / "stub-log"
-    folder.mkdir()
-    log.mkdir()
+    home = tmp_path / "home"
+    for made in (folder, log, home):
+        made.mkdir()
+    (home / "sentinel").write_text("HOME must stay as it is\n")
     bash = shutil.which("bash") or "/bin/bash"
     for name, body in _STUBS.items():
         path = folder / name
         path.write_text(f"#!{bash}\n# jobgen test stand-in for {name}\n{body.lstrip()}")
         path.chmod(0o755)
-    torchrun = folder / "torchrun"
-    torchrun.write_text(f"#!{sys.executable} -S\n{_TORCHRUN.lstrip()}")
-    torchrun.chmod(0o755)
-    yield StubBin(folder, log)
+    yield StubBin(folder, log, home)

@@ -1,10 +1,13 @@
 """Unit tests for payload/common: schedule, events, checkpoint bookkeeping, launch helpers."""
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +17,29 @@ PAYLOAD = Path(__file__).resolve().parents[1] / "payload"
 if str(PAYLOAD) not in sys.path:
     sys.path.insert(0, str(PAYLOAD))
 
-from common import checkpoints, loop  # noqa: E402
-from common.events import EventLog, format_event, read_events  # noqa: E402
-from common.runtime import (PayloadError, batch_positions, ensure_process_env,  # noqa: E402
-                            run_main, step_seed)
-from common.schedule import learning_rate, steps_from_proportion  # noqa: E402
+from common import checkpoints, loop
+from common.events import (
+    EventLog,
+    format_event,
+    open_tensorboard,
+    read_events,
+    to_tensorboard,
+)
+from common.runtime import (
+    PayloadError,
+    batch_positions,
+    ensure_process_env,
+    run_main,
+    step_seed,
+)
+from common.schedule import learning_rate, steps_from_proportion
 
 # ---------------------------------------------------------------------------------- schedule
 
 
 def lr(step: int, **kw: Any) -> float:
-    params = dict(peak_lr=1.0, max_steps=100, warmup_steps=10, constant_steps=20)
+    params: dict[str, Any] = {"peak_lr": 1.0, "max_steps": 100, "warmup_steps": 10,
+                              "constant_steps": 20}
     params.update(kw)
     return learning_rate(step, **params)
 
@@ -191,18 +206,42 @@ def test_step_seed_differs_by_step_and_rank() -> None:
     assert len(seeds) == 400
 
 
-def test_process_env_defaults_only_without_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "OMPI_COMM_WORLD_RANK", "PMI_RANK", "LOCAL_WORLD_SIZE"):
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
+             "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+
+
+def clear_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in RANK_VARS:
         monkeypatch.setenv(name, "")  # records the original state, so teardown restores it
         monkeypatch.delenv(name)
-    assert ensure_process_env() is True
+
+
+def test_process_env_defaults_only_without_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_rank_env(monkeypatch)
+    assert ensure_process_env() == "single"
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == (
         "0", "1", "0")
     assert os.environ["MASTER_ADDR"] == "127.0.0.1" and int(os.environ["MASTER_PORT"]) > 0
     monkeypatch.setenv("RANK", "3")
-    assert ensure_process_env() is False
+    assert ensure_process_env() == "launcher"
     assert os.environ["RANK"] == "3"
+
+
+def test_process_env_from_srun_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_rank_env(monkeypatch)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    with pytest.raises(PayloadError, match="export MASTER_ADDR and MASTER_PORT"):
+        ensure_process_env()
+    monkeypatch.setenv("MASTER_ADDR", "n1")
+    monkeypatch.setenv("MASTER_PORT", "41000")
+    assert ensure_process_env() == "slurm"
+    assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")] == ["5", "8", "1"]
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # a 1-task allocation is just a single process
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name)
+    assert ensure_process_env() == "single"
 
 
 def test_run_main_exit_codes(capsys: Any) -> None:
@@ -237,8 +276,15 @@ def test_target_step() -> None:
 
 
 class FakeRunner:
-    def __init__(self, step: int = 0) -> None:
-        self.step, self.consumed, self.saves, self.recorded = step, step * 8, [], []
+    """Counts steps, saves and resumes; its events go to a string buffer."""
+
+    def __init__(self, step: int = 0, resume_to: int = 0) -> None:
+        self.step, self.consumed = step, step * 8
+        self.saves: list[int] = []
+        self.resume_to = resume_to
+        self.out = io.StringIO()
+        self.log = EventLog(0, stream=self.out)
+        self.tensorboard = None
 
     def train_step(self) -> dict[str, Any]:
         self.step += 1
@@ -248,30 +294,54 @@ class FakeRunner:
     def save(self) -> None:
         self.saves.append(self.step)
 
-    def record(self, numbers: dict[str, Any]) -> None:
-        self.recorded.append(self.step)
+    def resume(self) -> None:
+        self.step, self.consumed = self.resume_to, self.resume_to * 8
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in read_events(self.out.getvalue()) if e["event"] == kind]
+
+
+def invocation(phase: str, steps: int = -1) -> argparse.Namespace:
+    return argparse.Namespace(phase=phase, max_steps=10, compile_steps=3, steps=steps,
+                              checkpoint_every=3)
 
 
 def test_run_steps_saves_every_k_and_at_the_end() -> None:
     runner = FakeRunner(step=2)
-    loop.run_steps(runner, train=True, target=10, checkpoint_every=3)
-    assert runner.recorded == list(range(3, 11))
+    loop.run_steps(runner, phase="train", target=10, checkpoint_every=3)
+    assert [e["step"] for e in runner.events("step")] == list(range(3, 11))
+    assert runner.events("step")[0] == {"event": "step", "phase": "train", "step": 3,
+                                        "consumed_samples": 24, "loss": 1 / 3}
     assert runner.saves == [3, 6, 9, 10]
 
 
 def test_run_steps_no_double_save_and_nothing_to_do() -> None:
     runner = FakeRunner()
-    loop.run_steps(runner, train=True, target=6, checkpoint_every=3)
+    loop.run_steps(runner, phase="train", target=6, checkpoint_every=3)
     assert runner.saves == [3, 6]
     idle = FakeRunner(step=6)
-    loop.run_steps(idle, train=True, target=6, checkpoint_every=3)
-    assert idle.saves == [] and idle.recorded == []
+    loop.run_steps(idle, phase="train", target=6, checkpoint_every=3)
+    assert idle.saves == [] and idle.events("step") == []
 
 
-def test_compile_phase_never_saves() -> None:
-    runner = FakeRunner()
-    loop.run_steps(runner, train=False, target=3, checkpoint_every=1)
-    assert runner.recorded == [1, 2, 3] and runner.saves == []
+def test_compile_invocation_never_resumes_or_saves() -> None:
+    runner = FakeRunner(resume_to=6)
+    loop.run_invocation(runner, invocation("compile"))
+    assert [e["step"] for e in runner.events("step")] == [1, 2, 3]
+    assert runner.saves == []
+    assert runner.events("done") == [
+        {"event": "done", "phase": "compile", "step": 3, "consumed_samples": 24}]
+
+
+def test_train_invocation_resumes_and_honours_the_bound() -> None:
+    runner = FakeRunner(resume_to=6)
+    loop.run_invocation(runner, invocation("train", steps=2))
+    assert [e["step"] for e in runner.events("step")] == [7, 8]
+    assert runner.saves == [8]  # end of a bounded run
+    rest = FakeRunner(resume_to=8)
+    loop.run_invocation(rest, invocation("train"))
+    assert [e["step"] for e in rest.events("step")] == [9, 10] and rest.saves == [9, 10]
+    assert rest.events("done")[0]["step"] == 10
 
 
 def test_common_does_not_import_torch() -> None:
@@ -280,3 +350,36 @@ def test_common_does_not_import_torch() -> None:
             "import common.checkpoints, common.events, common.loop, common.runtime, "
             "common.schedule; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code, str(PAYLOAD)], check=True, timeout=60)
+
+
+# ---------------------------------------------------------------------------------- tensorboard
+
+
+class FakeWriter:
+    def __init__(self, directory: str) -> None:
+        self.directory, self.scalars = directory, []
+
+    def add_scalar(self, key: str, value: float, step: int) -> None:
+        self.scalars.append((key, value, step))
+
+
+def test_tensorboard_writer_when_installed(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    writer = open_tensorboard(tmp_path / "tb", EventLog(0))
+    assert isinstance(writer, FakeWriter) and writer.directory == str(tmp_path / "tb")
+    to_tensorboard(writer, 7, {"loss": 2.5, "grad_norm": None, "lr": 1e-3})
+    assert writer.scalars == [("train/loss", 2.5, 7), ("train/lr", 1e-3, 7)]
+    assert open_tensorboard(tmp_path / "tb", EventLog(1)) is None  # only rank 0 writes
+
+
+def test_tensorboard_missing_is_a_one_line_notice(tmp_path: Path, capsys: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    assert open_tensorboard(tmp_path / "tb", EventLog(0)) is None
+    assert read_events(capsys.readouterr().out) == [
+        {"event": "notice",
+         "message": "tensorboard is not installed; TensorBoard logging is off"}]
+    to_tensorboard(None, 1, {"loss": 1.0})  # a missing writer is a no-op

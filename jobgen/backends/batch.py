@@ -51,9 +51,15 @@ def _environment(spec: JobSpec, lau: launch.Launch, compile_key: str) -> list[di
         "JOBGEN_COMPILE_CACHE": site.paths.compile_cache,
         "JOBGEN_COMPILE_KEY": compile_key,
         "JOBGEN_RDZV_TIMEOUT": str(site.batch.rendezvous_timeout_s),
+        # The node count the trainer's flags were computed for; the entrypoint refuses another.
+        "JOBGEN_NODES": str(spec.nodes),
     })
     if lau.files:
         env["JOBGEN_FILES_JSON"] = json.dumps(dict(lau.files), sort_keys=True)
+    if lau.prepare:
+        # [script under payload/, its arguments...]: every node runs it before the compile pass
+        # (node filesystems are separate on Batch).
+        env["JOBGEN_PREPARE_JSON"] = json.dumps(list(lau.prepare))
     return [{"name": k, "value": v} for k, v in env.items()]
 
 

@@ -19,7 +19,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 MARKER = "COMPLETE"
 LATEST = "latest"
@@ -44,7 +44,7 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def step_of(name: str) -> Optional[int]:
+def step_of(name: str) -> int | None:
     match = _TAG_RE.match(name)
     return int(match.group(1)) if match else None
 
@@ -59,7 +59,7 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _read_marker(directory: Path) -> Optional[dict[str, Any]]:
+def _read_marker(directory: Path) -> dict[str, Any] | None:
     try:
         info = json.loads((directory / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -86,7 +86,7 @@ def list_checkpoints(root: Path) -> tuple[list[Checkpoint], list[Path]]:
     return complete, incomplete
 
 
-def newest_complete(root: Path) -> Optional[Checkpoint]:
+def newest_complete(root: Path) -> Checkpoint | None:
     complete, _ = list_checkpoints(root)
     return complete[-1] if complete else None
 

@@ -9,7 +9,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 
 def _clean(value: Any) -> Any:
@@ -29,8 +29,8 @@ def format_event(event: str, **fields: Any) -> str:
 class EventLog:
     """Writes events for rank 0: to stdout always, to ``metrics_path`` when one is given."""
 
-    def __init__(self, rank: int, metrics_path: Optional[Path] = None,
-                 stream: Optional[TextIO] = None) -> None:
+    def __init__(self, rank: int, metrics_path: Path | None = None,
+                 stream: TextIO | None = None) -> None:
         self.enabled = rank == 0
         self.metrics_path = metrics_path
         self.stream = stream

@@ -1,21 +1,26 @@
 """The step/checkpoint/resume contract every payload honours, written once.
 
-A payload supplies a ``Runner`` (one optimizer step, the state to record); this module decides
-how far an invocation runs, when it saves, how a save is sealed across ranks and which checkpoint
-a resume loads. torch.distributed is imported lazily so the pure parts stay cheap to test.
+A payload supplies a ``Runner`` (one optimizer step, save, resume); this module decides how
+far an invocation runs, when it saves, what it reports, how a save is sealed across ranks and
+which checkpoint a resume loads. torch.distributed is imported lazily so the pure parts stay
+cheap to test.
 """
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Protocol
 
 from common import checkpoints
-from common.events import EventLog
+from common.events import EventLog, to_tensorboard
 
 
 class Runner(Protocol):
     step: int               # optimizer steps completed so far
     consumed: int           # samples of the global stream consumed so far
+    log: EventLog
+    tensorboard: Any        # a SummaryWriter, or None
 
     def train_step(self) -> dict[str, Any]:
         """Run one optimizer step, advance ``step``/``consumed``, return the event numbers."""
@@ -23,8 +28,8 @@ class Runner(Protocol):
     def save(self) -> None:
         """Write a checkpoint of the current step (see ``sealed_save``)."""
 
-    def record(self, numbers: dict[str, Any]) -> None:
-        """Report one finished step (event line, TensorBoard)."""
+    def resume(self) -> None:
+        """Load the newest complete checkpoint, if any (see ``agreed_newest``)."""
 
 
 def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
@@ -39,11 +44,16 @@ def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
     return max_steps if bound < 0 else min(max_steps, current + bound)
 
 
-def run_steps(runner: Runner, *, train: bool, target: int, checkpoint_every: int) -> None:
-    """Step until ``target``; in training save every ``checkpoint_every`` steps and at the end."""
+def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int) -> None:
+    """Step until ``target``, reporting each step; in training save every ``checkpoint_every``
+    steps and at the end."""
+    train = phase == "train"
     saved_at = runner.step
     while runner.step < target:
-        runner.record(runner.train_step())
+        numbers = runner.train_step()
+        runner.log.emit("step", phase=phase, step=runner.step,
+                        consumed_samples=runner.consumed, **numbers)
+        to_tensorboard(runner.tensorboard, runner.step, numbers)
         if train and runner.step % checkpoint_every == 0:
             runner.save()
             saved_at = runner.step
@@ -51,12 +61,29 @@ def run_steps(runner: Runner, *, train: bool, target: int, checkpoint_every: int
         runner.save()  # a bounded or finished run keeps what it trained
 
 
-def agreed_newest(root: Path, rank: int) -> Optional[str]:
+def run_invocation(runner: Runner, args: argparse.Namespace) -> None:
+    """One invocation of a payload: resume (train only), step to the target, report ``done``.
+
+    Reads the flags every payload shares: --phase --max-steps --compile-steps --steps
+    --checkpoint-every.
+    """
+    if args.phase == "train":
+        runner.resume()
+    target = target_step(args.phase, runner.step, args.max_steps, args.compile_steps,
+                         args.steps)
+    run_steps(runner, phase=args.phase, target=target, checkpoint_every=args.checkpoint_every)
+    runner.log.emit("done", phase=args.phase, step=runner.step,
+                    consumed_samples=runner.consumed)
+    if runner.tensorboard is not None:
+        runner.tensorboard.close()
+
+
+def agreed_newest(root: Path, rank: int) -> str | None:
     """Tag of the newest complete checkpoint as rank 0 sees it, shared with every rank (a lagging
     network filesystem must not let ranks resume from different steps)."""
     import torch.distributed as dist
 
-    choice: list[Optional[str]] = [None]
+    choice: list[str | None] = [None]
     if rank == 0:
         newest = checkpoints.newest_complete(root)
         choice = [newest.tag if newest else None]

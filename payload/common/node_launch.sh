@@ -38,12 +38,19 @@ node_launch() {
   if [ "$pass" = compile ] && [ -n "${JOBGEN_COMPILE_WRAPPER:-}" ]; then
     wrapper=("$JOBGEN_COMPILE_WRAPPER")
   fi
+  # Each pass meets under its own rendezvous id: a node still in (or skipping) the other pass
+  # fails the rendezvous instead of joining it. JOBGEN_RDZV_TIMEOUT (the Batch entrypoint sets it)
+  # bounds how long torchrun's static rendezvous waits for the other nodes (torch's default: 600 s).
+  local -a rdzv=(--rdzv-id "jobgen-$pass")
+  if [ -n "${JOBGEN_RDZV_TIMEOUT:-}" ]; then
+    rdzv+=(--rdzv-conf "timeout=$JOBGEN_RDZV_TIMEOUT")
+  fi
   node_say "$pass pass: node $node_rank of $nnodes, master $MASTER_ADDR:$MASTER_PORT, log $log_dir/$pass.log"
   # pipefail: the status is torchrun's, not tee's.
   set -o pipefail
   "${wrapper[@]}" torchrun \
     --nproc_per_node "${JOBGEN_WORKERS_PER_NODE:?}" --nnodes "$nnodes" --node_rank "$node_rank" \
-    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "${rdzv[@]}" \
     "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"
   local status=$?
   node_say "$pass pass ended with status $status"

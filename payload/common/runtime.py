@@ -5,7 +5,7 @@ import os
 import socket
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 # Variables that tell us some launcher (torchrun, deepspeed, mpirun, srun) set up the ranks.
 _LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -22,19 +22,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def ensure_process_env() -> bool:
-    """Give a launcher-less run the env of a 1-process world. Returns True if it did so.
+def ensure_process_env() -> str:
+    """Make sure torch's env:// rendezvous finds RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*.
 
-    Without RANK/WORLD_SIZE, DeepSpeed falls back to MPI discovery and dies importing mpi4py;
-    torch's env:// rendezvous needs MASTER_ADDR/PORT as well.
+    Returns where the ranks came from: ``launcher`` (torchrun, deepspeed, mpirun set them),
+    ``slurm`` (one srun task per rank, no launcher: taken from SLURM_PROCID/NTASKS/LOCALID) or
+    ``single`` (no launcher at all: a 1-process world on 127.0.0.1). Without these variables
+    DeepSpeed falls back to MPI discovery and dies importing mpi4py.
     """
-    if any(name in os.environ for name in _LAUNCHER_VARS):
-        return False
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    return True
+    env = os.environ
+    if any(name in env for name in _LAUNCHER_VARS):
+        return "launcher"
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise PayloadError(f"started as one of {env['SLURM_NTASKS']} srun tasks without a "
+                               "launcher: export MASTER_ADDR and MASTER_PORT (or use torchrun)")
+        env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"],
+                   LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
+        return "slurm"
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    env.setdefault("LOCAL_WORLD_SIZE", "1")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(free_port()))
+    return "single"
 
 
 def dist_coords() -> tuple[int, int, int]:
@@ -75,7 +85,8 @@ def run_main(main: Callable[[], int], prog: str) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
-    except Exception as exc:  # noqa: BLE001 - the whole point is to turn any crash into a status
+    # Any other crash still has to become an exit status the launcher sees.
+    except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         code = 1

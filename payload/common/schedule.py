@@ -14,7 +14,7 @@ def steps_from_proportion(proportion: float, max_steps: int) -> int:
     """Turn a proportion of the run (``--warmup 0.05``) into a whole number of steps."""
     if not 0.0 <= proportion <= 1.0:
         raise ValueError(f"proportion must lie in [0, 1], got {proportion}")
-    return int(round(proportion * max_steps))
+    return round(proportion * max_steps)
 
 
 def learning_rate(

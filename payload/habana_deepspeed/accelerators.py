@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
-
 from common.runtime import PayloadError
 
 CHOICES = ("auto", "hpu", "cuda", "cpu")
@@ -70,7 +69,8 @@ def choose_accelerator(request: str, local_rank: int) -> Accelerator:
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices and embeddings only: biases and LayerNorm gains (1-D) stay undecayed."""
-    decay, plain = [], []
+    decay: list[torch.nn.Parameter] = []
+    plain: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else plain).append(param)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-
 from common.runtime import PayloadError
 
 SEQUENCE_KEYS = ("input_ids", "input_mask", "segment_ids")
@@ -55,11 +54,13 @@ def _check_shard(path: Path, seq_length: int, max_predictions: int) -> int:
             if missing:
                 raise PayloadError(f"{path}: missing datasets {', '.join(missing)}")
             count = int(shard["next_sentence_labels"].shape[0])
-            for key, width in [(k, seq_length) for k in SEQUENCE_KEYS] + \
-                              [(k, max_predictions) for k in PREDICTION_KEYS]:
-                if tuple(shard[key].shape) != (count, width):
-                    raise PayloadError(f"{path}: dataset {key} has shape {tuple(shard[key].shape)}, "
-                                       f"expected ({count}, {width}) for the given "
+            widths = dict.fromkeys(SEQUENCE_KEYS, seq_length)
+            widths.update(dict.fromkeys(PREDICTION_KEYS, max_predictions))
+            for key, width in widths.items():
+                shape = tuple(shard[key].shape)
+                if shape != (count, width):
+                    raise PayloadError(f"{path}: dataset {key} has shape {shape}, expected "
+                                       f"({count}, {width}) for the given "
                                        "--seq-length/--max-predictions")
     except OSError as exc:
         raise PayloadError(f"{path}: not a readable hdf5 file ({exc})") from exc

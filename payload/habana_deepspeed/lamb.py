@@ -10,26 +10,26 @@ reference Gaudi recipe runs LAMB under ZeRO-1 the same way (``zero_allow_unteste
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
-Params = Union[Iterable[torch.Tensor], Iterable[dict]]
-
 
 class Lamb(torch.optim.Optimizer):
-    def __init__(self, params: Params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01,
-                 bias_correction: bool = True) -> None:
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01, bias_correction: bool = True) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"bad LAMB hyper-parameters lr={lr} betas={betas} eps={eps} "
                              f"weight_decay={weight_decay}")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction)
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                    "bias_correction": bias_correction}
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> Optional[torch.Tensor]:
+    def step(  # type: ignore[override]  # torch types step() with overloads
+            self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -40,7 +40,8 @@ class Lamb(torch.optim.Optimizer):
                     self._update(param, group)
         return loss
 
-    def _update(self, param: torch.Tensor, group: dict) -> None:
+    def _update(self, param: torch.Tensor, group: dict[str, Any]) -> None:
+        assert param.grad is not None  # step() skips parameters without a gradient
         beta1, beta2 = group["betas"]
         state = self.state[param]
         # Moments and arithmetic in at least fp32, whatever the parameter's own precision.

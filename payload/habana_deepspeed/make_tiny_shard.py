@@ -10,7 +10,9 @@ the flags, so tests can rely on it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import h5py
@@ -30,7 +32,7 @@ def make_sample(rng: np.random.Generator, seq_length: int, max_predictions: int,
     segments = np.concatenate([np.zeros(split + 2), np.ones(len(words) - split + 1)])
     # Only word positions may be masked; position 0 ([CLS]) doubles as the padding value.
     candidates = np.array([i for i in range(1, used) if ids[i] >= FIRST_WORD])
-    count = min(max_predictions, max(1, int(round(0.15 * len(candidates)))))
+    count = min(max_predictions, max(1, round(0.15 * len(candidates))))
     chosen = np.sort(rng.choice(candidates, size=count, replace=False))
     positions = np.zeros(max_predictions, dtype=np.int32)
     targets = np.zeros(max_predictions, dtype=np.int32)
@@ -54,11 +56,22 @@ def make_sample(rng: np.random.Generator, seq_length: int, max_predictions: int,
 
 def write_shard(path: Path, samples: int, seq_length: int, max_predictions: int,
                 vocab_size: int, seed: int) -> None:
+    """Write the shard under a private temporary name (a dot file, which the trainer's shard
+    listing skips) and rename it into place: several nodes sharing a filesystem may write the
+    same shard at once, and a reader must never see a half-written one."""
     rng = np.random.default_rng(seed)
     rows = [make_sample(rng, seq_length, max_predictions, vocab_size) for _ in range(samples)]
-    with h5py.File(path, "w") as shard:
-        for key in rows[0]:
-            shard.create_dataset(key, data=np.stack([row[key] for row in rows]))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as shard:
+            for key in rows[0]:
+                shard.create_dataset(key, data=np.stack([row[key] for row in rows]))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -12,22 +12,28 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 # Running as a script: make ``payload/`` (for ``common``) and this directory importable.
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
-from common.events import EventLog, open_tensorboard, to_tensorboard  # noqa: E402
-from common.loop import agreed_newest, run_steps, sealed_save, target_step  # noqa: E402
-from common.runtime import (PayloadError, batch_positions, dist_coords,  # noqa: E402
-                            ensure_process_env, run_main, step_seed)
-from common.schedule import learning_rate, steps_from_proportion  # noqa: E402
+from common.events import EventLog, open_tensorboard
+from common.loop import agreed_newest, run_invocation, sealed_save
+from common.runtime import (
+    PayloadError,
+    batch_positions,
+    dist_coords,
+    ensure_process_env,
+    run_main,
+    step_seed,
+)
+from common.schedule import learning_rate, steps_from_proportion
 
 PROG = "pretrain_bert"
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     model = p.add_argument_group("model")
     model.add_argument("--num-layers", type=int, required=True)
@@ -124,10 +130,9 @@ def build_model(args: argparse.Namespace) -> Any:
 class Trainer:
     """Owns the engine, the data and the step counters of one invocation (a ``loop.Runner``)."""
 
-    def __init__(self, args: argparse.Namespace, data: Any) -> None:
+    def __init__(self, args: argparse.Namespace, data: Any, ranks_from: str) -> None:
         import torch
         import torch.distributed as dist
-
         from accelerators import build_optimizer, choose_accelerator
 
         self.args, self.data, self.torch, self.dist = args, data, torch, dist
@@ -155,8 +160,9 @@ class Trainer:
         self.log.emit("start", phase=args.phase, accelerator=self.accel.name,
                       device=str(self.accel.device), backend=self.accel.backend,
                       optimizer=opt_name, precision=args.precision, zero_stage=args.zero_stage,
-                      world_size=self.world, global_batch_size=self.global_batch,
-                      shards=len(data.files), samples=data.total)
+                      world_size=self.world, ranks_from=ranks_from,
+                      global_batch_size=self.global_batch, shards=len(data.files),
+                      samples=data.total)
         self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
                             if self.training else None)
         self.step, self.consumed = 0, 0
@@ -174,11 +180,14 @@ class Trainer:
             group["lr"] = lr
         started = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.accel.device)
+        norm = None
         for positions in batch_positions(self.consumed, args.micro_batch_size,
                                          args.gradient_accumulation, self.world, self.rank):
             loss = self.engine(**self._device_batch(positions)).loss
             self.engine.backward(loss)
             self.accel.mark_step()
+            if self.engine.is_gradient_accumulation_boundary():
+                norm = self._unwrapped_grad_norm()
             self.engine.step()  # DeepSpeed only updates at the accumulation boundary
             self.accel.mark_step()
             loss_sum += loss.detach().float()
@@ -187,14 +196,19 @@ class Trainer:
         elapsed = time.perf_counter() - started
         self.step += 1
         self.consumed += self.global_batch
-        norm = self.engine.get_global_grad_norm()
+        if norm is None:
+            norm = self.engine.get_global_grad_norm()
         return {"loss": mean_loss, "grad_norm": None if norm is None else float(norm), "lr": lr,
                 "samples_per_s": round(self.global_batch / elapsed, 2)}
 
-    def record(self, numbers: dict[str, Any]) -> None:
-        self.log.emit("step", phase=self.args.phase, step=self.step,
-                      consumed_samples=self.consumed, **numbers)
-        to_tensorboard(self.tensorboard, self.step, numbers)
+    def _unwrapped_grad_norm(self) -> Any:
+        """Gradient norm where DeepSpeed keeps none: without ZeRO or bf16 its optimizer wrapper
+        does not record it, but the reduced full gradients sit on the parameters before step()."""
+        if self.args.zero_stage != 0 or self.args.precision != "fp32":
+            return None
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return self.torch.linalg.vector_norm(
+            self.torch.stack([self.torch.linalg.vector_norm(g) for g in grads]))
 
     def resume(self) -> None:
         tag = agreed_newest(self.ckpt_root, self.rank)
@@ -221,21 +235,12 @@ class Trainer:
                     self.log, write)
 
     def run(self) -> None:
-        args = self.args
-        if self.training:
-            self.resume()
-        target = target_step(args.phase, self.step, args.max_steps, args.compile_steps,
-                             args.steps)
-        run_steps(self, train=self.training, target=target,
-                  checkpoint_every=args.checkpoint_every)
-        self.log.emit("done", phase=args.phase, step=self.step, consumed_samples=self.consumed)
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        run_invocation(self, self.args)
         self.dist.barrier()
         self.dist.destroy_process_group()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     validate(args)
     from bert_data import ShardedSamples, find_training_files
@@ -243,9 +248,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Data problems surface before any distributed setup, so every rank fails fast alike.
     data = ShardedSamples(find_training_files(args.input_dir), args.seq_length,
                           args.max_predictions, args.seed)
-    ensure_process_env()
+    ranks_from = ensure_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    Trainer(args, data).run()
+    Trainer(args, data, ranks_from).run()
     return 0
 
 

@@ -8,27 +8,33 @@ keeps the newest M; rank 0 prints one JSON event per line. Runs under torchrun o
 from __future__ import annotations
 
 import argparse
-from contextlib import nullcontext
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.events import EventLog, open_tensorboard, to_tensorboard  # noqa: E402
-from common.loop import agreed_newest, run_steps, sealed_save, target_step  # noqa: E402
-from common.runtime import (PayloadError, batch_positions, dist_coords,  # noqa: E402
-                            ensure_process_env, run_main, step_seed)
-from common.schedule import DECAY_SHAPES, learning_rate  # noqa: E402
+from common.events import EventLog, open_tensorboard
+from common.loop import agreed_newest, run_invocation, sealed_save
+from common.runtime import (
+    PayloadError,
+    batch_positions,
+    dist_coords,
+    ensure_process_env,
+    run_main,
+    step_seed,
+)
+from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "smoke-train"
 STATE_FILE = "state.pt"
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=("gpt_neox", "llama"), default="gpt_neox")
     p.add_argument("--num-layers", type=int, default=2)
@@ -93,22 +99,24 @@ def synthetic_tokens(position: int, seq_length: int, vocab_size: int, seed: int)
 def build_model(args: argparse.Namespace) -> Any:
     import transformers
 
-    common = dict(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                  num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads,
-                  intermediate_size=args.intermediate_size,
-                  max_position_embeddings=args.seq_length)
+    common: dict[str, Any] = {
+        "vocab_size": args.vocab_size, "hidden_size": args.hidden_size,
+        "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_heads,
+        "intermediate_size": args.intermediate_size,
+        "max_position_embeddings": args.seq_length}
     if args.family == "gpt_neox":
         # GPT-NeoX 20B / Pythia style: rotary on a quarter of each head, parallel residual.
-        config = transformers.GPTNeoXConfig(rotary_pct=0.25, use_parallel_residual=True, **common)
-        return transformers.GPTNeoXForCausalLM(config)
-    config = transformers.LlamaConfig(num_key_value_heads=args.num_heads, **common)
-    return transformers.LlamaForCausalLM(config)
+        # ``rotary_pct`` is the 4.x name; 5.x still accepts it (into rope_parameters).
+        common.update(rotary_pct=0.25, use_parallel_residual=True)
+        return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**common))
+    llama = transformers.LlamaConfig(num_key_value_heads=args.num_heads, **common)
+    return transformers.LlamaForCausalLM(llama)
 
 
 class SmokeTrainer:
     """DDP training of the tiny model; implements ``common.loop.Runner``."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, ranks_from: str) -> None:
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -133,7 +141,7 @@ class SmokeTrainer:
                             args.output_dir / "metrics.jsonl" if self.training else None)
         self.log.emit("start", phase=args.phase, family=args.family, accelerator="cpu",
                       backend="gloo", optimizer="torch.AdamW", world_size=self.world,
-                      global_batch_size=self.global_batch,
+                      ranks_from=ranks_from, global_batch_size=self.global_batch,
                       parameters=sum(p.numel() for p in self.model.parameters()))
         self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
                             if self.training else None)
@@ -179,11 +187,6 @@ class SmokeTrainer:
                 "grad_norm": float(norm), "lr": lr,
                 "samples_per_s": round(self.global_batch / elapsed, 2)}
 
-    def record(self, numbers: dict[str, Any]) -> None:
-        self.log.emit("step", phase=self.args.phase, step=self.step,
-                      consumed_samples=self.consumed, **numbers)
-        to_tensorboard(self.tensorboard, self.step, numbers)
-
     def resume(self) -> None:
         tag = agreed_newest(self.ckpt_root, self.rank)
         if tag is None:
@@ -215,26 +218,17 @@ class SmokeTrainer:
                     self.log, write)
 
     def run(self) -> None:
-        args = self.args
-        if self.training:
-            self.resume()
-        target = target_step(args.phase, self.step, args.max_steps, args.compile_steps,
-                             args.steps)
-        run_steps(self, train=self.training, target=target,
-                  checkpoint_every=args.checkpoint_every)
-        self.log.emit("done", phase=args.phase, step=self.step, consumed_samples=self.consumed)
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        run_invocation(self, self.args)
         self.dist.barrier()
         self.dist.destroy_process_group()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     validate(args)
-    ensure_process_env()
+    ranks_from = ensure_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    SmokeTrainer(args).run()
+    SmokeTrainer(args, ranks_from).run()
     return 0
 
 

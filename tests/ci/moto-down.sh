@@ -17,7 +17,7 @@ pid_alive() {
     local stat
     [[ -r /proc/$1/cmdline ]] || return 1
     tr '\0' ' ' <"/proc/$1/cmdline" | grep -q moto_server || return 1
-    stat=$(<"/proc/$1/stat") || return 1
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
     stat=${stat##*) }
     [[ ${stat%% *} != Z ]]
 }
@@ -26,7 +26,8 @@ if [[ ! -e $PIDFILE ]]; then
     log "not running (no $PIDFILE)"
     exit 0
 fi
-pid=$(<"$PIDFILE"); pid=${pid//[!0-9]/}
+pid=$(cat "$PIDFILE" 2>/dev/null) || pid=""
+pid=${pid//[!0-9]/}
 if [[ -n $pid ]] && pid_alive "$pid"; then
     kill -TERM "$pid" 2>/dev/null || true
     deadline=$((SECONDS + STOP_TIMEOUT))

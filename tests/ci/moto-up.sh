@@ -33,13 +33,16 @@ py=$(dirname "$moto_server")/python
 [[ -x $py ]] || py=python3
 
 # ours_alive: the pid file names a live moto_server process (not a reused pid, not a zombie).
+# (cat, not $(<file): a daemon deletes its pid file as it exits, and a failed $(<file) ends a
+# set -e script even inside if/while.)
 ours_alive() {
     local pid stat
     [[ -r $PIDFILE ]] || return 1
-    pid=$(<"$PIDFILE"); pid=${pid//[!0-9]/}
+    pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+    pid=${pid//[!0-9]/}
     [[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q moto_server || return 1
-    stat=$(<"/proc/$pid/stat") || return 1
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
     stat=${stat##*) }
     [[ ${stat%% *} != Z ]]
 }
@@ -64,13 +67,13 @@ configure() {
 
 t0=$EPOCHREALTIME
 if ours_alive && http GET /moto-api/config >/dev/null 2>&1; then
-    log "already up at $URL (pid $(<"$PIDFILE"))"
+    log "already up at $URL (pid $(cat "$PIDFILE"))"
     configure
     exit 0
 fi
 if [[ -e $PIDFILE ]] && ! ours_alive; then rm -f "$PIDFILE"; fi
 if ours_alive; then
-    log "our moto_server (pid $(<"$PIDFILE")) does not answer: restarting it"
+    log "our moto_server (pid $(cat "$PIDFILE")) does not answer: restarting it"
     MOTO_PORT=$MOTO_PORT MOTO_CI_DIR=$MOTO_CI_DIR bash "$HERE/moto-down.sh"
 fi
 # Something else on the port would answer our requests instead of our server.
@@ -92,4 +95,4 @@ until http GET /moto-api/config >/dev/null 2>&1; do
     sleep 0.2
 done
 configure
-log "up at $URL (pid $(<"$PIDFILE")) in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s; log $LOGFILE"
+log "up at $URL (pid $(cat "$PIDFILE")) in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s; log $LOGFILE"

@@ -62,12 +62,17 @@ on_exit() {
     [[ -n $PHASE ]] && PHASE="$PHASE(!)"
     if ((SERVICES_TOUCHED)); then
         phase teardown
-        bash "$HERE/moto-down.sh"
-        bash "$HERE/slurm-down.sh"
+        local what
+        for what in moto slurm; do
+            if ! bash "$HERE/$what-down.sh"; then
+                echo "[run] ERROR: $what-down.sh failed: daemons may be left running" >&2
+                ((rc)) || rc=1
+            fi
+        done
     fi
     end_phase
     printf '\n[run] ===== timing =====\n'
-    printf '[run] %s\n' "${TIMINGS[@]}"
+    ((${#TIMINGS[@]})) && printf '[run] %s\n' "${TIMINGS[@]}"
     printf '[run] %-10s %7s s\n' total "$(since "$T_START")"
     exit "$rc"
 }
@@ -103,6 +108,7 @@ fi
 phase venv
 # ---------------------------------------------------------------------------------------------
 vpy=$VENV/bin/python
+# shellcheck disable=SC2329  # called through timed
 vpip() { "$vpy" -m pip "$@"; }
 
 # ds_ok: DeepSpeed is installed, matches DEEPSPEED_SPEC and has the CPU shm op prebuilt.
@@ -117,33 +123,43 @@ assert installed_ops.get("deepspeed_shm_comm"), installed_ops
 EOF
 }
 
+# timed LABEL CMD...: run CMD and print how long it took.
+timed() {
+    local label=$1 t0=$EPOCHREALTIME
+    shift
+    "$@"
+    printf '[run] venv: %-40s %6s s\n' "$label" "$(since "$t0")"
+}
+
 # The install steps. Their text is part of the venv's stamp: editing them triggers a re-run.
 venv_install() {
     # Never let a dependency replace the pinned CPU torch (it would pull GBs of CUDA wheels).
     printf 'torch==%s\n' "$TORCH_VERSION" >"$VENV/jobgen-constraints.txt"
     export PIP_CONSTRAINT=$VENV/jobgen-constraints.txt
-    vpip install -q "torch==$TORCH_VERSION" setuptools wheel ninja
-    vpip install -q hjson msgpack numpy psutil py-cpuinfo pydantic einops tqdm packaging
+    timed "torch==$TORCH_VERSION setuptools wheel ninja" \
+        vpip install -q "torch==$TORCH_VERSION" setuptools wheel ninja
+    timed "deepspeed's dependencies" \
+        vpip install -q hjson msgpack numpy psutil py-cpuinfo pydantic einops tqdm packaging
     if ds_ok; then
-        echo "[run] DeepSpeed with the prebuilt shm op is already installed"
+        echo "[run] venv: DeepSpeed with the prebuilt shm op is already installed"
     else
         # Build DeepSpeed's CPU shm-comm op now (about 2 min) rather than JIT at each test run.
         # --no-build-isolation: the build sees our torch (an isolated build would fetch another);
         # --no-cache-dir: don't reuse a cached wheel built without the op; --force-reinstall:
         # rebuild even if a DeepSpeed without the op is installed.
-        DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 vpip install -q --no-build-isolation \
-            --no-cache-dir --no-deps --force-reinstall "$DEEPSPEED_SPEC"
+        DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 timed "$DEEPSPEED_SPEC (building the shm op)" \
+            vpip install -q --no-build-isolation --no-cache-dir --no-deps --force-reinstall "$DEEPSPEED_SPEC"
         ds_ok || { echo "[run] ERROR: DeepSpeed's shm op is not prebuilt" >&2; return 1; }
     fi
-    vpip install -q transformers h5py
-    vpip install -q -e '.[test]'
+    timed "transformers h5py" vpip install -q transformers h5py
+    timed "-e .[test]" vpip install -q -e '.[test]'
     unset PIP_CONSTRAINT
 }
 
 fingerprint() {
     {
         cat setup.cfg setup.py pyproject.toml 2>/dev/null
-        declare -f venv_install ds_ok
+        declare -f venv_install ds_ok timed
         echo "$TORCH_VERSION $DEEPSPEED_SPEC $VENV"
         "$PYTHON" -c 'import sys; print(sys.version)'
     } | sha256sum | cut -d' ' -f1
@@ -164,7 +180,7 @@ if [[ ${VENV_REBUILD:-0} == 1 ]] || { [[ -e $VENV ]] && ! venv_python_ok; }; the
     echo "[run] recreating $VENV"
     rm -rf "$VENV"
 fi
-if [[ -f $STAMP && $(<"$STAMP") == "$want" ]] && venv_python_ok; then
+if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]] && venv_python_ok; then
     echo "[run] reusing $VENV (stamp matches)"
 else
     [[ -x $vpy ]] || "$PYTHON" -m venv "$VENV"
@@ -196,7 +212,7 @@ lint() {
         LINT_RC=1
     fi
 }
-lint ruff ruff check jobgen payload tests
+lint ruff ruff check --output-format=concise jobgen payload tests
 lint mypy mypy
 lint shellcheck shellcheck -S warning tests/ci/*.sh .ci/run
 if ((LINT_RC)); then echo "[run] LINT FAILED (the run will fail; running the tests anyway)"; fi

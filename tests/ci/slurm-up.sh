@@ -25,8 +25,10 @@ SLURMDBD_PORT=${SLURMDBD_PORT:-6819}
 SLURMD_PORT_BASE=${SLURMD_PORT_BASE:-17000}   # node nI listens on SLURMD_PORT_BASE + I
 DB_PORT=${DB_PORT:-13306}                # our private mariadbd, bound to 127.0.0.1 only
 UP_TIMEOUT=${UP_TIMEOUT:-90}             # seconds to wait for all nodes to be idle
-# How long a requeued job waits before it may start again (Slurm's job credential lifetime,
-# default 120 s). Shorter keeps requeue -> resume tests quick on this one-host cluster.
+# Slurm's job credential lifetime (default 120 s), which is also how long a requeued job is held
+# (Reason=BeginTime) before it may start again. With 10 s a requeued job runs again ~12 s after
+# `scontrol requeue` (or ~1 s if `scontrol update jobid=J StartTime=now` is issued once it is
+# PENDING). Much lower risks "credential expired" step launches on a loaded 2-core machine.
 CRED_EXPIRE=${CRED_EXPIRE:-10}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -47,13 +49,16 @@ since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; 
 
 # alive PIDFILE NAME: the pid in PIDFILE is a running (not zombie) process whose name is NAME.
 # Checking the name guards against a stale pid file whose pid was reused by something else.
+# (cat, not $(<file): a daemon deletes its pid file as it exits, and a failed $(<file) ends a
+# set -e script even inside if/while.)
 alive() {
     local pid stat
     [[ -r $1 ]] || return 1
-    pid=$(<"$1"); pid=${pid//[!0-9]/}
+    pid=$(cat "$1" 2>/dev/null) || return 1
+    pid=${pid//[!0-9]/}
     [[ -n $pid && -r /proc/$pid/stat ]] || return 1
     [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] || return 1
-    stat=$(<"/proc/$pid/stat") || return 1
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
     stat=${stat##*) }
     [[ ${stat%% *} != Z ]]
 }
@@ -154,6 +159,9 @@ SlurmdLogFile=$LOG/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
+# Look at pending jobs every 2 s (defaults: 60 s, backfill 30 s) so that a job that becomes
+# eligible by time (e.g. after a requeue) starts promptly; cheap on a cluster this small.
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 # Trust the CPUs/RealMemory below instead of the host's hardware (several slurmd share one host).

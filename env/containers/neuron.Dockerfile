@@ -1,0 +1,74 @@
+# jobgen's AWS Batch image for trn1.32xlarge (16 Trainium, 8 EFA): the NeMo payload
+# (payload/neuron_nemo: GPT-NeoX 20B, Pythia 6.9B) and the NeuronX Distributed payload
+# (payload/neuronx_distributed: Llama 2 7B). Build from the repository root:
+#
+#   docker build -f env/containers/neuron.Dockerfile -t jobgen-neuron:latest .
+#
+# Unverified here (no Docker daemon or registry on the machine this was written on): see
+# env/containers/README.md. Every version below is a build argument.
+
+# AWS Deep Learning Container for Neuron training (torch-neuronx, neuronx-cc, neuronx_distributed,
+# EFA libfabric and aws-ofi-nccl are in it). The same image is in the regional DLC registries
+# (763104351884.dkr.ecr.<region>.amazonaws.com/pytorch-training-neuronx:<tag>, after an ECR login).
+ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04
+FROM ${BASE_IMAGE}
+
+# neuronx-nemo-megatron (NeMo + Apex adapted for Neuron): checked out and built into wheels.
+# Pin NEMO_REF to the commit of the release that matches the base image's Neuron SDK.
+ARG INSTALL_NEMO=1
+ARG NEMO_REPO=https://github.com/aws-neuron/neuronx-nemo-megatron.git
+ARG NEMO_REF=main
+# The NeuronX Distributed examples (the Llama pretraining script jobgen starts); the library
+# itself comes with the base image. Pin NXD_REF to the release matching the SDK, too.
+ARG INSTALL_NXD_EXAMPLES=1
+ARG NXD_REPO=https://github.com/aws-neuron/neuronx-distributed.git
+ARG NXD_REF=main
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# The entrypoint needs bash, python3, ip (iproute2), hostname, setsid (util-linux), awk.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iproute2 util-linux gawk git ca-certificates \
+      build-essential \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /workspace
+# Keep the image's torch, torch-neuronx and friends: nothing installed below may replace them.
+RUN python3 -m pip freeze \
+      | grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla|neuronx[-_]distributed|numpy)==' \
+      > /tmp/keep.txt
+
+# Checkouts land in /workspace, where the `local` site's relative paths expect them
+# (neuronx-nemo-megatron/nemo/examples/nlp/language_modeling,
+#  neuronx-distributed/examples/training/llama/tp_zero1_llama_hf_pretrain).
+RUN if [ "$INSTALL_NEMO" = 1 ]; then \
+      git clone "$NEMO_REPO" neuronx-nemo-megatron \
+      && git -C neuronx-nemo-megatron checkout "$NEMO_REF" \
+      && cd neuronx-nemo-megatron \
+      && python3 -m pip install -c /tmp/keep.txt wheel \
+      && ./build.sh \
+      && python3 -m pip install -c /tmp/keep.txt ./build/*.whl \
+      && python3 -m pip install -c /tmp/keep.txt -r requirements.txt protobuf==3.20.3 \
+      && python3 -c "from nemo.collections.nlp.data.language_modeling.megatron.dataset_utils import compile_helper; compile_helper()"; \
+    fi
+RUN if [ "$INSTALL_NXD_EXAMPLES" = 1 ]; then \
+      git clone "$NXD_REPO" neuronx-distributed \
+      && git -C neuronx-distributed checkout "$NXD_REF" \
+      && for req in neuronx-distributed/examples/training/llama/requirements.txt \
+                    neuronx-distributed/examples/training/llama/tp_zero1_llama_hf_pretrain/requirements.txt; do \
+           if [ -f "$req" ]; then python3 -m pip install -c /tmp/keep.txt -r "$req"; fi; \
+         done; \
+    fi
+RUN rm -f /tmp/keep.txt
+
+# jobgen: the payload and the entrypoint the job definition's command names.
+COPY payload/ /opt/jobgen/payload/
+COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
+RUN chmod 0755 /opt/jobgen/entrypoint.sh \
+ && bash -n /opt/jobgen/entrypoint.sh \
+ && python3 -m py_compile /opt/jobgen/payload/common/batch_setup.py
+
+# CMD, not ENTRYPOINT: the Batch job definition's command names the entrypoint and its arguments.
+CMD ["/opt/jobgen/entrypoint.sh"]

@@ -1,0 +1,294 @@
+"""The AWS Batch side of `jobgen batch`: register a job definition only when its content changed,
+submit it, follow it node by node, show its logs, cancel it.
+
+boto3 is imported inside `client()` only, so rendering never loads the AWS SDK. Every other
+function takes its boto3 clients as arguments (tests hand in clients pointed at moto, or stubbed).
+Every AWS call goes through `_call`, the one place where throttling is retried and AWS's
+exceptions become one-line jobgen errors.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from .errors import ConfigError, RemoteError
+from .site import Site
+
+Echo = Callable[[str], None]
+HASH_TAG = "jobgen:hash"
+QUEUED = ("SUBMITTED", "PENDING", "RUNNABLE")   # cancel_job stops these
+STARTED = ("STARTING", "RUNNING")               # only terminate_job stops these
+DONE = ("SUCCEEDED", "FAILED")
+THROTTLED = ("Throttling", "ThrottlingException", "TooManyRequestsException",
+             "RequestLimitExceeded", "SlowDown")
+RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)   # backoff after each throttled attempt, then give up
+NO_CREDENTIALS = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+                  "AWS_SECRET_ACCESS_KEY, or run `aws configure`")
+
+
+def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch") -> Any:
+    """A boto3 client for `service` ("batch" or "logs") in the site's region (else the
+    environment's). Without `endpoint_url` boto3 itself honours AWS_ENDPOINT_URL."""
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    region = site.batch.region if site.batch else None
+    # botocore's own retries are off: `_call` retries throttling, with a message at the end.
+    config = botocore.config.Config(retries={"mode": "standard", "max_attempts": 1})
+    try:
+        # A fresh session per client: the default one caches credentials across calls.
+        return boto3.session.Session(region_name=region).client(
+            service, endpoint_url=endpoint_url, config=config)
+    except botocore.exceptions.NoRegionError:
+        raise ConfigError(f"site {site.name}: no AWS region: set batch.region in the site "
+                          "profile, or AWS_REGION") from None
+    except ValueError as exc:   # a malformed endpoint URL
+        raise ConfigError(f"--endpoint-url: {exc}") from None
+
+
+def _call(method: Callable[..., Any], **params: Any) -> Any:
+    """`method(**params)` (a boto3 client method), with throttling retried after RETRY_DELAYS
+    and every AWS failure turned into one line."""
+    from botocore import exceptions as bce
+
+    meta = getattr(getattr(method, "__self__", None), "meta", None)
+    where = f"AWS {meta.service_model.service_id}" if meta else "AWS"
+    for attempt in range(len(RETRY_DELAYS) + 1):
+        try:
+            return method(**params)
+        except bce.ClientError as exc:
+            error = exc.response.get("Error", {})
+            code, message = error.get("Code", "?"), error.get("Message", str(exc))
+            if code in THROTTLED and attempt < len(RETRY_DELAYS):
+                time.sleep(RETRY_DELAYS[attempt])
+                continue
+            if code in THROTTLED:
+                raise RemoteError(f"{where} {exc.operation_name}: throttled ({code}) after "
+                                  f"{attempt + 1} attempts; try again later") from None
+            raise RemoteError(f"{where} {exc.operation_name}: {message} ({code})") from None
+        except (bce.NoCredentialsError, bce.PartialCredentialsError):
+            raise RemoteError(NO_CREDENTIALS) from None
+        except bce.ParamValidationError as exc:
+            raise ConfigError(f"{where} request: {_first_line(str(exc))}") from None
+        except bce.EndpointConnectionError as exc:
+            raise RemoteError(f"cannot reach AWS: {exc}") from None
+        except bce.BotoCoreError as exc:
+            raise RemoteError(f"{where}: {_first_line(str(exc))}") from None
+    raise AssertionError("unreachable")
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # botocore's ParamValidationError starts with a generic header line.
+    if len(lines) > 1 and lines[0].startswith("Parameter validation failed"):
+        return lines[1]
+    return lines[0] if lines else text
+
+
+# --- job definitions and submission --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Definition:
+    arn: str
+    registered: bool   # False: an ACTIVE revision with the same content hash was reused
+
+
+def _active_revisions(batch: Any, name: str) -> Iterator[dict[str, Any]]:
+    params: dict[str, Any] = {"jobDefinitionName": name, "status": "ACTIVE"}
+    while True:
+        page = _call(batch.describe_job_definitions, **params)
+        yield from page.get("jobDefinitions", [])
+        if not page.get("nextToken"):
+            return
+        params["nextToken"] = page["nextToken"]
+
+
+def ensure_definition(batch: Any, jd: dict[str, Any]) -> Definition:
+    """The ARN of an ACTIVE revision of `jd` with the same content hash, registering a new
+    revision only when there is none (so resubmitting never piles up identical revisions)."""
+    digest = jd.get("tags", {}).get(HASH_TAG)
+    for rev in sorted(_active_revisions(batch, jd["jobDefinitionName"]),
+                      key=lambda r: -int(r.get("revision", 0))):
+        tags = rev.get("tags")
+        if tags is None:   # older APIs leave tags out of the description
+            tags = _call(batch.list_tags_for_resource,
+                         resourceArn=rev["jobDefinitionArn"]).get("tags", {})
+        if digest and tags.get(HASH_TAG) == digest:
+            return Definition(rev["jobDefinitionArn"], registered=False)
+    return Definition(_call(batch.register_job_definition, **jd)["jobDefinitionArn"],
+                      registered=True)
+
+
+def job_name(run_name: str) -> str:
+    """Batch job names: 1-128 letters, digits, '-' and '_', starting with a letter or digit."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", run_name).lstrip("-_")
+    return (name or "jobgen")[:128]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    job_name: str
+    definition: Definition
+
+
+def submit(batch: Any, jd: dict[str, Any], *, queue: str, nodes: int,
+           run_name: str) -> Submitted:
+    """Register `jd` if its content is new, then submit it on `nodes` nodes to `queue`."""
+    definition = ensure_definition(batch, jd)
+    name = job_name(run_name)
+    response = _call(batch.submit_job, jobName=name, jobQueue=queue,
+                     jobDefinition=definition.arn, nodeOverrides={"numNodes": nodes},
+                     tags=dict(jd.get("tags", {})), propagateTags=True)
+    return Submitted(response["jobId"], name, definition)
+
+
+# --- following jobs ------------------------------------------------------------------------------
+
+def describe(batch: Any, job_id: str) -> dict[str, Any]:
+    jobs = _call(batch.describe_jobs, jobs=[job_id]).get("jobs", [])
+    if not jobs:
+        raise RemoteError(f"AWS Batch: no job {job_id!r} (Batch forgets jobs 7 days after "
+                          "they finish)")
+    return dict(jobs[0])
+
+
+def node_jobs(batch: Any, job: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The nodes of a multi-node job (`<id>#<n>`) that Batch describes, by node index."""
+    num = int((job.get("nodeProperties") or {}).get("numNodes", 0))
+    ids = [f"{job['jobId']}#{i}" for i in range(num)]
+    found: dict[int, dict[str, Any]] = {}
+    for start in range(0, len(ids), 100):   # describe_jobs takes at most 100 ids
+        for node in _call(batch.describe_jobs, jobs=ids[start:start + 100]).get("jobs", []):
+            found[int(node["jobId"].rpartition("#")[2])] = node
+    return found
+
+
+def _main_node(job: dict[str, Any]) -> int:
+    return int((job.get("nodeProperties") or {}).get("mainNode", 0))
+
+
+def _node(job: dict[str, Any], nodes: dict[int, dict[str, Any]], index: int
+          ) -> Optional[dict[str, Any]]:
+    """Node `index`'s description; for the main node, the parent's own when Batch (or an
+    emulator) describes no `<id>#<n>` children: the job's status is the main node's."""
+    if index in nodes:
+        return nodes[index]
+    return job if index == _main_node(job) and job.get("container") else None
+
+
+def _reason(job: dict[str, Any]) -> str:
+    return job.get("statusReason") or (job.get("container") or {}).get("reason") or ""
+
+
+def wait(batch: Any, job_id: str, *, echo: Echo, poll_s: float = 15.0,
+         timeout_s: Optional[float] = None) -> int:
+    """Print the job's and its nodes' state changes until it ends; 0 if it SUCCEEDED, else 1."""
+    seen: dict[str, str] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        job = describe(batch, job_id)
+        changes = [("job", job)] + [(f"node {i}", n) for i, n in
+                                    sorted(node_jobs(batch, job).items())]
+        for label, item in changes:
+            if seen.get(label) != item.get("status"):
+                seen[label] = item.get("status", "?")
+                echo(f"{time.strftime('%H:%M:%S')} {job_id} {label}: {seen[label]}")
+        if job.get("status") in DONE:
+            if _reason(job):
+                echo(f"{job_id}: {job['status']}: {_reason(job)}")
+            return 0 if job["status"] == "SUCCEEDED" else 1
+        if deadline is not None and time.monotonic() > deadline:
+            raise RemoteError(f"job {job_id} still {job.get('status')} after {timeout_s:g} s")
+        time.sleep(poll_s)
+
+
+def status(batch: Any, job_id: str) -> list[str]:
+    """One summary line, then one line per node: status, exit code, log stream, reason."""
+    job = describe(batch, job_id)
+    nodes = node_jobs(batch, job)
+    num = int((job.get("nodeProperties") or {}).get("numNodes", 0))
+    head = f"{job['jobId']}  {job.get('jobName', '')}  {job.get('status', '?')}"
+    if num:
+        head += f"  {num} nodes"
+    lines = [head + (f"  ({_reason(job)})" if _reason(job) else "")]
+    for i in range(num):
+        role = " (main)" if i == _main_node(job) else ""
+        node = _node(job, nodes, i)
+        if node is None:
+            lines.append(f"  node {i}{role}: " + ("no details from Batch" if job.get("status")
+                                                  in DONE else "not started"))
+            continue
+        container = node.get("container") or {}
+        exit_code = container.get("exitCode", "-")
+        line = (f"  node {i}{role}: {node.get('status', '?')}  exit {exit_code}  "
+                f"log {container.get('logStreamName') or '-'}")
+        lines.append(line + (f"  ({_reason(node)})" if node is not job and _reason(node) else ""))
+    return lines
+
+
+def cancel(batch: Any, job_id: str, reason: str = "cancelled with jobgen") -> str:
+    """cancel_job for a queued job, terminate_job for a started one; says which it did."""
+    state = describe(batch, job_id).get("status", "?")
+    if state in QUEUED:
+        _call(batch.cancel_job, jobId=job_id, reason=reason)
+        return f"cancelled {job_id} (was {state})"
+    if state in STARTED:
+        _call(batch.terminate_job, jobId=job_id, reason=reason)
+        return f"terminating {job_id} (was {state}): its nodes are being stopped"
+    return f"{job_id} already finished ({state}): nothing to cancel"
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+def log_location(batch: Any, job_id: str, node: int, default_group: str
+                 ) -> tuple[str, Optional[str], dict[str, Any]]:
+    """(log group, log stream or None while the node has not started, the job)."""
+    job = describe(batch, job_id)
+    num = int((job.get("nodeProperties") or {}).get("numNodes", 1))
+    if not 0 <= node < num:
+        raise ConfigError(f"--node: job {job_id} has {num} nodes (0 to {num - 1})")
+    group = default_group
+    for rng in (job.get("nodeProperties") or {}).get("nodeRangeProperties", []):
+        options = ((rng.get("container") or {}).get("logConfiguration") or {}).get("options")
+        group = (options or {}).get("awslogs-group", group)
+    found = _call(batch.describe_jobs, jobs=[f"{job_id}#{node}"]).get("jobs", [])
+    described = _node(job, dict(enumerate(found, start=node)), node) or {}
+    return group, (described.get("container") or {}).get("logStreamName"), job
+
+
+def logs(batch: Any, logs_client: Any, job_id: str, *, node: int, echo: Echo,
+         follow: bool = False, default_group: str = "/aws/batch/job", poll_s: float = 5.0,
+         timeout_s: Optional[float] = None) -> None:
+    """Print node `node`'s log events; with `follow`, keep printing until the job has ended."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def pause(what: str) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise RemoteError(f"job {job_id}: still {what} after {timeout_s:g} s")
+        time.sleep(poll_s)
+
+    while True:
+        group, stream, job = log_location(batch, job_id, node, default_group)
+        if stream:
+            break
+        if not follow or job.get("status") in DONE:
+            raise RemoteError(f"job {job_id} node {node}: no log stream "
+                              f"(job {job.get('status', '?')})")
+        pause("without a log stream")
+    params = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
+    while True:
+        page = _call(logs_client.get_log_events, **params)
+        for event in page.get("events", []):
+            echo(event.get("message", ""))
+        token = page.get("nextForwardToken")
+        if token and token != params.get("nextToken"):
+            params["nextToken"] = token   # more may be waiting: read on at once
+            continue
+        if not follow or job.get("status") in DONE:
+            return
+        pause("running")
+        job = describe(batch, job_id)

@@ -1,0 +1,132 @@
+"""jobgen/backends/batch.py: the multi-node job definition of every recipe, byte-compared with
+tests/golden/batch/, validated offline as the AWS CLI would send it, and its Batch-specific
+values (devices, retry strategy, node ranges, learning-rate scaling) checked one by one."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from jobgen import api, batch_rules
+from jobgen.backends import batch
+
+SITE = "dl1-batch"
+GOLDEN = [("bert1.5b", 8), ("bert1.5b", 16), ("bert-large", 8), ("neox20b", 4),
+          ("llama2-7b", 4), ("pythia6.9b", 4)]
+
+
+def rendered(recipe: str, nodes: int, *overrides: str) -> str:
+    spec = api.job_spec(recipe, nodes, overrides=overrides, site=SITE, backend="batch")
+    return api.plan(spec).text
+
+
+def definition(recipe: str, nodes: int, *overrides: str) -> dict[str, Any]:
+    return json.loads(rendered(recipe, nodes, *overrides))
+
+
+def container(jd: dict[str, Any]) -> dict[str, Any]:
+    (only,) = jd["nodeProperties"]["nodeRangeProperties"]
+    return only["container"]
+
+
+def arg_values(command: list[str], flag: str) -> list[str]:
+    return [command[i + 1] for i, arg in enumerate(command) if arg == flag]
+
+
+@pytest.mark.parametrize("recipe,nodes", GOLDEN, ids=[f"{r}-{n}n" for r, n in GOLDEN])
+def test_golden(recipe: str, nodes: int, golden: Callable[[Path, str], None]) -> None:
+    golden(Path("batch") / f"{recipe}-{nodes}n.json", rendered(recipe, nodes))
+
+
+@pytest.mark.parametrize("recipe,nodes", GOLDEN, ids=[f"{r}-{n}n" for r, n in GOLDEN])
+def test_botocore_accepts_the_file_as_is(recipe: str, nodes: int) -> None:
+    """What `aws batch register-job-definition --cli-input-json file://...` would send."""
+    from botocore.validate import validate_parameters
+    jd = json.loads(rendered(recipe, nodes))
+    assert batch_rules.botocore_errors(jd) == []
+    validate_parameters(jd, batch_rules._input_shape())   # raises ParamValidationError if not
+    batch_rules.multinode_errors(jd)
+
+
+def test_cli_render_prints_the_golden_definition(jobgen: Callable[..., Any]) -> None:
+    result = jobgen("render", "bert1.5b", "--backend", "batch", "--site", SITE, "--nodes", "8")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == rendered("bert1.5b", 8)
+
+
+def test_cli_validate_accepts_a_rendered_file(jobgen: Callable[..., Any], tmp_path: Path) -> None:
+    path = tmp_path / "jd.json"
+    path.write_text(rendered("neox20b", 4))
+    result = jobgen("batch", "validate", str(path))
+    assert (result.exit_code, result.output) == (0, "ok\n")
+
+
+@pytest.mark.parametrize("nodes,lr", [(8, "0.0015"), (16, "0.003")])
+def test_bert_learning_rate_scales_with_nodes(nodes: int, lr: str) -> None:
+    command = container(definition("bert1.5b", nodes))["command"]
+    assert arg_values(command, "--lr") == [lr, lr]   # compile pass and training pass
+
+
+def test_trn1_maps_8_efa_and_16_contiguous_neuron_devices() -> None:
+    c = container(definition("llama2-7b", 4))
+    paths = [d["hostPath"] for d in c["linuxParameters"]["devices"]]
+    assert paths == ([f"/dev/infiniband/uverbs{i}" for i in range(8)]
+                     + [f"/dev/neuron{i}" for i in range(16)])
+    assert all(d["containerPath"] == d["hostPath"] for d in c["linuxParameters"]["devices"])
+    assert c["privileged"] is False
+    assert c["instanceType"] == "trn1.32xlarge"
+
+
+def test_dl1_maps_4_efa_devices_and_is_privileged() -> None:
+    c = container(definition("bert1.5b", 8))
+    paths = [d["hostPath"] for d in c["linuxParameters"]["devices"]]
+    assert paths == [f"/dev/infiniband/uverbs{i}" for i in range(4)]
+    assert c["privileged"] is True   # Gaudi cards are not mappable devices on Batch
+    assert c["instanceType"] == "dl1.24xlarge"
+
+
+def test_retry_strategy_retries_host_failures_and_exits_on_the_rest() -> None:
+    retry = definition("neox20b", 4)["retryStrategy"]
+    conditions = retry["evaluateOnExit"]
+    assert conditions[0] == {"onStatusReason": "Host EC2*", "action": "RETRY"}
+    assert conditions[-1] == {"onReason": "*", "action": "EXIT"}
+    assert len(conditions) <= 5
+    assert 1 <= retry["attempts"] <= 10
+
+
+@pytest.mark.parametrize("nodes", [1, 4, 16])
+def test_one_open_ended_node_range_on_main_node_0(nodes: int) -> None:
+    jd = definition("bert-large", nodes)
+    props = jd["nodeProperties"]
+    assert (props["numNodes"], props["mainNode"]) == (nodes, 0)
+    assert [r["targetNodes"] for r in props["nodeRangeProperties"]] == ["0:"]
+    assert jd["type"] == "multinode"
+
+
+def test_content_hash_tag_is_stable_and_follows_the_content() -> None:
+    jd = definition("bert1.5b", 8)
+    tags = dict(jd["tags"])
+    digest = tags.pop("jobgen:hash")
+    without = dict(jd, tags=tags)
+    assert digest == hashlib.sha256(json.dumps(without, sort_keys=True).encode()).hexdigest()[:16]
+    assert definition("bert1.5b", 8)["tags"]["jobgen:hash"] == digest
+    assert definition("bert1.5b", 8, "optim.lr=0.002")["tags"]["jobgen:hash"] != digest
+    assert tags == {"jobgen:recipe": "bert1.5b", "jobgen:run": "bert1.5b-8n"}
+
+
+def test_definition_name_is_a_valid_batch_name() -> None:
+    spec = api.job_spec("bert1.5b", 8, site=SITE, backend="batch")
+    assert batch.definition_name(spec) == "jobgen-bert1-5b"
+    assert definition("bert1.5b", 8)["jobDefinitionName"] == "jobgen-bert1-5b"
+
+
+def test_plan_registers_the_printed_file() -> None:
+    plan = api.plan(api.job_spec("pythia6.9b", 4, site=SITE, backend="batch"))
+    assert plan.primary == "pythia6.9b-4n.job-definition.json"
+    assert plan.argv(Path("d") / plan.primary) == [
+        "aws", "batch", "register-job-definition", "--cli-input-json",
+        "file://d/pythia6.9b-4n.job-definition.json"]
+

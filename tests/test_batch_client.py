@@ -1,0 +1,524 @@
+"""jobgen/batch_client.py and `jobgen batch ...`: real boto3 over HTTP against moto's server
+(tests marked `moto`), botocore's Stubber only for what moto cannot show (queued and running jobs,
+per-node states, throttling), and the no-credentials / no-endpoint paths.
+
+moto's server: JOBGEN_TEST_MOTO_URL (tests/ci/run.sh starts one), else a ThreadedMotoServer in
+this process on 127.0.0.1. Its batch_simple backend marks a job SUCCEEDED inside submit_job, or
+FAILED when MOTO_SIMPLE_BATCH_FAIL_AFTER is set in the *server's* environment; that variable is
+read at submit time, so the failing-job test uses the in-process server and sets it just then.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from jobgen import batch_client
+from jobgen import site as sites
+from jobgen.errors import ConfigError, RemoteError
+
+ROOT = Path(__file__).resolve().parent.parent
+REGION = "us-east-1"
+QUEUE = "jobgen-queue"            # env/sites/local.yaml: batch.job_queue
+LOG_GROUP = "/aws/batch/job"      # env/sites/local.yaml: batch.log_group
+FAKE_KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+Jobgen = Callable[..., Any]
+
+
+# --- moto's server -------------------------------------------------------------------------------
+
+def _missing(reason: str) -> None:
+    if os.environ.get("JOBGEN_REQUIRE_ALL") == "1":
+        pytest.fail(f"required component missing (JOBGEN_REQUIRE_ALL=1): {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _aws(url: str, service: str) -> Any:
+    import boto3
+    return boto3.session.Session(region_name=REGION, **FAKE_KEYS).client(service,
+                                                                         endpoint_url=url)
+
+
+def _prepare(url: str) -> None:
+    """Batch without Docker, and the compute environment and queue the local site names
+    (idempotent: CI's server is shared by the whole test session)."""
+    request = urllib.request.Request(f"{url}/moto-api/config", method="POST",
+                                     data=json.dumps({"batch": {"use_docker": False}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
+    batch = _aws(url, "batch")
+    if batch.describe_job_queues(jobQueues=[QUEUE])["jobQueues"]:
+        return
+    iam = _aws(url, "iam")
+    try:
+        role = iam.create_role(RoleName="jobgen-batch-service",
+                               AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    except iam.exceptions.EntityAlreadyExistsException:
+        role = iam.get_role(RoleName="jobgen-batch-service")["Role"]["Arn"]
+    ces = batch.describe_compute_environments(computeEnvironments=["jobgen-ce"])
+    arn = (ces["computeEnvironments"][0]["computeEnvironmentArn"] if ces["computeEnvironments"]
+           else batch.create_compute_environment(computeEnvironmentName="jobgen-ce",
+                                                 type="UNMANAGED", state="ENABLED",
+                                                 serviceRole=role)["computeEnvironmentArn"])
+    batch.create_job_queue(jobQueueName=QUEUE, state="ENABLED", priority=1,
+                           computeEnvironmentOrder=[{"order": 1, "computeEnvironment": arn}])
+
+
+@pytest.fixture(scope="session")
+def moto_inprocess() -> Iterator[str]:
+    """moto's server in a thread of this process (so this process's environment is its)."""
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        _missing("moto[server] is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _prepare(url)
+        yield url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_url(request: pytest.FixtureRequest) -> str:
+    url = os.environ.get("JOBGEN_TEST_MOTO_URL")
+    if not url:
+        return str(request.getfixturevalue("moto_inprocess"))
+    try:
+        _prepare(url)
+    except OSError as exc:
+        _missing(f"moto server at JOBGEN_TEST_MOTO_URL={url} does not answer: {exc}")
+    return url
+
+
+def _aws_env(monkeypatch: pytest.MonkeyPatch, url: str | None) -> None:
+    """Fake credentials and nothing from the user's own AWS setup; no instance-metadata lookups
+    (they would leave 127.0.0.1)."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    if url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+
+
+@pytest.fixture
+def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The CLI talks to moto through AWS_ENDPOINT_URL with fake credentials."""
+    _aws_env(monkeypatch, moto_url)
+    return moto_url
+
+
+def run_name() -> str:
+    """A fresh run name: its job definition content (and hash) is new on a shared server."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def submit(jobgen: Jobgen, *args: str) -> tuple[str, str]:
+    """`jobgen batch submit bert-large -n 2 ...` -> (job id, stderr)."""
+    result = jobgen("batch", "submit", "bert-large", "--nodes", "2", *args)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert len(job_id.splitlines()) == 1 and job_id
+    return job_id, result.stderr
+
+
+def revisions(url: str, name: str = "jobgen-bert-large") -> list[dict[str, Any]]:
+    pages = _aws(url, "batch").get_paginator("describe_job_definitions").paginate(
+        jobDefinitionName=name, status="ACTIVE")
+    return [d for page in pages for d in page["jobDefinitions"]]
+
+
+# --- against moto --------------------------------------------------------------------------------
+
+@pytest.mark.moto
+def test_submit_registers_only_changed_definitions(jobgen: Jobgen, aws: str) -> None:
+    name = run_name()
+    before = len(revisions(aws))
+    first, err1 = submit(jobgen, "--run-name", name)
+    second, err2 = submit(jobgen, "--run-name", name)
+    assert first != second
+    mine = [r for r in revisions(aws) if r["tags"]["jobgen:run"] == name]
+    assert len(mine) == 1 and len(revisions(aws)) == before + 1
+    arn = mine[0]["jobDefinitionArn"]
+    assert err1 == f"registered {arn}; submitted {name} to {QUEUE}\n"
+    assert err2 == f"reusing unchanged {arn}; submitted {name} to {QUEUE}\n"
+    job = _aws(aws, "batch").describe_jobs(jobs=[second])["jobs"][0]
+    assert (job["jobName"], job["jobDefinition"]) == (name, arn)
+    assert job["jobQueue"].endswith(f":job-queue/{QUEUE}")
+    assert job["tags"] == mine[0]["tags"]   # the definition's tags, hash included
+
+    _, err3 = submit(jobgen, "--run-name", name, "--set", "optim.lr=0.0002")
+    mine = [r for r in revisions(aws) if r["tags"]["jobgen:run"] == name]
+    assert len(mine) == 2 and err3.startswith("registered ")
+
+
+@pytest.mark.moto
+def test_status_shows_the_job_and_its_main_node(jobgen: Jobgen, aws: str) -> None:
+    name = run_name()
+    job_id, _ = submit(jobgen, "--run-name", name)
+    result = jobgen("batch", "status", job_id)
+    assert result.exit_code == 0, result.output
+    stream = _aws(aws, "batch").describe_jobs(jobs=[job_id])["jobs"][0]["container"][
+        "logStreamName"]
+    # moto describes no `<id>#<n>` node jobs: node 0 is the parent's own record, node 1 unknown.
+    assert result.stdout.splitlines() == [
+        f"{job_id}  {name}  SUCCEEDED  2 nodes",
+        f"  node 0 (main): SUCCEEDED  exit -  log {stream}",
+        "  node 1: no details from Batch",
+    ]
+
+
+@pytest.mark.moto
+def test_wait_exits_0_when_the_job_succeeded(jobgen: Jobgen, aws: str) -> None:
+    started = time.perf_counter()
+    result = jobgen("batch", "submit", "bert-large", "-n", "2", "--run-name", run_name(),
+                    "--wait", "--poll", "0.05")
+    elapsed = time.perf_counter() - started
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert result.stderr.splitlines()[-1].endswith(f" {job_id} job: SUCCEEDED")
+    print(f"moto round trip (register + submit -> SUCCEEDED, via the CLI): {elapsed:.3f} s")
+
+
+@pytest.mark.moto
+def test_wait_exits_1_when_the_job_failed(jobgen: Jobgen, moto_inprocess: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read by moto's server at submit time from *its* environment: this process's.
+    _aws_env(monkeypatch, moto_inprocess)
+    monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "0")
+    result = jobgen("batch", "submit", "bert-large", "-n", "2", "--run-name", run_name(),
+                    "--wait", "--poll", "0.05")
+    assert result.exit_code == 1, result.output
+    job_id = result.stdout.strip()
+    assert result.stderr.splitlines()[-1].endswith(f" {job_id} job: FAILED")
+
+
+@pytest.mark.moto
+def test_cancel_of_a_finished_job_says_so(jobgen: Jobgen, aws: str) -> None:
+    job_id, _ = submit(jobgen, "--run-name", run_name())
+    result = jobgen("batch", "cancel", job_id)
+    assert (result.exit_code, result.stdout) == (
+        0, f"{job_id} already finished (SUCCEEDED): nothing to cancel\n")
+
+
+@pytest.mark.moto
+def test_logs_print_the_nodes_log_stream(jobgen: Jobgen, aws: str) -> None:
+    job_id, _ = submit(jobgen, "--run-name", run_name())
+    stream = _aws(aws, "batch").describe_jobs(jobs=[job_id])["jobs"][0]["container"][
+        "logStreamName"]
+    # moto without Docker runs nothing, so write what the main node's container would have.
+    logs = _aws(aws, "logs")
+    try:
+        logs.create_log_group(logGroupName=LOG_GROUP)
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+    now = int(time.time() * 1000)
+    lines = ["[jobgen] node 0 of 2: main", "step 1 loss 10.2", "[jobgen] training exited 0"]
+    logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
+                        logEvents=[{"timestamp": now + i, "message": m}
+                                   for i, m in enumerate(lines)])
+    result = jobgen("batch", "logs", job_id, "--node", "0")
+    assert (result.exit_code, result.stdout.splitlines()) == (0, lines), result.output
+    result = jobgen("batch", "logs", job_id, "--follow")   # the job has ended: no waiting
+    assert (result.exit_code, result.stdout.splitlines()) == (0, lines), result.output
+    result = jobgen("batch", "logs", job_id, "--node", "1")
+    assert (result.exit_code, result.stderr) == (
+        1, f"error: job {job_id} node 1: no log stream (job SUCCEEDED)\n")
+    result = jobgen("batch", "logs", job_id, "--node", "2")
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: --node: job {job_id} has 2 nodes (0 to 1)\n")
+
+
+@pytest.mark.moto
+def test_unknown_queue_is_one_line_exit_1(jobgen: Jobgen, aws: str) -> None:
+    result = jobgen("batch", "submit", "bert-large", "-n", "2", "--queue", "no-such-queue")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        "error: AWS Batch SubmitJob: Job queue no-such-queue does not exist (ClientException)")
+
+
+@pytest.mark.moto
+def test_unknown_job_is_one_line_exit_1(jobgen: Jobgen, aws: str) -> None:
+    result = jobgen("batch", "status", "00000000-no-such-job")
+    assert (result.exit_code, result.stderr) == (
+        1, ("error: AWS Batch: no job '00000000-no-such-job' (Batch forgets jobs 7 days "
+            "after they finish)\n"))
+
+
+@pytest.mark.moto
+def test_explicit_endpoint_url(jobgen: Jobgen, aws: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    result = jobgen("batch", "submit", "bert-large", "-n", "2", "--run-name", run_name(),
+                    "--endpoint-url", aws)
+    assert result.exit_code == 0, result.output
+    result = jobgen("batch", "status", result.stdout.strip(), "--endpoint-url", aws)
+    assert result.exit_code == 0 and " SUCCEEDED " in result.stdout.splitlines()[0] + " "
+
+
+# --- without a server -----------------------------------------------------------------------------
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", **extra)
+    return env
+
+
+def _jobgen_process(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobgen.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=60, check=False, cwd=ROOT)
+
+
+def test_no_credentials_is_one_line_exit_1() -> None:
+    result = _jobgen_process("batch", "submit", "bert-large", "-n", "2", env=_clean_env())
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"error: {batch_client.NO_CREDENTIALS}\n"
+
+
+def test_unreachable_endpoint_is_one_line_exit_1() -> None:
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = _jobgen_process("batch", "status", "abc", "--endpoint-url",
+                             f"http://127.0.0.1:{port}",
+                             env=_clean_env(AWS_ACCESS_KEY_ID="testing",
+                                            AWS_SECRET_ACCESS_KEY="testing"))
+    assert result.returncode == 1
+    assert result.stderr == ("error: cannot reach AWS: Could not connect to the endpoint URL: "
+                             f'"http://127.0.0.1:{port}/v1/describejobs"\n')
+
+
+@pytest.mark.parametrize("args", [["render", "neox20b", "--nodes", "4"]])
+def test_render_and_import_do_not_load_the_aws_sdk(args: list[str]) -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "import jobgen.cli\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore')]\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        f"        jobgen.cli.main({args!r})\n"
+        "    except SystemExit as exc:\n"
+        "        assert not exc.code, exc.code\n"
+        "assert out.getvalue()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'boto3', 'botocore'}))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False, cwd=ROOT)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "[]\n", "")
+
+
+# --- the client itself --------------------------------------------------------------------------
+
+def test_client_region_and_endpoint(monkeypatch: pytest.MonkeyPatch, write_site: Any) -> None:
+    _aws_env(monkeypatch, None)
+    local = sites.load("local")
+    assert batch_client.client(local).meta.region_name == "us-east-1"
+    explicit = batch_client.client(local, "http://127.0.0.1:9", service="logs")
+    assert (explicit.meta.endpoint_url, explicit.meta.service_model.service_name) == (
+        "http://127.0.0.1:9", "logs")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:8")
+    assert batch_client.client(local).meta.endpoint_url == "http://127.0.0.1:8"
+    no_region = sites.load(str(write_site("local", {"batch.region": None})))
+    with pytest.raises(ConfigError, match=r"^site local: no AWS region: set batch.region"):
+        batch_client.client(no_region)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    assert batch_client.client(no_region).meta.region_name == "eu-west-1"
+
+
+@pytest.mark.parametrize("run,name", [("bert1.5b-16n", "bert1-5b-16n"), ("a b/c", "a-b-c"),
+                                      ("_x", "x"), ("é" * 3, "jobgen"), ("n" * 200, "n" * 128)])
+def test_job_name(run: str, name: str) -> None:
+    assert batch_client.job_name(run) == name
+
+
+# --- Stubber: what moto cannot show ---------------------------------------------------------------
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """A real boto3 Batch client whose calls are answered by botocore's Stubber (checked against
+    the API's request and response shapes); no request leaves the process."""
+    import boto3
+    from botocore.stub import Stubber
+    _aws_env(monkeypatch, None)
+    client = boto3.session.Session(region_name=REGION, **FAKE_KEYS).client("batch")
+    monkeypatch.setattr(batch_client, "RETRY_DELAYS", (0.0, 0.0, 0.0, 0.0))
+    with Stubber(client) as stub:
+        yield client, stub
+        stub.assert_no_pending_responses()
+
+
+def job(job_id: str, status: str, **extra: Any) -> dict[str, Any]:
+    return {"jobName": "bert-large-2n", "jobId": job_id, "jobQueue": QUEUE, "status": status,
+            "startedAt": 1, "jobDefinition": "jobgen-bert-large:1", **extra}
+
+
+def mnp(job_id: str, status: str, nodes: int = 2, **extra: Any) -> dict[str, Any]:
+    props = {"numNodes": nodes, "mainNode": 0, "nodeRangeProperties": [{"targetNodes": "0:"}]}
+    return job(job_id, status, nodeProperties=props, **extra)
+
+
+def node(job_id: str, index: int, status: str, **container: Any) -> dict[str, Any]:
+    return job(f"{job_id}#{index}", status, container=container,
+               nodeDetails={"nodeIndex": index, "isMainNode": index == 0})
+
+
+@pytest.mark.parametrize("state,call,said", [
+    ("RUNNABLE", "cancel_job", "cancelled j1 (was RUNNABLE)"),
+    ("SUBMITTED", "cancel_job", "cancelled j1 (was SUBMITTED)"),
+    ("STARTING", "terminate_job", "terminating j1 (was STARTING): its nodes are being stopped"),
+    ("RUNNING", "terminate_job", "terminating j1 (was RUNNING): its nodes are being stopped"),
+])
+def test_cancel_queued_or_started_job(stubbed: tuple[Any, Any], jobgen: Jobgen,
+                                      monkeypatch: pytest.MonkeyPatch, state: str, call: str,
+                                      said: str) -> None:
+    client, stub = stubbed
+    stub.add_response("describe_jobs", {"jobs": [mnp("j1", state)]}, {"jobs": ["j1"]})
+    stub.add_response(call, {}, {"jobId": "j1", "reason": "cancelled with jobgen"})
+    monkeypatch.setattr(batch_client, "client", lambda *a, **k: client)
+    result = jobgen("batch", "cancel", "j1")
+    assert (result.exit_code, result.stdout) == (0, said + "\n"), result.output
+
+
+def test_wait_prints_job_and_node_transitions(stubbed: tuple[Any, Any]) -> None:
+    client, stub = stubbed
+    polls = [
+        (mnp("j1", "RUNNING"), [node("j1", 0, "RUNNING"), node("j1", 1, "STARTING")]),
+        (mnp("j1", "RUNNING"), [node("j1", 0, "RUNNING"), node("j1", 1, "RUNNING")]),
+        (mnp("j1", "FAILED", statusReason="Essential container in task exited"),
+         [node("j1", 0, "FAILED", exitCode=3), node("j1", 1, "SUCCEEDED", exitCode=0)]),
+    ]
+    for parent, nodes in polls:
+        stub.add_response("describe_jobs", {"jobs": [parent]}, {"jobs": ["j1"]})
+        stub.add_response("describe_jobs", {"jobs": nodes}, {"jobs": ["j1#0", "j1#1"]})
+    said: list[str] = []
+    assert batch_client.wait(client, "j1", echo=said.append, poll_s=0) == 1
+    assert [line.split(" ", 1)[1] for line in said[:-1]] == [
+        "j1 job: RUNNING", "j1 node 0: RUNNING", "j1 node 1: STARTING",
+        "j1 node 1: RUNNING",
+        "j1 job: FAILED", "j1 node 0: FAILED", "j1 node 1: SUCCEEDED"]
+    assert said[-1] == "j1: FAILED: Essential container in task exited"
+
+
+def test_status_lists_every_node(stubbed: tuple[Any, Any]) -> None:
+    client, stub = stubbed
+    stub.add_response("describe_jobs", {"jobs": [mnp("j1", "RUNNING", nodes=3)]})
+    stub.add_response("describe_jobs", {"jobs": [
+        node("j1", 0, "RUNNING", logStreamName="jd/default/t0"),
+        node("j1", 1, "FAILED", exitCode=137, logStreamName="jd/default/t1",
+             reason="OutOfMemoryError: Container killed due to memory usage")]},
+        {"jobs": ["j1#0", "j1#1", "j1#2"]})
+    assert batch_client.status(client, "j1") == [
+        "j1  bert-large-2n  RUNNING  3 nodes",
+        "  node 0 (main): RUNNING  exit -  log jd/default/t0",
+        ("  node 1: FAILED  exit 137  log jd/default/t1  "
+         "(OutOfMemoryError: Container killed due to memory usage)"),
+        "  node 2: not started",
+    ]
+
+
+def test_throttling_is_retried_then_reported(stubbed: tuple[Any, Any]) -> None:
+    client, stub = stubbed
+    for _ in range(2):
+        stub.add_client_error("describe_jobs", "TooManyRequestsException", "Too Many Requests",
+                              http_status_code=429)
+    stub.add_response("describe_jobs", {"jobs": [job("j1", "RUNNING")]})
+    assert batch_client.describe(client, "j1")["status"] == "RUNNING"
+    for _ in range(5):
+        stub.add_client_error("describe_jobs", "TooManyRequestsException", "Too Many Requests",
+                              http_status_code=429)
+    with pytest.raises(RemoteError) as info:
+        batch_client.describe(client, "j1")
+    assert str(info.value) == ("AWS Batch DescribeJobs: throttled (TooManyRequestsException) "
+                               "after 5 attempts; try again later")
+
+
+def test_bad_request_parameters_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore checks the request before it needs credentials or a connection."""
+    _aws_env(monkeypatch, None)
+    client = batch_client.client(sites.load("local"), "http://127.0.0.1:9")
+    with pytest.raises(ConfigError) as info:
+        batch_client.describe(client, 42)  # type: ignore[arg-type]
+    assert str(info.value) == ("AWS Batch request: Invalid type for parameter jobs[0], value: 42, "
+                               "type: <class 'int'>, valid types: <class 'str'>")
+
+
+def test_definition_tags_from_list_tags_when_not_described(stubbed: tuple[Any, Any]) -> None:
+    """Reuse also works where describe_job_definitions leaves the tags out."""
+    client, stub = stubbed
+    arn = "arn:aws:batch:us-east-1:123456789012:job-definition/jobgen-x:"
+    described = [{"jobDefinitionName": "jobgen-x", "jobDefinitionArn": f"{arn}{i}",
+                  "revision": i, "type": "multinode", "status": "ACTIVE"} for i in (1, 2)]
+    stub.add_response("describe_job_definitions", {"jobDefinitions": described},
+                      {"jobDefinitionName": "jobgen-x", "status": "ACTIVE"})
+    stub.add_response("list_tags_for_resource", {"tags": {"jobgen:hash": "new"}},
+                      {"resourceArn": f"{arn}2"})
+    stub.add_response("list_tags_for_resource", {"tags": {"jobgen:hash": "abc"}},
+                      {"resourceArn": f"{arn}1"})
+    found = batch_client.ensure_definition(client, {"jobDefinitionName": "jobgen-x",
+                                                    "tags": {"jobgen:hash": "abc"}})
+    assert found == batch_client.Definition(f"{arn}1", registered=False)
+
+
+def test_follow_reads_on_until_the_job_ends(stubbed: tuple[Any, Any],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from botocore.stub import Stubber
+    batch, stub = stubbed
+    logs = boto3.session.Session(region_name=REGION, **FAKE_KEYS).client("logs")
+    where = {"logGroupName": LOG_GROUP, "logStreamName": "jd/default/t0", "startFromHead": True}
+    stub.add_response("describe_jobs", {"jobs": [mnp("j1", "RUNNING")]}, {"jobs": ["j1"]})
+    stub.add_response("describe_jobs", {"jobs": [node("j1", 0, "RUNNING",
+                                                      logStreamName="jd/default/t0")]},
+                      {"jobs": ["j1#0"]})
+    stub.add_response("describe_jobs", {"jobs": [mnp("j1", "SUCCEEDED")]}, {"jobs": ["j1"]})
+
+    def events(*messages: str) -> list[dict[str, Any]]:
+        return [{"timestamp": i, "message": m} for i, m in enumerate(messages)]
+
+    with Stubber(logs) as log_stub:
+        log_stub.add_response("get_log_events", {"events": events("a", "b"),
+                                                 "nextForwardToken": "f/1"}, where)
+        log_stub.add_response("get_log_events", {"events": [], "nextForwardToken": "f/1"},
+                              {**where, "nextToken": "f/1"})
+        # caught up, job still RUNNING: wait, ask again; now it has ended: read to the end
+        log_stub.add_response("get_log_events", {"events": events("c"),
+                                                 "nextForwardToken": "f/2"},
+                              {**where, "nextToken": "f/1"})
+        log_stub.add_response("get_log_events", {"events": [], "nextForwardToken": "f/2"},
+                              {**where, "nextToken": "f/2"})
+        said: list[str] = []
+        batch_client.logs(batch, logs, "j1", node=0, echo=said.append, follow=True, poll_s=0,
+                          timeout_s=30)
+        log_stub.assert_no_pending_responses()
+    assert said == ["a", "b", "c"]
+
+
+def test_follow_gives_up_after_its_timeout(stubbed: tuple[Any, Any]) -> None:
+    batch, stub = stubbed
+    # No log stream yet (the job is queued), and the deadline has passed.
+    stub.add_response("describe_jobs", {"jobs": [mnp("j1", "RUNNABLE")]}, {"jobs": ["j1"]})
+    stub.add_response("describe_jobs", {"jobs": []}, {"jobs": ["j1#0"]})
+    with pytest.raises(RemoteError) as info:
+        batch_client.logs(batch, None, "j1", node=0, echo=print, follow=True, poll_s=0.01,
+                          timeout_s=0)
+    assert str(info.value) == "job j1: still without a log stream after 0 s"

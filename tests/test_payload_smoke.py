@@ -1,0 +1,172 @@
+"""Tests for payload/smoke/train.py, the CPU stand-in that rehearses the Trainium recipes."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = ROOT / "payload"
+PROGRAM = PAYLOAD / "smoke" / "train.py"
+if str(PAYLOAD) not in sys.path:
+    sys.path.insert(0, str(PAYLOAD))
+
+from common.events import read_events
+from common.runtime import PayloadError
+
+
+def need(*modules: str) -> None:
+    """Skip when a module is missing, unless JOBGEN_REQUIRE_ALL=1 (CI), where that is a failure."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    reason = f"needs {', '.join(missing)} (install the 'payload' extra)"
+    if os.environ.get("JOBGEN_REQUIRE_ALL") == "1":
+        pytest.fail(f"JOBGEN_REQUIRE_ALL=1 but {reason}")
+    pytest.skip(reason)
+
+
+def smoke_module() -> ModuleType:
+    """Import the script under a unique name (``train`` alone would be too generic)."""
+    spec = importlib.util.spec_from_file_location("payload_smoke_train", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------- unit
+
+
+def test_defaults() -> None:
+    args = smoke_module().parse_args([])
+    assert (args.family, args.num_layers, args.hidden_size, args.num_heads, args.seq_length,
+            args.vocab_size, args.intermediate_size, args.phase, args.compile_steps,
+            args.steps, args.keep_checkpoints) == (
+        "gpt_neox", 2, 64, 4, 32, 512, 256, "train", 3, -1, 3)
+
+
+def test_synthetic_tokens_are_deterministic_and_learnable() -> None:
+    smoke = smoke_module()
+    row = smoke.synthetic_tokens(17, 32, 512, seed=3)
+    assert row == smoke.synthetic_tokens(17, 32, 512, seed=3)
+    assert row != smoke.synthetic_tokens(18, 32, 512, seed=3)
+    assert len(row) == 32 and all(0 <= t < 512 for t in row)
+    strides = {(b - a) % 512 for a, b in itertools.pairwise(row)}
+    assert len(strides) == 1  # one constant stride: predictable after two tokens
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hidden-size", "66"], "--hidden-size 66 is not divisible by --num-heads 4"),
+    (["--warmup-steps", "30", "--max-steps", "20"], "--warmup-steps must lie in [0, --max-steps]"),
+    (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+])
+def test_bad_flags(flags: list[str], message: str) -> None:
+    smoke = smoke_module()
+    with pytest.raises(PayloadError) as error:
+        smoke.validate(smoke.parse_args(flags))
+    assert str(error.value) == message
+
+
+def test_tiny_models_have_the_family_traits() -> None:
+    need("torch", "transformers")
+    smoke = smoke_module()
+    neox = smoke.build_model(smoke.parse_args(["--family", "gpt_neox"]))
+    rope = getattr(neox.config, "rope_parameters", None) or {}
+    assert rope.get("partial_rotary_factor", getattr(neox.config, "rotary_pct", None)) == 0.25
+    assert neox.config.use_parallel_residual is True
+    llama = smoke.build_model(smoke.parse_args(["--family", "llama", "--num-layers", "3"]))
+    assert type(llama).__name__ == "LlamaForCausalLM"
+    assert (llama.config.num_hidden_layers, llama.config.num_key_value_heads) == (3, 4)
+
+
+# ---------------------------------------------------------------------------------- real runs
+
+ARGS = ["--max-steps", "9", "--warmup-steps", "2", "--lr", "3e-3", "--min-lr", "3e-4",
+        "--micro-batch-size", "2", "--gradient-accumulation", "2", "--checkpoint-every", "3",
+        "--keep-checkpoints", "2", "--seed", "11"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(PROGRAM)]
+    started = time.monotonic()
+    result = subprocess.run(cmd + args, cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    print(f"[smoke x2] {' '.join(args[-5:])}: rc={result.returncode} "
+          f"{time.monotonic() - started:.1f}s")
+    return result
+
+
+def events_of(result: subprocess.CompletedProcess, kind: str) -> list[dict[str, Any]]:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [e for e in read_events(result.stdout) if e["event"] == kind]
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt_neox", "llama"])
+def test_compile_then_train_then_resume(family: str, tmp_path: Path) -> None:
+    need("torch", "transformers")
+    out = tmp_path / "out"
+    common = ARGS + ["--family", family, "--output-dir", str(out)]
+
+    compiled = launch(common + ["--phase", "compile"], tmp_path)
+    assert [e["step"] for e in events_of(compiled, "step")] == [1, 2, 3]
+    assert events_of(compiled, "checkpoint") == [] and not out.exists()
+
+    first = launch(common + ["--phase", "train", "--steps", "6"], tmp_path)
+    steps = events_of(first, "step")
+    assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in events_of(first, "checkpoint")] == [3, 6]
+    # Same nodes, same settings: the compile pass trained exactly what training starts with.
+    assert [e["loss"] for e in events_of(compiled, "step")] == [e["loss"] for e in steps[:3]]
+    assert steps[-1]["loss"] < steps[0]["loss"]  # it learns
+
+    second = launch(common + ["--phase", "train"], tmp_path)
+    assert [e["step"] for e in events_of(second, "resume")] == [6]
+    resumed = events_of(second, "step")
+    assert resumed[0]["step"] == 7 and [e["step"] for e in resumed] == [7, 8, 9]
+    assert all(math.isfinite(e["loss"]) and e["grad_norm"] > 0 for e in resumed)
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
+    assert ckpts == ["step_00000006", "step_00000009"]
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in logged if e["event"] == "step"] == list(range(1, 10))
+
+    if family == "gpt_neox":  # one family is enough to prove resuming is exact
+        straight = events_of(launch(ARGS + ["--family", family, "--output-dir",
+                                            str(tmp_path / "straight")], tmp_path), "step")
+        keys = ("step", "loss", "grad_norm", "lr", "consumed_samples")
+        assert [[e[k] for k in keys] for e in straight[6:]] == [[e[k] for k in keys]
+                                                                 for e in resumed]
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_bad_flag_fails_the_launch(tmp_path: Path) -> None:
+    need("torch")
+    result = launch(["--hidden-size", "66", "--output-dir", str(tmp_path / "o")], tmp_path)
+    assert result.returncode != 0
+    assert ("smoke-train: error: --hidden-size 66 is not divisible by --num-heads 4"
+            in result.stderr.splitlines())
