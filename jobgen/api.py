@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from . import backends, recipe, site as sites
+from . import backends, recipe
+from . import site as sites
 from .plan import Plan
 from .spec import Backend, CompileMode, JobSpec, resolve
 

