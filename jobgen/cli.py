@@ -165,6 +165,18 @@ def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
 
 
 @cli.command()
+@click.argument("recipe")
+@_spec_options
+def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+        compile_mode: str, run_name: Optional[str], smoke: bool) -> None:
+    """Run the job on this machine, no scheduler: one process group per emulated node (use
+    --smoke where there are no accelerators). Exits with the main node's status."""
+    from . import local_runner
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "local")
+    raise SystemExit(local_runner.run(spec, emit=click.echo))
+
+
+@cli.command()
 @click.argument("job_id")
 def status(job_id: str) -> None:
     """The state of a Slurm job (from the controller, or from accounting once it ended)."""

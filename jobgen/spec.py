@@ -20,7 +20,7 @@ from .site import Site
 IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
 SMOKE_WORKERS_PER_NODE = 1
 CompileMode = Literal["auto", "always", "never"]
-Backend = Literal["slurm", "batch"]
+Backend = Literal["slurm", "batch", "local"]
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if n > platform.max_nodes:
         raise RuleError(f"--nodes {n}: {platform.name} jobs are limited to "
                         f"{platform.max_nodes} nodes")
-    if backend == "slurm":
+    if backend in ("slurm", "local"):
         limit, key = site.slurm.max_nodes, "slurm.max_nodes"
     else:
         limit, key = (site.batch.max_nodes if site.batch else 0), "batch.max_nodes"

@@ -29,14 +29,24 @@ EVALUATE_ON_EXIT = (
 )
 
 
+DEFAULT_RDZV_TIMEOUT_S = 900
+
+
+def entrypoint_args(lau: launch.Launch) -> list[str]:
+    """LAUNCHER COMPILE_ARGC COMPILE_ARG... TRAIN_ARG... (env/containers/entrypoint.sh)."""
+    return [lau.launcher, str(len(lau.compile_args)), *lau.compile_args, *lau.train_args]
+
+
 def definition_name(spec: JobSpec) -> str:
     """Batch names allow letters, digits, '-' and '_' only (no '.')."""
     return "jobgen-" + re.sub(r"[^A-Za-z0-9_-]", "-", spec.recipe.name)
 
 
-def _environment(spec: JobSpec, lau: launch.Launch, compile_key: str) -> list[dict[str, str]]:
+def node_environment(spec: JobSpec, lau: launch.Launch,
+                     compile_key: str) -> list[dict[str, str]]:
+    """What every node's entrypoint reads (also used by `jobgen run` on this machine)."""
     site = spec.site
-    assert site.batch is not None
+    timeout = site.batch.rendezvous_timeout_s if site.batch else DEFAULT_RDZV_TIMEOUT_S
     env = dict(launch.env_block(spec))
     env.update(launch.compile_cache_env(spec, site.paths.compile_cache))
     env.update({
@@ -50,7 +60,7 @@ def _environment(spec: JobSpec, lau: launch.Launch, compile_key: str) -> list[di
         "JOBGEN_COMPILE_MODE": spec.compile_mode,
         "JOBGEN_COMPILE_CACHE": site.paths.compile_cache,
         "JOBGEN_COMPILE_KEY": compile_key,
-        "JOBGEN_RDZV_TIMEOUT": str(site.batch.rendezvous_timeout_s),
+        "JOBGEN_RDZV_TIMEOUT": str(timeout),
         # The node count the trainer's flags were computed for; the entrypoint refuses another.
         "JOBGEN_NODES": str(spec.nodes),
     })
@@ -75,8 +85,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
         raise ConfigError(f"site {site.name}: batch.images has no image for {platform.name}")
     lau = launch.for_spec(spec, "batch")
     key = key_for(spec, lau)
-    command = [site.batch.entrypoint, lau.launcher, str(len(lau.compile_args)),
-               *lau.compile_args, *lau.train_args]
+    command = [site.batch.entrypoint, *entrypoint_args(lau)]
     devices = [{"hostPath": p, "containerPath": p, "permissions": ["READ", "WRITE", "MKNOD"]}
                for p in platform.efa_devices + platform.device_paths]
     volumes, mounts = [], []
@@ -99,7 +108,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
         privileged=platform.accelerator == "hpu",
         devices=devices,
         shm_mib=platform.batch_shm_mib,
-        environment=_environment(spec, lau, key),
+        environment=node_environment(spec, lau, key),
         volumes=volumes,
         mount_points=mounts,
         log_group=site.batch.log_group,

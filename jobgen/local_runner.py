@@ -1,0 +1,85 @@
+"""`jobgen run`: the job on this machine, no scheduler. Each emulated node is its own process
+group running the AWS Batch entrypoint (env/containers/entrypoint.sh) with the multi-node
+variables Batch would set, so the rehearsal exercises the same two passes, rendezvous, node ranks,
+checkpoints and exit-status rules as a real multi-node job; the main node's status is the job's."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Optional, TextIO
+
+from . import launch
+from .backends.batch import entrypoint_args, node_environment
+from .backends.slurm import compile_key
+from .resources import ROOT
+from .spec import JobSpec
+
+ENTRYPOINT = ROOT / "env" / "containers" / "entrypoint.sh"
+
+
+def node_commands(spec: JobSpec, job_id: str) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, environment) for each emulated node; node 0 is the main node."""
+    lau = launch.for_spec(spec, "local")
+    base = {e["name"]: e["value"] for e in node_environment(spec, lau, compile_key(spec, lau))}
+    argv = ["bash", str(ENTRYPOINT), *entrypoint_args(lau)]
+    out = []
+    for index in range(spec.nodes):
+        env = dict(base)
+        env.update({"AWS_BATCH_JOB_ID": f"{job_id}#{index}" if spec.nodes > 1 else job_id,
+                    "AWS_BATCH_JOB_NODE_INDEX": str(index),
+                    "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
+                    "AWS_BATCH_JOB_NUM_NODES": str(spec.nodes),
+                    # every emulated node shares this machine's loopback interface
+                    "JOBGEN_NET_IFACE": "lo"})
+        if index > 0:
+            env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.1"
+        out.append((argv, env))
+    return out
+
+
+def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None]) -> None:
+    for line in stream:
+        emit(prefix + line.rstrip("\n"))
+
+
+def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str] = None,
+        grace_s: float = 30.0) -> int:
+    """Start every node, stream their output with a node prefix, return the main node's status.
+    When the main node ends, the others get `grace_s` to finish (Batch stops them too)."""
+    job_id = job_id or f"local-{int(time.time())}"
+    procs, pumps = [], []
+    for index, (argv, env) in enumerate(node_commands(spec, job_id)):
+        full_env = dict(os.environ)
+        full_env.update(env)
+        # The nodes use the interpreter (and torchrun) of the environment jobgen runs in.
+        full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
+                                            full_env.get("PATH", "")])
+        proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        pump = threading.Thread(target=_pump, args=(proc.stdout, f"[node {index}] ", emit),
+                                daemon=True)
+        pump.start()
+        pumps.append(pump)
+    try:
+        status = procs[0].wait()
+        deadline = time.monotonic() + grace_s
+        for proc in procs[1:]:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+    except KeyboardInterrupt:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        status = 130
+    for pump in pumps:
+        pump.join(timeout=5)
+    return status
