@@ -46,6 +46,20 @@ def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None]) -> None:
         emit(prefix + line.rstrip("\n"))
 
 
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the node's process group, then SIGKILL what is still there after `grace_s`."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
 def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str] = None,
         grace_s: float = 30.0) -> int:
     """Start every node, stream their output with a node prefix, return the main node's status.
@@ -73,12 +87,10 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
+                _stop(proc)
     except KeyboardInterrupt:
         for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+            _stop(proc)
         status = 130
     for pump in pumps:
         pump.join(timeout=5)

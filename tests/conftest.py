@@ -96,6 +96,22 @@ def require() -> Require:
     return Require()
 
 
+@pytest.fixture
+def slurm_cluster(require: Require) -> int:
+    """The local Slurm cluster (tests/ci/slurm-up.sh), when JOBGEN_TEST_SLURM=1: its node count.
+    By hand, without it, Slurm tests skip; in CI (JOBGEN_REQUIRE_ALL=1) they fail."""
+    require(os.environ.get("JOBGEN_TEST_SLURM") == "1",
+            "set JOBGEN_TEST_SLURM=1 with the local cluster up (bash tests/ci/slurm-up.sh)")
+    sinfo, sbatch = shutil.which("sinfo"), shutil.which("sbatch")
+    require(sinfo and sbatch, "Slurm client commands (sinfo, sbatch) are not installed")
+    assert sinfo is not None
+    proc = subprocess.run([sinfo, "-h", "-o", "%D"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    require(proc.returncode == 0 and proc.stdout.strip(),
+            f"no Slurm controller answers: {proc.stderr.strip()}")
+    return sum(int(n) for n in proc.stdout.split())
+
+
 # --- the command line ----------------------------------------------------------------------------
 
 @pytest.fixture
@@ -111,7 +127,8 @@ def jobgen(cli_runner: CliRunner) -> Callable[..., Result]:
     from jobgen.cli import cli
 
     def invoke(*args: str, input: Optional[str] = None) -> Result:
-        return cli_runner.invoke(cli, list(args), input=input, catch_exceptions=True)
+        return cli_runner.invoke(cli, list(args), input=input, catch_exceptions=True,
+                                 prog_name="jobgen")
 
     return invoke
 

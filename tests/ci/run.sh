@@ -19,6 +19,9 @@
 # Exit status: pytest's (5, "no tests collected", is a failure too); 1 if only the lint failed.
 set -euo pipefail
 
+# The whole script is one { ... } block: bash parses it completely before running any of it, so
+# editing this file while a (long) run is going cannot make that run execute garbled lines.
+{
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 cd "$REPO"
@@ -244,3 +247,4 @@ if ((rc == 0 && LINT_RC)); then
     rc=1
 fi
 exit "$rc"
+}
