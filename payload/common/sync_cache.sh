@@ -2,20 +2,38 @@
 # Copies the shared Neuron compile cache to this node's local disk before training.
 # usage: sync_cache.sh SHARED_DIR LOCAL_DIR
 # Copies into a fresh directory and swaps it in, so that a half-finished copy is never used.
+# It only ever replaces a directory that it made itself (marked with .jobgen-node-cache): a
+# mistyped LOCAL_DIR such as a home directory is refused, never moved or deleted.
 set -euo pipefail
 src=${1:?shared cache directory}
 dst=${2:?node-local cache directory}
+mark=.jobgen-node-cache
+say() { printf 'jobgen: %s\n' "$*" >&2; }
+
+case $dst in
+  /*) ;;
+  *) say "the node-local cache must be an absolute path, got '$dst'"; exit 2 ;;
+esac
+dst=${dst%/}
+if [ -z "$dst" ] || [ "$dst" = "${HOME%/}" ] || [ "$(dirname "$dst")" = / ]; then
+  say "refusing to use '$2' as a node-local cache (too close to / or a home directory)"
+  exit 2
+fi
 if [ ! -d "$src" ]; then
-  printf 'jobgen: no compile cache at %s to copy\n' "$src" >&2
+  say "no compile cache at $src to copy"
   exit 1
+fi
+if [ -e "$dst" ] && [ ! -e "$dst/$mark" ]; then
+  say "$dst exists and was not made by jobgen; refusing to replace it"
+  exit 2
 fi
 mkdir -p "$(dirname "$dst")"
 staging="$dst.incoming.$$"
-rm -rf "$staging"
-mkdir -p "$staging"
+old="$dst.old.$$"
+mkdir "$staging"
 cp -a "$src/." "$staging/"
-rm -rf "$dst.old"
-if [ -e "$dst" ]; then mv "$dst" "$dst.old"; fi
+printf 'copied from %s\n' "$src" > "$staging/$mark"
+if [ -e "$dst" ]; then mv "$dst" "$old"; fi
 mv "$staging" "$dst"
-rm -rf "$dst.old"
-printf 'jobgen: compile cache copied to %s on %s\n' "$dst" "${SLURMD_NODENAME:-$(hostname)}" >&2
+if [ -e "$old/$mark" ]; then rm -rf "$old"; fi
+say "compile cache copied to $dst on ${SLURMD_NODENAME:-$(hostname)}"
