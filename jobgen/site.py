@@ -94,4 +94,9 @@ def load(ref: Optional[str] = None) -> Site:
         if value is not None and not schema.NAME_RE.fullmatch(value):
             raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
                               f"{schema.NAME_RE.pattern}")
+    local_cache = site.paths.local_compile_cache
+    if local_cache is not None and not local_cache.startswith("/"):
+        # Each node's own disk: payload/common/sync_cache.sh refuses a relative path at run time.
+        raise ConfigError(f"{shown}: paths.local_compile_cache: {schema.describe(local_cache)} "
+                          "must be an absolute path on each node's local disk")
     return site

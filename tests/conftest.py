@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import shutil
 import subprocess
@@ -47,6 +46,7 @@ def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
 
     def check(relative: Path, actual: str) -> None:
         path = GOLDEN_DIR / relative
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         how = (f"if the change is intended, regenerate with: "
                f"pytest {request.node.nodeid.split('::')[0]} --update-golden")
         if update:
@@ -54,14 +54,13 @@ def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
             path.write_text(actual, encoding="utf-8", newline="")
             return
         if not path.is_file():
-            pytest.fail(f"golden file {path.relative_to(ROOT)} is missing; {how}", pytrace=False)
+            pytest.fail(f"golden file {shown} is missing; {how}", pytrace=False)
         expected = path.read_text(encoding="utf-8")
         if actual != expected:
             diff = "".join(difflib.unified_diff(
                 expected.splitlines(keepends=True), actual.splitlines(keepends=True),
-                fromfile=f"{path.relative_to(ROOT)} (golden)", tofile="rendered now"))
-            pytest.fail(f"rendered output differs from {path.relative_to(ROOT)}:\n{diff}\n{how}",
-                        pytrace=False)
+                fromfile=f"{shown} (golden)", tofile="rendered now"))
+            pytest.fail(f"rendered output differs from {shown}:\n{diff}\n{how}", pytrace=False)
 
     return check
 
@@ -221,7 +220,9 @@ SLURM_NODEID=0 SLURM_NNODES=1 SLURM_PROCID=0 exec "$@"
     "scontrol": r"""
 case "$1 $2" in
   "show hostnames") printf '%s\n' ${STUB_HOSTNAMES-n1} ;;
-  "requeue "*) printf 'requeue %s\n' "$2" >> "$STUB_LOG/scontrol-requeue.log"; exit "${STUB_REQUEUE_STATUS:-0}" ;;
+  "requeue "*)
+    printf 'requeue %s\n' "$2" >> "$STUB_LOG/scontrol-requeue.log"
+    exit "${STUB_REQUEUE_STATUS:-0}" ;;
   *) echo "scontrol stand-in: unsupported: $*" >&2; exit 1 ;;
 esac
 """,

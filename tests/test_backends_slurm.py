@@ -96,6 +96,24 @@ def test_matches_golden(jobgen: Callable, golden: Callable, recipe: str, nodes: 
     golden(Path("slurm") / f"{recipe}-{nodes}n.sbatch", script)
 
 
+def test_golden_mismatch_shows_a_diff_and_how_to_regenerate(
+        golden: Callable, tmp_path: Path, pytestconfig: pytest.Config) -> None:
+    if pytestconfig.getoption("--update-golden"):
+        pytest.skip("comparing is switched off by --update-golden")
+    path = tmp_path / "x.sbatch"              # an absolute path: outside tests/golden/
+    path.write_text("a\nold\nc\n")
+    with pytest.raises(pytest.fail.Exception) as info:
+        golden(path, "a\nnew\nc\n")
+    message = str(info.value)
+    assert f"--- {path} (golden)\n+++ rendered now\n" in message
+    assert "\n-old\n+new\n" in message
+    assert message.endswith("regenerate with: pytest tests/test_backends_slurm.py --update-golden")
+    assert path.read_text() == "a\nold\nc\n"     # never rewritten without the flag
+    with pytest.raises(pytest.fail.Exception, match="x-missing.sbatch is missing; if the change"):
+        golden(tmp_path / "x-missing.sbatch", "a\n")
+    golden(path, "a\nold\nc\n")                  # equal: passes
+
+
 def test_golden_files_hold_no_machine_paths() -> None:
     """Goldens are rendered for trn1-pcluster (/fsx/...): nothing of this checkout leaks in."""
     files = sorted((Path(__file__).parent / "golden" / "slurm").glob("*.sbatch"))

@@ -12,11 +12,13 @@ from typing import Callable
 
 import pytest
 
-from jobgen import check, recipe as recipes
+from jobgen import check
+from jobgen import recipe as recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBGEN_EXE = Path(sys.executable).parent / "jobgen"
-ROW = re.compile(r"^(?P<recipe>\S+)\s+(?P<nodes>\d+)\s+(?P<status>ok|skipped|FAILED)\s*(?P<detail>.*)$")
+ROW = re.compile(
+    r"^(?P<recipe>\S+)\s+(?P<nodes>\d+)\s+(?P<status>ok|skipped|FAILED)\s*(?P<detail>.*)$")
 
 
 def rows(table: str) -> dict[tuple[str, int], tuple[str, str]]:
@@ -137,5 +139,6 @@ def test_report_table() -> None:
 
 def _model_keys() -> list[str]:
     import dataclasses
+
     from jobgen.recipe import Model
     return [f.name for f in dataclasses.fields(Model)]

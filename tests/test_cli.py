@@ -7,7 +7,8 @@ from typing import Callable
 
 import yaml
 
-from jobgen import __version__, api, recipe as recipes
+from jobgen import __version__, api
+from jobgen import recipe as recipes
 
 
 def test_version(jobgen: Callable) -> None:
@@ -30,7 +31,8 @@ def test_list(jobgen: Callable) -> None:
     assert [line.split()[0] for line in lines] == recipes.recipe_names()
     neox = next(line for line in lines if line.startswith("neox20b "))
     assert neox.split()[1:4] == ["neuron_nemo", "trn1.32xlarge", "4n"]
-    assert neox.endswith("GPT-NeoX 20B (44 layers, hidden 6144), TP 8 x PP 4, GPT-2 BPE, Neuron NeMo")
+    assert neox.endswith(
+        "GPT-NeoX 20B (44 layers, hidden 6144), TP 8 x PP 4, GPT-2 BPE, Neuron NeMo")
     llama = next(line for line in lines if line.startswith("llama2-7b "))
     assert llama.split()[1:4] == ["neuronx_distributed", "trn1.32xlarge", "128n"]
     # Aligned columns: the payload column starts at the same place on every line.

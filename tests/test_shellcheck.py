@@ -10,7 +10,8 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, recipe as recipes
+from jobgen import api
+from jobgen import recipe as recipes
 from jobgen.errors import JobgenError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +38,9 @@ def rendered_scripts(tmp_path: Path, write_recipe: Callable, write_site: Callabl
         "env.HOSTILE": HOSTILE, "launch.config_name": HOSTILE}, filename="hostile.yaml")
     hostile_site = write_site("trn1-pcluster", {
         f"paths.{key}": HOSTILE for key in ("work_dir", "data_dir", "compile_cache",
-                                            "local_compile_cache", "payload_dir", "nemo_dir")
-    } | {"setup.activate": HOSTILE}, filename="hostile.yaml")
+                                            "payload_dir", "nemo_dir")
+    } | {"paths.local_compile_cache": "/local/" + HOSTILE, "setup.activate": HOSTILE},
+        filename="hostile.yaml")
     jobs.append((str(hostile_recipe), {"site": str(hostile_site)}))
     paths = []
     for i, (ref, options) in enumerate(jobs):

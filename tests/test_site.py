@@ -82,6 +82,9 @@ def test_unknown_sites(tmp_path: Path) -> None:
      "{f}: slurm.master_resolver: expected one of nslookup, getent, got 'dig'"),
     ({"paths.work_dir": 3}, "{f}: paths.work_dir: expected a string, got 3"),
     ({"paths": {"work_dir": "w"}}, "{f}: paths.data_dir: required key is missing"),
+    ({"paths.local_compile_cache": "local/cache"},
+     "{f}: paths.local_compile_cache: 'local/cache' must be an absolute path on each node's "
+     "local disk"),
 ])
 def test_bad_sites(write_site: Callable, changes: dict[str, Any], message: str) -> None:
     path = write_site("trn1-pcluster", changes)

@@ -7,7 +7,9 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen import api, recipe as recipes, site as sites
+from jobgen import api
+from jobgen import recipe as recipes
+from jobgen import site as sites
 from jobgen.errors import ConfigError, RuleError
 from jobgen.spec import JobSpec, resolve
 

@@ -215,7 +215,7 @@ lint() {
         LINT_RC=1
     fi
 }
-lint ruff ruff check --output-format=concise jobgen payload tests
+lint ruff ruff check --output-format=concise jobgen payload tests benchmarks
 lint mypy mypy
 lint shellcheck shellcheck -S warning tests/ci/*.sh .ci/run
 if ((LINT_RC)); then echo "[run] LINT FAILED (the run will fail; running the tests anyway)"; fi
