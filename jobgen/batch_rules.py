@@ -38,7 +38,7 @@ def botocore_errors(jd: dict[str, Any]) -> list[str]:
 
 
 def _parse_range(text: str, num_nodes: int, where: str) -> tuple[int, int]:
-    match = RANGE_RE.match(text)
+    match = RANGE_RE.fullmatch(text)
     if not match:
         raise ConfigError(f"{where}: targetNodes: {text!r} is not a node range like '0:', ':3', "
                           "'2:5' or '4'")
@@ -71,7 +71,7 @@ def _check_devices(devices: list[dict[str, Any]], where: str) -> None:
 def multinode_errors(jd: dict[str, Any]) -> None:
     """The multi-node-parallel rules; raises ConfigError at the first violation."""
     name = jd.get("jobDefinitionName", "")
-    if not NAME_RE.match(str(name)):
+    if not NAME_RE.fullmatch(str(name)):
         raise ConfigError(f"jobDefinitionName: {name!r} must be 1-128 letters, digits, '-' or '_'")
     if jd.get("type") != "multinode":
         raise ConfigError(f"type: {jd.get('type')!r} must be 'multinode'")

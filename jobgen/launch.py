@@ -7,12 +7,14 @@ so that the compile pass produces exactly the graphs the training pass will ask 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
+from . import schema
 from .errors import ConfigError
 from .spec import JobSpec
 
@@ -33,6 +35,25 @@ class Launch:
 
     def args(self, which: Pass) -> tuple[str, ...]:
         return self.compile_args if which == "compile" else self.train_args
+
+
+def compile_key(spec: JobSpec, lau: Launch) -> str:
+    """Names the graphs a compile pass produces, for the cache marker: what shapes the model and
+    the training step (model, parallelism and the derived batch sizes, optimizer, precision, the
+    environment, the node count, the trainer). Where a run writes, how long it trains, its
+    checkpointing and its name are left out: another run of the same spec finds the graphs."""
+    r = spec.recipe
+    optim = {k: v for k, v in schema.to_plain(r.optim).items() if k not in ("lr", "lr_scaling")}
+    blob = json.dumps({
+        "payload": r.payload, "model": schema.to_plain(r.model),
+        "parallelism": schema.to_plain(r.parallelism), "precision": r.precision, "optim": optim,
+        "sizes": [spec.nodes, spec.workers_per_node, spec.data_parallel,
+                  spec.gradient_accumulation, spec.global_batch_size],
+        "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,
+        "compile_steps": r.compile.steps, "smoke": spec.smoke,
+    }, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return f"{r.name}-{spec.nodes}n{'-smoke' if spec.smoke else ''}-{digest}"
 
 
 # --- environment -------------------------------------------------------------------------------
@@ -90,7 +111,9 @@ def hydra_value(value: Any) -> str:
     text = str(value)
     if _HYDRA_BARE.fullmatch(text) and text not in ("null", "true", "false", "True", "False"):
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # Quoted; `${` would start an OmegaConf interpolation, so it is escaped too.
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
+    return '"' + escaped + '"'
 
 
 def _nemo_overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from typing import Callable, Optional, TextIO
 
 from . import launch
 from .backends.batch import entrypoint_args, node_environment
-from .backends.slurm import compile_key
 from .resources import ROOT
 from .spec import JobSpec
 
@@ -24,7 +23,8 @@ ENTRYPOINT = ROOT / "env" / "containers" / "entrypoint.sh"
 def node_commands(spec: JobSpec, job_id: str) -> list[tuple[list[str], dict[str, str]]]:
     """(argv, environment) for each emulated node; node 0 is the main node."""
     lau = launch.for_spec(spec, "local")
-    base = {e["name"]: e["value"] for e in node_environment(spec, lau, compile_key(spec, lau))}
+    key = launch.compile_key(spec, lau)
+    base = {e["name"]: e["value"] for e in node_environment(spec, lau, key)}
     argv = ["bash", str(ENTRYPOINT), *entrypoint_args(lau)]
     out = []
     for index in range(spec.nodes):

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import launch
-from .backends.slurm import compile_key
 from .errors import ConfigError
 from .spec import JobSpec
 
@@ -48,7 +47,7 @@ def node_task(spec: JobSpec) -> NodeTask:
                     compile_args=lau.compile_args, train_args=lau.train_args,
                     prepare=lau.prepare, env=tuple(env.items()), run_dir=run_dir,
                     compile_mode=spec.compile_mode,
-                    marker=f"{cache}/.jobgen/{compile_key(spec, lau)}.done",
+                    marker=f"{cache}/.jobgen/{launch.compile_key(spec, lau)}.done",
                     master_port=spec.recipe.job.master_port)
 
 

@@ -77,9 +77,10 @@ def flags(call: dict[str, Any]) -> dict[str, str]:
 
 def hydra_string(value: str) -> str:
     """A Hydra override value back to the string the config will hold: a double-quoted value
-    has its backslash escapes undone; a bare one is taken as it is."""
+    has its backslash escapes undone (\\\\, \\" and \\${, which would otherwise start an OmegaConf
+    interpolation); a bare one is taken as it is."""
     if len(value) >= 2 and value[0] == value[-1] == '"':
-        return re.sub(r'\\(["\\])', r"\1", value[1:-1])
+        return re.sub(r'\\(["\\$])', r"\1", value[1:-1])
     assert re.fullmatch(r"[A-Za-z0-9_./:+-]*", value), f"unquoted special characters: {value!r}"
     return value
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import types
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,20 @@ def test_event_log_rank0_only_and_metrics_file(tmp_path: Path, capsys: Any) -> N
     out = capsys.readouterr().out
     assert [e["event"] for e in read_events(out)] == ["step", "done"]
     assert [json.loads(x)["event"] for x in metrics.read_text().splitlines()] == ["step", "done"]
+
+
+def untimed(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if k != "time"}
+
+
+def test_emitted_events_carry_their_time_last(capsys: Any) -> None:
+    before = datetime.now(timezone.utc)
+    EventLog(0).emit("step", step=1)
+    (event,) = read_events(capsys.readouterr().out)
+    assert list(event) == ["event", "step", "time"]
+    stamp = datetime.fromisoformat(event["time"])
+    assert stamp.tzinfo is not None and stamp.utcoffset() == timedelta(0)
+    assert before - timedelta(seconds=1) <= stamp <= datetime.now(timezone.utc)
 
 
 def test_read_events_skips_library_noise() -> None:
@@ -298,7 +313,8 @@ class FakeRunner:
         self.step, self.consumed = self.resume_to, self.resume_to * 8
 
     def events(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in read_events(self.out.getvalue()) if e["event"] == kind]
+        """The events of one kind, without their emission time (checked once, below)."""
+        return [untimed(e) for e in read_events(self.out.getvalue()) if e["event"] == kind]
 
 
 def invocation(phase: str, steps: int = -1) -> argparse.Namespace:
@@ -379,7 +395,7 @@ def test_tensorboard_missing_is_a_one_line_notice(tmp_path: Path, capsys: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
     assert open_tensorboard(tmp_path / "tb", EventLog(0)) is None
-    assert read_events(capsys.readouterr().out) == [
+    assert [untimed(e) for e in read_events(capsys.readouterr().out)] == [
         {"event": "notice",
          "message": "tensorboard is not installed; TensorBoard logging is off"}]
     to_tensorboard(None, 1, {"loss": 1.0})  # a missing writer is a no-op

@@ -79,6 +79,22 @@ def test_bad_flags(flags: list[str], message: str) -> None:
     assert str(error.value) == message
 
 
+def test_fault_knobs() -> None:
+    knobs = smoke_module().fault_knobs
+    assert knobs({}) == (0.0, None)
+    assert knobs({"JOBGEN_SMOKE_STEP_DELAY": "0.25", "JOBGEN_SMOKE_FAIL_AT_STEP": "6"}) == (0.25, 6)
+    assert knobs({"JOBGEN_SMOKE_STEP_DELAY": " ", "JOBGEN_SMOKE_FAIL_AT_STEP": ""}) == (0.0, None)
+    for env, message in [
+        ({"JOBGEN_SMOKE_STEP_DELAY": "soon"}, "JOBGEN_SMOKE_STEP_DELAY='soon' is not a number"),
+        ({"JOBGEN_SMOKE_STEP_DELAY": "-1"}, "must be a finite number >= 0"),
+        ({"JOBGEN_SMOKE_STEP_DELAY": "nan"}, "must be a finite number >= 0"),
+        ({"JOBGEN_SMOKE_FAIL_AT_STEP": "0"}, "JOBGEN_SMOKE_FAIL_AT_STEP='0' must be a step"),
+        ({"JOBGEN_SMOKE_FAIL_AT_STEP": "x"}, "must be a step number >= 1"),
+    ]:
+        with pytest.raises(PayloadError, match=message.replace("[", r"\[")):
+            knobs(env)
+
+
 def test_tiny_models_have_the_family_traits() -> None:
     need("torch", "transformers")
     smoke = smoke_module()

@@ -75,8 +75,6 @@ def node_environment(spec: JobSpec, lau: launch.Launch,
 
 def job_definition(spec: JobSpec) -> dict[str, Any]:
     """The RegisterJobDefinition request for this spec, validated offline."""
-    from .slurm import compile_key as key_for
-
     site, platform = spec.site, spec.platform
     if site.batch is None:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
@@ -84,7 +82,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     if not image:
         raise ConfigError(f"site {site.name}: batch.images has no image for {platform.name}")
     lau = launch.for_spec(spec, "batch")
-    key = key_for(spec, lau)
+    key = launch.compile_key(spec, lau)
     command = [site.batch.entrypoint, *entrypoint_args(lau)]
     devices = [{"hostPath": p, "containerPath": p, "permissions": ["READ", "WRITE", "MKNOD"]}
                for p in platform.efa_devices + platform.device_paths]

@@ -1,24 +1,15 @@
 """The Slurm backend: one sbatch script per job (compile pass, then training pass)."""
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Literal
 
 from .. import launch
+from ..launch import compile_key
 from ..plan import Plan, PlannedFile
 from ..render import render
 from ..spec import JobSpec
 
 TEMPLATE = "slurm/job.sbatch.j2"
-
-
-def compile_key(spec: JobSpec, lau: launch.Launch) -> str:
-    """Identifies the graphs of this job: the compile command, the environment and the node
-    count. The step count is left out, since the training pass must hit the same graphs."""
-    blob = json.dumps({"args": lau.compile_args, "env": launch.env_block(spec),
-                       "nodes": spec.nodes, "program": lau.program}, sort_keys=True)
-    return f"{spec.recipe.name}-{spec.nodes}n-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
 Passes = Literal["both", "compile", "train"]

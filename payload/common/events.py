@@ -2,12 +2,15 @@
 
 Only rank 0 speaks, so a multi-node log has each event once. Each line is flushed at once because
 Slurm and Batch buffer a child's stdout and a killed job would otherwise lose its last steps.
+Every emitted event ends with ``"time"``: when it was emitted, ISO 8601 in UTC with milliseconds
+(e.g. ``2026-11-21T15:03:18.123+00:00``), so a log tells how long a start, a step or a resume took.
 """
 from __future__ import annotations
 
 import json
 import math
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,6 +29,11 @@ def format_event(event: str, **fields: Any) -> str:
     return json.dumps(record, separators=(", ", ": "))
 
 
+def now_iso() -> str:
+    """The current time as events carry it: ISO 8601, UTC, milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
 class EventLog:
     """Writes events for rank 0: to stdout always, to ``metrics_path`` when one is given."""
 
@@ -38,7 +46,7 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
             return
-        line = format_event(event, **fields)
+        line = format_event(event, **fields, time=now_iso())
         out = self.stream or sys.stdout
         out.write(line + "\n")
         out.flush()

@@ -4,6 +4,14 @@ Rehearses a Neuron job on machines without Neuron devices while honouring the sa
 the real payloads: ``--phase compile`` runs ``--compile-steps`` steps and writes nothing;
 ``--phase train`` resumes from the newest complete checkpoint, saves every K steps and at the end,
 keeps the newest M; rank 0 prints one JSON event per line. Runs under torchrun or alone.
+
+Fault-injection knobs for rehearsing failures (environment variables, read by every rank; sbatch
+passes the submitter's environment on to the job, so ``VAR=... jobgen submit ...`` reaches it):
+
+- ``JOBGEN_SMOKE_STEP_DELAY=SECONDS``: sleep this long in every optimizer step (both passes), so
+  that a job runs long enough to be killed mid-training.
+- ``JOBGEN_SMOKE_FAIL_AT_STEP=N``: fail with an error (exit status 1) when about to run optimizer
+  step N, in every invocation and either pass (N <= --compile-steps fails the compile pass too).
 """
 from __future__ import annotations
 
@@ -32,6 +40,29 @@ from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "smoke-train"
 STATE_FILE = "state.pt"
+STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
+FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
+
+
+class InjectedFailure(RuntimeError):
+    """The failure asked for with JOBGEN_SMOKE_FAIL_AT_STEP."""
+
+
+def fault_knobs(env: Any = os.environ) -> tuple[float, int | None]:
+    """(seconds to sleep per step, step to fail at or None) from the environment."""
+    delay_text = env.get(STEP_DELAY_ENV, "").strip()
+    fail_text = env.get(FAIL_AT_ENV, "").strip()
+    try:
+        delay = float(delay_text) if delay_text else 0.0
+    except ValueError:
+        raise PayloadError(f"{STEP_DELAY_ENV}={delay_text!r} is not a number of seconds") from None
+    if not delay >= 0 or delay == float("inf"):
+        raise PayloadError(f"{STEP_DELAY_ENV}={delay_text!r} must be a finite number >= 0")
+    if not fail_text:
+        return delay, None
+    if not fail_text.isdigit() or int(fail_text) < 1:
+        raise PayloadError(f"{FAIL_AT_ENV}={fail_text!r} must be a step number >= 1")
+    return delay, int(fail_text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,6 +153,7 @@ class SmokeTrainer:
         from torch.nn.parallel import DistributedDataParallel
 
         self.args, self.torch, self.dist = args, torch, dist
+        self.step_delay, self.fail_at = fault_knobs()
         self.rank, self.world, _ = dist_coords()
         dist.init_process_group("gloo")
         torch.manual_seed(args.seed)  # identical initial weights on every rank
@@ -160,6 +192,11 @@ class SmokeTrainer:
 
     def train_step(self) -> dict[str, Any]:
         torch, args = self.torch, self.args
+        if self.fail_at is not None and self.step + 1 == self.fail_at:
+            raise InjectedFailure(f"{FAIL_AT_ENV}={self.fail_at}: injected failure before step "
+                                  f"{self.fail_at} of the {args.phase} pass (rank {self.rank})")
+        if self.step_delay:
+            time.sleep(self.step_delay)
         torch.manual_seed(step_seed(args.seed, self.step + 1, self.rank))
         lr = learning_rate(self.step, **self.schedule_params())
         for group in self.optimizer.param_groups:
