@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 
 from . import schema
 from .errors import ConfigError
-from .spec import JobSpec
+from .spec import SMOKE, JobSpec
 
 Pass = Literal["compile", "train"]
 
@@ -350,13 +350,6 @@ def _habana_deepspeed(spec: JobSpec) -> Launch:
 
 
 # --- smoke: the same job on CPU with a tiny model of the recipe's family ----------------------
-
-# The smoke model and run length. Small enough that a 2-node rehearsal on a laptop finishes in
-# seconds; long enough to show warmup, several checkpoints and a resume.
-SMOKE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 256,
-         "seq_length": 32, "vocab_size": 512, "micro_batch_size": 2, "max_steps": 24,
-         "checkpoint_every": 4, "max_predictions": 5, "samples": 256}
-
 
 def _smoke_common(spec: JobSpec, which: Pass) -> list[str]:
     r = spec.recipe

@@ -19,6 +19,11 @@ from .site import Site
 
 IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
 SMOKE_WORKERS_PER_NODE = 1
+# The smoke model and run (`--smoke`): small enough that a 2-node rehearsal on a laptop finishes
+# in seconds; long enough to show warmup, several checkpoints and a resume.
+SMOKE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 256,
+         "seq_length": 32, "vocab_size": 512, "micro_batch_size": 2, "max_steps": 24,
+         "checkpoint_every": 4, "max_predictions": 5, "samples": 256}
 CompileMode = Literal["auto", "always", "never"]
 Backend = Literal["slurm", "batch", "local"]
 
@@ -50,6 +55,8 @@ class JobSpec:
 
     @property
     def model_parallel(self) -> int:
+        if self.smoke:  # the tiny stand-in model is not sharded
+            return 1
         return self.recipe.parallelism.tensor * self.recipe.parallelism.pipeline
 
     @property
@@ -57,8 +64,14 @@ class JobSpec:
         return self.world_size // self.model_parallel
 
     @property
+    def micro_batch_size(self) -> int:
+        return SMOKE["micro_batch_size"] if self.smoke else self.recipe.parallelism.micro_batch_size
+
+    @property
     def gradient_accumulation(self) -> int:
         par = self.recipe.parallelism
+        if self.smoke:
+            return 1
         if par.gradient_accumulation is not None:
             return par.gradient_accumulation
         assert par.global_batch_size is not None
@@ -66,12 +79,12 @@ class JobSpec:
 
     @property
     def global_batch_size(self) -> int:
-        par = self.recipe.parallelism
-        return par.micro_batch_size * self.gradient_accumulation * self.data_parallel
+        return self.micro_batch_size * self.gradient_accumulation * self.data_parallel
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch_size * self.recipe.model.seq_length
+        seq = SMOKE["seq_length"] if self.smoke else self.recipe.model.seq_length
+        return self.global_batch_size * seq
 
     # --- schedule ------------------------------------------------------------------------------
     @property
