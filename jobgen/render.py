@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shlex
 from typing import Any
@@ -64,12 +65,27 @@ def _json_finalize(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _bytecode_cache() -> Any:
+    """Compiled templates kept between runs (about a tenth of a render's time); keyed by the
+    template's path and checksum, so an edited template is recompiled. None if not writable."""
+    import jinja2
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "jobgen", "templates")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(path) if os.access(path, os.W_OK) else None
+
+
 @functools.lru_cache(maxsize=None)
 def _environment(kind: str) -> Any:
     import jinja2
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
