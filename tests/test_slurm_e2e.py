@@ -1,0 +1,589 @@
+"""End to end on the real local Slurm cluster (tests/ci/slurm-up.sh: emulated nodes n1..n4,
+partition debug, 2 CPUs each) with the smoke rehearsal: the script `jobgen render` prints, piped
+into `sbatch`, trains a tiny model of the recipe's family on CPU, one process per node.
+
+- every recipe: compile pass (3 steps) then training pass (24 steps, checkpoints) on 2 nodes;
+- a killed trainer: srun ends the step, the script requeues, the compile pass is skipped and
+  training resumes from the newest complete checkpoint; a node set DOWN does the same via Slurm;
+- a job that keeps failing gives up after job.max_restarts;
+- a second submission of the same spec finds the compile-cache marker and skips compiling;
+- the CLI: submit, status, logs, cancel, --chain (afterok; a failed compile job cancels the
+  training job) and --wait; --via submitit and the submitit Python API; `jobgen run`.
+
+Every job gets its own submission folder, run name and rendezvous port: the emulated nodes share
+one network namespace (and two recipes share a default port). Two 2-node jobs run at once where
+a test has two to run. Waits are bounded; a failure shows the job's state and the tail of its
+output file. The measured figures (sbatch to first training step, recovery after a kill) are
+printed at the end of the module.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import pytest
+
+from conftest import Require
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "payload") not in sys.path:
+    sys.path.insert(0, str(ROOT / "payload"))
+
+from common.events import read_events  # noqa: E402
+
+from jobgen.launch import SMOKE  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+BIN_DIR = Path(sys.executable).parent           # the venv: jobgen, torchrun, python
+JOBGEN_EXE = BIN_DIR / "jobgen"
+RECIPES = ("neox20b", "pythia6.9b", "llama2-7b", "bert1.5b", "bert-large")
+NODES = 2
+MAX_STEPS = SMOKE["max_steps"]                    # 24
+EVERY = SMOKE["checkpoint_every"]                 # 4
+COMPILE_STEPS = 3                                 # compile.steps of every built-in recipe
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+JOB_TIMEOUT = 420          # seconds from submission; a 2-node smoke job takes 30-60 s here
+
+FIGURES: dict[str, str] = {}
+SUBMITTED: list[str] = []  # every job id this module submitted (cancelled at the end if alive)
+
+
+# --- the cluster and the environment jobs inherit ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster() -> int:
+    """The local cluster's node count; skips (by hand) or fails (JOBGEN_REQUIRE_ALL=1) when the
+    cluster or the training stack is missing."""
+    require = Require()
+    require(os.environ.get("JOBGEN_TEST_SLURM") == "1",
+            "set JOBGEN_TEST_SLURM=1 with the local cluster up (bash tests/ci/slurm-up.sh)")
+    for exe in ("sinfo", "sbatch", "scontrol", "squeue", "scancel", "sacct"):
+        require(shutil.which(exe), f"Slurm's {exe} is not installed")
+    proc = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True,
+                          timeout=30, check=False)
+    require(proc.returncode == 0 and proc.stdout.strip(),
+            f"no Slurm controller answers: {proc.stderr.strip()}")
+    nodes = sum(int(n) for n in proc.stdout.split())
+    require(nodes >= NODES, f"the cluster has {nodes} node(s); these tests need {NODES}")
+    for module in ("torch", "transformers", "deepspeed", "h5py", "submitit"):
+        require(importlib.util.find_spec(module), f"{module} is not installed in this venv")
+    require(JOBGEN_EXE.exists(), f"{JOBGEN_EXE} is missing (pip install -e .)")
+    return nodes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup_and_figures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """At the end: cancel any job of this module still alive, then print the figures."""
+    yield
+    alive = [j for j in SUBMITTED if _squeue_state(j)]
+    if alive:
+        subprocess.run(["scancel", *alive], capture_output=True, timeout=30, check=False)
+    if FIGURES:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["", "---- Slurm e2e figures ----"] + [f"{k}: {v}" for k, v in FIGURES.items()]
+        for line in lines:
+            if reporter is not None:
+                reporter.write_line(line)
+            else:
+                print(line)
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The submitter's environment, which sbatch passes on to the job: the venv first on PATH,
+    no Slurm variables of an enclosing job or sbatch defaults, no stray fault knobs."""
+    env = {k: v for k, v in os.environ.items()
+           if k == "SLURM_CONF"
+           or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "JOBGEN_SMOKE_"))}
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    env.update(extra)
+    return env
+
+
+_PORTS: set[int] = set()
+
+
+def free_port() -> int:
+    """A rendezvous port below the ephemeral range, free now and not given out before here."""
+    for _ in range(500):
+        port = random.randint(20000, 32000)
+        if port in _PORTS:
+            continue
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _PORTS.add(port)
+        return port
+    raise RuntimeError("no free port found")
+
+
+def unique(name: str) -> str:
+    return f"e2e-{name}-{uuid.uuid4().hex[:6]}"
+
+
+# --- jobs ------------------------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    job_id: str
+    cwd: Path                 # the submission directory (relative site paths start here)
+    run_name: str
+    port: int
+    submitted: float          # time.time() when the submission command started
+    label: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cwd / "jobgen-runs" / self.run_name
+
+    def out_file(self) -> Optional[Path]:
+        found = sorted(self.cwd.glob(f"*-{self.job_id}.out"))
+        return found[0] if found else None
+
+    def output(self) -> str:
+        path = self.out_file()
+        return path.read_text(encoding="utf-8", errors="replace") if path else ""
+
+    def node_log(self, restart: int, node: int, which: str) -> Path:
+        return self.run_dir / "logs" / self.job_id / f"restart-{restart}" / f"node-{node}" / \
+            f"{which}.log"
+
+    def events(self, restart: int, which: str, node: int = 0) -> list[dict[str, Any]]:
+        """Rank 0's events of one pass of one run (the node's log holds its torchrun output)."""
+        path = self.node_log(restart, node, which)
+        return read_events(path.read_text(encoding="utf-8", errors="replace")) \
+            if path.exists() else []
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _squeue_state(job_id: str) -> str:
+    proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                          text=True, timeout=30, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol show job` as a dict; from accounting (State, ExitCode) once the controller has
+    forgotten the job."""
+    proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                          text=True, timeout=30, check=False)
+    if proc.returncode == 0 and proc.stdout.strip():
+        fields: dict[str, str] = {}
+        for key, value in re.findall(r"(\w+)=(\S*)", proc.stdout):
+            fields.setdefault(key, value)
+        return fields
+    proc = subprocess.run(["sacct", "-j", job_id, "-X", "-P", "-n", "-o",
+                           "JobID,State,ExitCode,NodeList"], capture_output=True, text=True,
+                          timeout=30, check=False)
+    rows = [r.split("|") for r in proc.stdout.strip().splitlines() if r]
+    if not rows:
+        return {}
+    _, st, code, nodes = rows[-1][:4]
+    return {"JobState": st.split()[0], "ExitCode": code, "NodeList": nodes, "_from": "sacct"}
+
+
+def explain(job: Job, why: str) -> str:
+    """A failure message: what went wrong, the job's state, and the tails of its logs."""
+    parts = [f"{why} (job {job.job_id}{' ' + job.label if job.label else ''}, "
+             f"submitted from {job.cwd})",
+             f"state: {job_fields(job.job_id)}",
+             f"--- tail of {job.out_file() or 'the output file (not written)'} ---",
+             _tail(job.output(), 80)]
+    logs = sorted((job.run_dir / "logs").glob("*/restart-*/node-*/*.log"))
+    for path in logs[-4:]:
+        parts += [f"--- tail of {path} ---",
+                  _tail(path.read_text(encoding="utf-8", errors="replace"), 15)]
+    return "\n".join(parts)
+
+
+def wait_until(job: Job, check: Callable[[], Any], what: str, timeout: float,
+               poll: float = 0.5) -> Any:
+    """Poll `check` until it returns something true; fail with the job's logs after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(explain(job, f"timed out after {timeout:.0f} s waiting for {what}"),
+                        pytrace=False)
+        time.sleep(poll)
+
+
+def wait_finished(job: Job, timeout: float = JOB_TIMEOUT) -> dict[str, str]:
+    """Wait until the job ends (bounded from its submission); returns its fields."""
+    left = max(30.0, job.submitted + timeout - time.time())
+
+    def finished() -> Optional[dict[str, str]]:
+        fields = job_fields(job.job_id)
+        return fields if fields.get("JobState") in FINISHED else None
+
+    return wait_until(job, finished, "the job to end", left, poll=1.0)
+
+
+def assert_state(job: Job, fields: dict[str, str], state: str) -> None:
+    if fields.get("JobState") != state:
+        pytest.fail(explain(job, f"job ended {fields.get('JobState')}, expected {state}"),
+                    pytrace=False)
+
+
+def render_into_sbatch(cwd: Path, recipe: str, *, run_name: str, port: int,
+                       env: Optional[dict[str, str]] = None, render_args: Sequence[str] = (),
+                       sbatch_args: Sequence[str] = (), label: str = "") -> Job:
+    """`jobgen render RECIPE --nodes 2 --smoke ... | sbatch --parsable`, really piped (no shell):
+    render's stdout is sbatch's stdin."""
+    env = env or job_env()
+    argv = [str(JOBGEN_EXE), "render", recipe, "--nodes", str(NODES), "--smoke",
+            "--run-name", run_name, "--set", f"job.master_port={port}", *render_args]
+    started = time.time()
+    render = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    assert render.stdout is not None and render.stderr is not None
+    sbatch = subprocess.Popen(["sbatch", "--parsable", *sbatch_args], cwd=cwd, env=env,
+                              stdin=render.stdout, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    render.stdout.close()  # sbatch holds the read end; render sees EPIPE if sbatch dies
+    out, err = sbatch.communicate(timeout=60)
+    render_err = render.stderr.read().decode(errors="replace")
+    render.wait(timeout=60)
+    assert render.returncode == 0, f"jobgen render {recipe} failed:\n{render_err}"
+    assert sbatch.returncode == 0, f"sbatch refused the script of {recipe}: {err.strip()}"
+    job_id = out.strip().split(";")[0]
+    assert job_id.isdigit(), f"sbatch --parsable printed {out!r}"
+    SUBMITTED.append(job_id)
+    return Job(job_id, cwd, run_name, port, started, label or recipe)
+
+
+def release_when_pending(job: Job, timeout: float = 120) -> float:
+    """Once the requeued job is PENDING (held until its BeginTime), start it now; returns when.
+    Slurm holds a requeued job for a while; `StartTime=now` is what an operator would do."""
+    def pending() -> bool:
+        fields = job_fields(job.job_id)
+        if fields.get("JobState") in FINISHED:
+            pytest.fail(explain(job, "the job ended instead of being requeued"), pytrace=False)
+        return fields.get("JobState") == "PENDING"
+
+    wait_until(job, pending, "the requeued job to be PENDING", timeout, poll=0.2)
+    at = time.time()
+    for _ in range(20):
+        proc = subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"],
+                              capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(explain(job, f"scontrol update StartTime=now failed: {proc.stderr}"),
+                    pytrace=False)
+    return at
+
+
+def event_time(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["time"]).timestamp()
+
+
+def steps_of(events: list[dict[str, Any]], phase: str) -> list[int]:
+    return [e["step"] for e in events if e["event"] == "step" and e["phase"] == phase]
+
+
+def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == kind]
+
+
+def complete_checkpoints(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints of the training pass (those with their marker)."""
+    root = run_dir / "train" / "checkpoints"
+    steps = []
+    for marker in root.glob("step_*/COMPLETE"):
+        try:
+            steps.append(int(json.loads(marker.read_text())["step"]))
+        except (OSError, ValueError, KeyError):
+            continue  # being written right now
+    return sorted(steps)
+
+
+def trainer_pids(job: Job, node: int) -> list[int]:
+    """The trainer processes (train.py) of this job's training pass on one node: found by the
+    --output-dir in their command line, and checked against their working directory and Slurm
+    job id and node, so that nothing of another run or job is touched."""
+    out_dir = f"jobgen-runs/{job.run_name}/train"
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if not any(a.endswith("/train.py") for a in argv) or "--output-dir" not in argv:
+                continue
+            if argv[argv.index("--output-dir") + 1] not in (out_dir, str(job.cwd / out_dir)):
+                continue
+            if Path(os.readlink(proc / "cwd")) != job.cwd:
+                continue
+            env = dict(item.split("=", 1) for item in
+                       (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in item)
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if env.get("SLURM_JOB_ID") == job.job_id and env.get("SLURM_NODEID") == str(node):
+            pids.append(int(proc.name))
+    return pids
+
+
+def sacct_steps(job_id: str) -> dict[str, tuple[str, str]]:
+    """{step id: (state, node count)} of a job's srun steps, from accounting."""
+    proc = subprocess.run(["sacct", "-j", job_id, "-P", "-n", "-o", "JobID,State,NNodes"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    out = {}
+    for row in proc.stdout.strip().splitlines():
+        jid, st, nn = row.split("|")[:3]
+        if re.fullmatch(rf"{job_id}\.\d+", jid):
+            out[jid.split(".")[1]] = (st.split()[0], nn)
+    return out
+
+
+def run_cli(cwd: Path, *args: str, env: Optional[dict[str, str]] = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(JOBGEN_EXE), *args], cwd=cwd, env=env or job_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# --- 1. every recipe: compile pass, then training pass, on 2 nodes ---------------------------
+
+@pytest.fixture(scope="module")
+def recipe_jobs(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    """Every recipe submitted at once (the cluster runs two 2-node jobs at a time), plus a
+    second submission of pythia6.9b's spec (another run name) that starts after the first one
+    completed (afterok), for the compile-cache test."""
+    jobs = {}
+    for recipe in RECIPES:
+        cwd = tmp_path_factory.mktemp(f"submit-{recipe}")
+        jobs[recipe] = render_into_sbatch(cwd, recipe, run_name=unique(recipe), port=free_port())
+    first = jobs["pythia6.9b"]
+    jobs["pythia6.9b again"] = render_into_sbatch(
+        first.cwd, "pythia6.9b", run_name=unique("pythia6.9b-again"), port=first.port,
+        sbatch_args=[f"--dependency=afterok:{first.job_id}"], label="pythia6.9b again")
+    return jobs
+
+
+def check_passes(job: Job, restart: int = 0) -> tuple[list[dict[str, Any]],
+                                                      list[dict[str, Any]]]:
+    """Both passes of one run on both nodes; returns rank 0's (compile, train) events."""
+    out = job.output()
+    for which in ("compile", "train"):
+        for node in range(NODES):
+            if not job.node_log(restart, node, which).is_file():
+                pytest.fail(explain(job, f"no {which} log of node {node}: "
+                                         f"{job.node_log(restart, node, which)}"), pytrace=False)
+            started = f"jobgen[node {node}]: {which} pass: node {node} of {NODES}, master"
+            ended = f"jobgen[node {node}]: {which} pass ended with status 0"
+            assert started in out and ended in out, explain(job, f"node {node}: {which} pass")
+    compile_events, train_events = job.events(restart, "compile"), job.events(restart, "train")
+    for events in (compile_events, train_events):
+        assert [e["world_size"] for e in only(events, "start")] == [NODES], \
+            explain(job, "rank 0 did not see a 2-node world")
+    return compile_events, train_events
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_smoke_rehearsal_of_every_recipe(recipe: str, recipe_jobs: dict[str, Job]) -> None:
+    job = recipe_jobs[recipe]
+    fields = wait_finished(job)
+    assert_state(job, fields, "COMPLETED")
+    assert fields.get("ExitCode") == "0:0", explain(job, f"exit code {fields.get('ExitCode')}")
+    out = job.output()
+    assert f"jobgen: compile pass ({COMPILE_STEPS} steps) on {NODES} nodes" in out, \
+        explain(job, "no compile pass")
+    assert out.index("compile pass (") < out.index("jobgen: training pass"), \
+        explain(job, "the training pass did not follow the compile pass")
+
+    compile_events, train_events = check_passes(job)
+    # The compile pass: exactly 3 steps (collective, so on both nodes), no checkpoint.
+    assert steps_of(compile_events, "compile") == list(range(1, COMPILE_STEPS + 1)), \
+        explain(job, "compile pass steps")
+    assert [e["step"] for e in only(compile_events, "done")] == [COMPILE_STEPS]
+    assert only(compile_events, "checkpoint") == [] and not (job.run_dir / "compile").exists()
+    # The training pass: from scratch to step 24, a checkpoint every 4 steps.
+    assert only(train_events, "resume") == []
+    assert steps_of(train_events, "train") == list(range(1, MAX_STEPS + 1)), \
+        explain(job, "training pass steps")
+    assert [e["step"] for e in only(train_events, "checkpoint")] == \
+        list(range(EVERY, MAX_STEPS + 1, EVERY))
+    assert [e["step"] for e in only(train_events, "done")] == [MAX_STEPS]
+    assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
+    # Accounting: the two passes are two srun steps, each on both nodes.
+    assert sacct_steps(job.job_id) == {"0": ("COMPLETED", "2"), "1": ("COMPLETED", "2")}
+    # The job's own output file has the same events, compile first.
+    phases = [e["phase"] for e in read_events(out) if e["event"] == "step"]
+    assert phases == ["compile"] * COMPILE_STEPS + ["train"] * MAX_STEPS
+
+    first_compile = [e for e in compile_events if e["event"] == "step"][0]
+    first_train = [e for e in train_events if e["event"] == "step"][0]
+    done = only(train_events, "done")[0]
+    FIGURES[f"{recipe}: sbatch -> first compile step / first training step / done"] = (
+        f"{event_time(first_compile) - job.submitted:.1f} s / "
+        f"{event_time(first_train) - job.submitted:.1f} s / "
+        f"{event_time(done) - job.submitted:.1f} s")
+
+
+# --- 4. the compile cache: the same spec again skips the compile pass ------------------------
+
+def test_same_spec_again_skips_the_compile_pass(recipe_jobs: dict[str, Job]) -> None:
+    """The second submission of pythia6.9b's smoke spec (same submission folder, so the same
+    compile cache; a new run name) started after the first completed. Its compile key is the
+    first's, so it finds the marker, skips compiling and trains from scratch in its own run."""
+    first, again = recipe_jobs["pythia6.9b"], recipe_jobs["pythia6.9b again"]
+    assert_state(first, wait_finished(first), "COMPLETED")
+    markers = sorted((first.cwd / "jobgen-runs/neuron-compile-cache/.jobgen").glob("*.done"))
+    assert len(markers) == 1, f"compile-cache markers: {markers}"
+    fields = wait_finished(again)
+    assert_state(again, fields, "COMPLETED")
+    out = again.output()
+    assert (f"jobgen: compile pass skipped (compile mode auto; cache marker "
+            f"{markers[0].name})") in out, explain(again, "the compile pass was not skipped")
+    assert "compile pass (" not in out
+    assert all(e.get("phase") != "compile" for e in read_events(out)), \
+        explain(again, "compile-phase events in the second job")
+    assert not again.node_log(0, 0, "compile").exists()
+    assert len(sacct_steps(again.job_id)) == 1     # one srun step: training only
+    train_events = again.events(0, "train")
+    assert only(train_events, "resume") == []      # its own run: from scratch
+    assert steps_of(train_events, "train") == list(range(1, MAX_STEPS + 1))
+
+
+# --- 2. kill -> requeue -> resume -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def failing_job(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """A job whose trainer fails before step 6 in every run, allowed 1 restart. Submitted by
+    the kill test too, so that both run at once (two 2-node jobs fit the cluster)."""
+    cwd = tmp_path_factory.mktemp("submit-failing")
+    return render_into_sbatch(cwd, "neox20b", run_name=unique("failing"), port=free_port(),
+                              env=job_env(JOBGEN_SMOKE_FAIL_AT_STEP="6"),
+                              render_args=["--set", "job.max_restarts=1"], label="failing")
+
+
+def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -> None:
+    # 0.3 s per step: the training pass takes about 7 s, time enough to kill it after step 8.
+    job = render_into_sbatch(tmp_path, "pythia6.9b", run_name=unique("kill"), port=free_port(),
+                             env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"), label="kill")
+
+    def past_step_8() -> Optional[list[int]]:
+        if _squeue_state(job.job_id) == "":
+            pytest.fail(explain(job, "the job ended before its first checkpoint past step 8"),
+                        pytrace=False)
+        steps = complete_checkpoints(job.run_dir)
+        return steps if steps and steps[-1] > 8 else None
+
+    before = wait_until(job, past_step_8, "a checkpoint past step 8", JOB_TIMEOUT, poll=0.05)
+    pids = trainer_pids(job, node=1)
+    assert len(pids) == 1, explain(job, f"node 1's trainer processes: {pids}")
+    killed_at = time.time()
+    os.kill(pids[0], signal.SIGKILL)
+
+    released_at = release_when_pending(job)
+    # Nothing can be sealed without the killed rank (barriers), but the kill may have landed
+    # while rank 0 wrote a marker: the newest complete checkpoint now is the one to resume from.
+    newest = complete_checkpoints(job.run_dir)[-1]
+    assert before[-1] <= newest <= before[-1] + EVERY
+    fields = wait_finished(job)
+    assert_state(job, fields, "COMPLETED")
+    assert fields.get("Restarts") == "1", explain(job, f"Restarts={fields.get('Restarts')}")
+    out = job.output()
+    assert "jobgen: training pass failed with status" in out
+    assert "requeueing (restart 1 of 10)" in out
+    assert "DUE TO JOB REQUEUE" in out
+    assert f"jobgen: job {job.job_id} on" in out and "restart 1 of at most 10" in out
+
+    # First run: compile pass and part of the training pass.
+    first_compile, first_train = job.events(0, "compile"), job.events(0, "train")
+    assert steps_of(first_compile, "compile") == [1, 2, 3]
+    ran = steps_of(first_train, "train")
+    assert ran[:newest] == list(range(1, newest + 1)), explain(job, f"first run steps {ran}")
+    lost = ran[-1] - newest
+    assert 0 <= lost <= EVERY, explain(job, f"{lost} steps lost (checkpoint every {EVERY})")
+
+    # Second run: the marker skips the compile pass; training resumes from `newest`.
+    restarted = out[out.index("restart 1 of at most 10"):]
+    assert "jobgen: compile pass skipped (compile mode auto; cache marker" in restarted
+    assert "compile pass (" not in restarted
+    assert not job.node_log(1, 0, "compile").exists()
+    assert not job.node_log(1, 1, "compile").exists()
+    compile_again, train_again = check_passes_train_only(job, restart=1)
+    assert compile_again == []
+    resume = only(train_again, "resume")
+    assert [e["step"] for e in resume] == [newest], explain(job, "resume step")
+    again = steps_of(train_again, "train")
+    assert again == list(range(newest + 1, MAX_STEPS + 1)), explain(job, f"resumed: {again}")
+    assert [e["step"] for e in only(train_again, "done")] == [MAX_STEPS]
+    assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
+    wait_until(job, lambda: not trainer_pids(job, 0) and not trainer_pids(job, 1),
+               "the trainers to exit", 30)
+
+    first_step = [e for e in train_again if e["event"] == "step"][0]
+    FIGURES["kill -> requeue -> resume (process kill)"] = (
+        f"killed node 1's trainer after checkpoint {before[-1]} (step {ran[-1]} reached), "
+        f"resumed from {newest}, lost {lost} step(s); kill -> PENDING "
+        f"{released_at - killed_at:.1f} s, kill -> resume event "
+        f"{event_time(resume[0]) - killed_at:.1f} s, kill -> first training step "
+        f"{event_time(first_step) - killed_at:.1f} s")
+
+
+def check_passes_train_only(job: Job, restart: int) -> tuple[list[dict[str, Any]],
+                                                             list[dict[str, Any]]]:
+    """A run without a compile pass: the training pass on both nodes; (compile, train) events."""
+    out = job.output()
+    for node in range(NODES):
+        assert job.node_log(restart, node, "train").is_file(), \
+            explain(job, f"no train log of node {node} in restart {restart}")
+        assert f"jobgen[node {node}]: train pass ended with status 0" in out
+    train = job.events(restart, "train")
+    assert [e["world_size"] for e in only(train, "start")] == [NODES]
+    return job.events(restart, "compile"), train
+
+
+# --- 3. a job that keeps failing gives up after its restarts -----------------------------------
+
+def test_failing_job_gives_up_after_max_restarts(failing_job: Job) -> None:
+    job = failing_job
+    release_when_pending(job)
+    fields = wait_finished(job)
+    assert_state(job, fields, "FAILED")
+    out = job.output()
+    injected = "JOBGEN_SMOKE_FAIL_AT_STEP=6: injected failure before step 6 of the train pass"
+    assert injected in out, explain(job, "no injected failure")
+    assert "training pass failed with status 1; requeueing (restart 1 of 1)" in out, \
+        explain(job, "no requeue after the first failure")
+    assert ("training pass failed with status 1 and the job has used all 1 restarts; "
+            "giving up") in out, explain(job, "no giving up")
+    # The trainer's exit status (1), through torchrun, srun and the script.
+    assert fields.get("ExitCode") == "1:0", explain(job, f"ExitCode {fields.get('ExitCode')}")
+    if "Restarts" in fields:
+        assert fields["Restarts"] == "1"
+    # The second run skipped compiling, resumed from step 4 and failed again before step 6.
+    assert steps_of(job.events(0, "train"), "train") == [1, 2, 3, 4, 5]
+    assert [e["step"] for e in only(job.events(1, "train"), "resume")] == [4]
+    assert steps_of(job.events(1, "train"), "train") == [5]
+    assert not (job.run_dir / "logs" / job.job_id / "restart-2").exists()
+    time.sleep(3)  # not requeued again
+    assert job_fields(job.job_id).get("JobState") == "FAILED"
