@@ -1,4 +1,5 @@
-"""`jobgen check`: render every recipe at 1, 2, 4, ... 128 nodes for CI. Combinations that the
+"""`jobgen check`: render every recipe at 1, 2, 4, ... 128 nodes for CI (sbatch scripts, or
+AWS Batch job definitions with --backend batch). Combinations that the
 parallelism arithmetic or the site forbids are listed as skipped with the reason; a render error,
 a shellcheck warning or an `sbatch --test-only` refusal is a failure."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Optional
 from . import api
 from . import recipe as recipe_module
 from .errors import JobgenError, RuleError
+from .spec import Backend
 
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
 SHELLCHECK_ARGS = ("-S", "warning", "-s", "bash", "-f", "gcc")
@@ -50,13 +52,14 @@ class Report:
         return "\n".join(lines)
 
 
-def _render_matrix(site: Optional[str], names: list[str]) -> list[Row]:
+def _render_matrix(site: Optional[str], names: list[str], backend: Backend) -> list[Row]:
     rows = []
     for name in names:
         for n in NODE_COUNTS:
             row = Row(name, n)
             try:
-                plan = api.plan(api.job_spec(name, n, site=site))
+                # Batch definitions are validated (botocore + multi-node rules) as they render.
+                plan = api.plan(api.job_spec(name, n, site=site, backend=backend))
                 row.script = plan.text
             except RuleError as exc:
                 row.status, row.detail = "skipped", str(exc)
@@ -127,9 +130,11 @@ def _test_only(rows: list[Row]) -> str:
 
 
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
-        test_only: bool = False, shellcheck: bool = True) -> Report:
+        test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm") -> Report:
     names = recipes or recipe_module.recipe_names()
-    report = Report(_render_matrix(site, names))
+    report = Report(_render_matrix(site, names, backend))
+    if backend != "slurm":
+        return report
     if shellcheck:
         note = _shellcheck(report.rows)
         if note:

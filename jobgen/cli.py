@@ -116,13 +116,15 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
               help="Also ask the Slurm controller with `sbatch --test-only` (node counts the "
                    "cluster can hold).")
 @click.option("--no-shellcheck", is_flag=True, help="Skip shellcheck even where it is installed.")
+@click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
+              show_default=True, help="Check sbatch scripts, or Batch job definitions.")
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
-          no_shellcheck: bool) -> None:
+          no_shellcheck: bool, backend: str) -> None:
     """Dry-run every recipe at 1, 2, 4, ... 128 nodes: render, shellcheck, optionally
     `sbatch --test-only`. Exits 1 if anything failed."""
     from . import check as checking
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
-                          shellcheck=not no_shellcheck)
+                          shellcheck=not no_shellcheck, backend=backend)  # type: ignore[arg-type]
     click.echo(report.table())
     if report.failed:
         raise SystemExit(1)

@@ -142,3 +142,16 @@ def _model_keys() -> list[str]:
 
     from jobgen.recipe import Model
     return [f.name for f in dataclasses.fields(Model)]
+
+
+def test_check_batch_validates_every_definition(jobgen: Callable) -> None:
+    """--backend batch: every definition passes botocore + the multi-node rules; node counts over
+    the site's batch.max_nodes are skipped with the reason."""
+    result = jobgen("check", "--backend", "batch", "--site", "dl1-batch")
+    assert result.exit_code == 0, result.output
+    table = rows(result.output)
+    assert table[("bert1.5b", 16)] == ("ok", "")
+    assert table[("bert1.5b", 64)] == (
+        "skipped", "--nodes 64: site dl1-batch allows at most 32 nodes (batch.max_nodes)")
+    assert table[("pythia6.9b", 64)][0] == "skipped"
+    assert result.output.splitlines()[-1] == "30 ok, 10 skipped, 0 failed"
