@@ -105,7 +105,8 @@ def status_lines(job_id: str) -> list[str]:
     st = state(job_id)
     line = f"job {st.job_id}: {st.state}"
     extras = [f"reason {st.reason}" if st.reason and st.reason != "None" else "",
-              f"exit {st.exit_code}" if st.exit_code else "",
+              # scontrol shows ExitCode=0:0 for a job still pending or running: not an exit yet
+              f"exit {st.exit_code}" if st.exit_code and st.finished else "",
               f"nodes {st.nodes}" if st.nodes and st.nodes != "(null)" else "",
               f"restarts {st.restarts}" if st.restarts and st.restarts != "0" else ""]
     return [line + "".join(f", {e}" for e in extras if e)] + (

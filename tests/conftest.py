@@ -212,9 +212,12 @@ def write_site(tmp_path: Path) -> Callable[..., Path]:
 
 _STUBS = {
     # srun: drop srun's own --options, then run the command once, as node 0 of a 1-node job.
+    # STUB_SRUN_FAILED_STATUS=N: a failed command makes srun exit N instead (the real srun
+    # reports the highest status of all nodes: 143 for those it stopped after one failed).
     "srun": r"""
 while [ $# -gt 0 ]; do case $1 in --*) shift ;; *) break ;; esac; done
-SLURM_NODEID=0 SLURM_NNODES=1 SLURM_PROCID=0 exec "$@"
+[ -n "${STUB_SRUN_FAILED_STATUS:-}" ] || SLURM_NODEID=0 SLURM_NNODES=1 SLURM_PROCID=0 exec "$@"
+SLURM_NODEID=0 SLURM_NNODES=1 SLURM_PROCID=0 "$@" || exit "$STUB_SRUN_FAILED_STATUS"
 """,
     # scontrol: `show hostnames LIST` prints STUB_HOSTNAMES (default n1); `requeue ID` is recorded.
     "scontrol": r"""

@@ -472,6 +472,18 @@ def test_training_failure_requeues_and_keeps_the_status(run_job: Callable,
     assert "training pass failed with status 7; requeueing (restart 1 of 10)" in proc.stderr
 
 
+@pytest.mark.parametrize("torchrun_exit, which, status", [
+    ("0,7", "training pass", 7), ("5", "compile pass", 5), ("0,143", "training pass", 143)])
+def test_status_is_the_failed_nodes_not_srun_s(run_job: Callable, torchrun_exit: str,
+                                               which: str, status: int) -> None:
+    """srun reports the highest status of all nodes, 143 (SIGTERM) for the ones it stopped
+    after one failed; the script reports the status the failed node's launcher recorded, and
+    srun's where no node recorded a plain exit status."""
+    proc, _ = run_job("neox20b", STUB_TORCHRUN_EXIT=torchrun_exit, STUB_SRUN_FAILED_STATUS="143")
+    assert proc.returncode == status
+    assert f"{which} failed with status {status}; requeueing" in proc.stderr
+
+
 def test_no_requeue_once_the_restarts_are_used(run_job: Callable, stub_bin: StubBin,
                                                submit: Path) -> None:
     proc, job = run_job("neox20b", "--compile", "never", STUB_TORCHRUN_EXIT="7",

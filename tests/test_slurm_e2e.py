@@ -30,13 +30,12 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
-
 from conftest import Require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,13 +57,13 @@ EVERY = SMOKE["checkpoint_every"]                 # 4
 COMPILE_STEPS = 3                                 # compile.steps of every built-in recipe
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
-JOB_TIMEOUT = 420          # seconds from submission; a 2-node smoke job takes 30-60 s here
+JOB_TIMEOUT = 420          # seconds from submission; a 2-node smoke job takes 20-60 s here
 
 FIGURES: dict[str, str] = {}
 SUBMITTED: list[str] = []  # every job id this module submitted (cancelled at the end if alive)
 
 
-# --- the cluster and the environment jobs inherit ------------------------------------------------
+# --- the cluster and the environment jobs inherit -----------------------------------------------
 
 @pytest.fixture(scope="module")
 def cluster() -> int:
@@ -95,13 +94,15 @@ def _cleanup_and_figures(request: pytest.FixtureRequest) -> Iterator[None]:
     if alive:
         subprocess.run(["scancel", *alive], capture_output=True, timeout=30, check=False)
     if FIGURES:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
         lines = ["", "---- Slurm e2e figures ----"] + [f"{k}: {v}" for k, v in FIGURES.items()]
-        for line in lines:
-            if reporter is not None:
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if capture is None or reporter is None:
+            print("\n".join(lines))
+            return
+        with capture.global_and_fixture_disabled():   # shown even when the tests passed
+            for line in lines:
                 reporter.write_line(line)
-            else:
-                print(line)
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -139,7 +140,7 @@ def unique(name: str) -> str:
     return f"e2e-{name}-{uuid.uuid4().hex[:6]}"
 
 
-# --- jobs ------------------------------------------------------------------------------------------
+# --- jobs ---------------------------------------------------------------------------------------
 
 @dataclass
 class Job:
@@ -149,7 +150,6 @@ class Job:
     port: int
     submitted: float          # time.time() when the submission command started
     label: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
@@ -233,11 +233,15 @@ def wait_until(job: Job, check: Callable[[], Any], what: str, timeout: float,
 
 
 def wait_finished(job: Job, timeout: float = JOB_TIMEOUT) -> dict[str, str]:
-    """Wait until the job ends (bounded from its submission); returns its fields."""
+    """Wait until the job ends (bounded from its submission); returns its fields. A requeued
+    job held until its BeginTime is started at once."""
     left = max(30.0, job.submitted + timeout - time.time())
 
     def finished() -> Optional[dict[str, str]]:
         fields = job_fields(job.job_id)
+        if (fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime"
+                and fields.get("Restarts", "0") != "0"):
+            start_now(job)
         return fields if fields.get("JobState") in FINISHED else None
 
     return wait_until(job, finished, "the job to end", left, poll=1.0)
@@ -288,15 +292,18 @@ def release_when_pending(job: Job, timeout: float = 120) -> float:
     wait_until(job, pending, "the requeued job to be PENDING", timeout, poll=0.2)
     at = time.time()
     for _ in range(20):
-        proc = subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"],
-                              capture_output=True, text=True, timeout=30, check=False)
-        if proc.returncode == 0:
+        if start_now(job):
             break
         time.sleep(0.5)
     else:
-        pytest.fail(explain(job, f"scontrol update StartTime=now failed: {proc.stderr}"),
-                    pytrace=False)
+        pytest.fail(explain(job, "scontrol update StartTime=now failed"), pytrace=False)
     return at
+
+
+def start_now(job: Job) -> bool:
+    proc = subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    return proc.returncode == 0
 
 
 def event_time(event: dict[str, Any]) -> float:
@@ -323,11 +330,28 @@ def complete_checkpoints(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def trainer_pids(job: Job, node: int) -> list[int]:
-    """The trainer processes (train.py) of this job's training pass on one node: found by the
-    --output-dir in their command line, and checked against their working directory and Slurm
-    job id and node, so that nothing of another run or job is touched."""
-    out_dir = f"jobgen-runs/{job.run_name}/train"
+def wait_mid_interval(job: Job, past: int = 8, more: int = 2) -> list[int]:
+    """Wait for the first complete checkpoint past step `past` and then `more` training steps
+    (so that a failure now loses work); returns the complete checkpoints' steps."""
+    def ready() -> Optional[list[int]]:
+        if _squeue_state(job.job_id) == "":
+            pytest.fail(explain(job, f"the job ended before its first checkpoint past step {past}"),
+                        pytrace=False)
+        steps = complete_checkpoints(job.run_dir)
+        if not steps or steps[-1] <= past:
+            return None
+        ran = steps_of(job.events(0, "train"), "train")
+        return steps if ran and ran[-1] >= steps[-1] + more else None
+
+    return wait_until(job, ready, f"a checkpoint past step {past} and {more} more steps",
+                      JOB_TIMEOUT, poll=0.05)
+
+
+def trainer_pids(job: Job, node: int, which: str = "train") -> list[int]:
+    """The trainer processes (train.py workers, not torchrun) of one pass of this job on one
+    node: found by the --output-dir in their command line, and checked against their working
+    directory, Slurm job id and node, so that nothing of another run or job is touched."""
+    out_dir = f"jobgen-runs/{job.run_name}/{which}"
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -336,6 +360,8 @@ def trainer_pids(job: Job, node: int) -> list[int]:
             argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
             if not any(a.endswith("/train.py") for a in argv) or "--output-dir" not in argv:
                 continue
+            if any(a.endswith("/torchrun") for a in argv):
+                continue  # the node's torchrun agent (its argv holds the trainer's too)
             if argv[argv.index("--output-dir") + 1] not in (out_dir, str(job.cwd / out_dir)):
                 continue
             if Path(os.readlink(proc / "cwd")) != job.cwd:
@@ -345,7 +371,8 @@ def trainer_pids(job: Job, node: int) -> list[int]:
                        if "=" in item)
         except (OSError, IndexError):
             continue  # gone meanwhile
-        if env.get("SLURM_JOB_ID") == job.job_id and env.get("SLURM_NODEID") == str(node):
+        if (env.get("SLURM_JOB_ID") == job.job_id and env.get("SLURM_NODEID") == str(node)
+                and "RANK" in env):  # a worker torchrun started
             pids.append(int(proc.name))
     return pids
 
@@ -368,7 +395,7 @@ def run_cli(cwd: Path, *args: str, env: Optional[dict[str, str]] = None,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-# --- 1. every recipe: compile pass, then training pass, on 2 nodes ---------------------------
+# --- 1. every recipe: compile pass, then training pass, on 2 nodes ------------------------------
 
 @pytest.fixture(scope="module")
 def recipe_jobs(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
@@ -440,13 +467,17 @@ def test_smoke_rehearsal_of_every_recipe(recipe: str, recipe_jobs: dict[str, Job
     first_compile = [e for e in compile_events if e["event"] == "step"][0]
     first_train = [e for e in train_events if e["event"] == "step"][0]
     done = only(train_events, "done")[0]
-    FIGURES[f"{recipe}: sbatch -> first compile step / first training step / done"] = (
-        f"{event_time(first_compile) - job.submitted:.1f} s / "
-        f"{event_time(first_train) - job.submitted:.1f} s / "
-        f"{event_time(done) - job.submitted:.1f} s")
+    # Slurm's StartTime (whole seconds, local time): how long the job queued behind the others.
+    started = datetime.fromisoformat(fields["StartTime"]).timestamp() \
+        if fields.get("StartTime", "").startswith("20") else float("nan")
+    queued = max(0.0, started - job.submitted)
+    FIGURES[f"{recipe}: sbatch -> first training step (queued; first compile step; done)"] = (
+        f"{event_time(first_train) - job.submitted:.1f} s (queued {queued:.0f} "
+        f"s; first compile step {event_time(first_compile) - job.submitted:.1f} s; done "
+        f"{event_time(done) - job.submitted:.1f} s)")
 
 
-# --- 4. the compile cache: the same spec again skips the compile pass ------------------------
+# --- 4. the compile cache: the same spec again skips the compile pass ---------------------------
 
 def test_same_spec_again_skips_the_compile_pass(recipe_jobs: dict[str, Job]) -> None:
     """The second submission of pythia6.9b's smoke spec (same submission folder, so the same
@@ -471,7 +502,7 @@ def test_same_spec_again_skips_the_compile_pass(recipe_jobs: dict[str, Job]) -> 
     assert steps_of(train_events, "train") == list(range(1, MAX_STEPS + 1))
 
 
-# --- 2. kill -> requeue -> resume -----------------------------------------------------------
+# --- 2. kill -> requeue -> resume ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def failing_job(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> Job:
@@ -484,18 +515,12 @@ def failing_job(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 
 def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -> None:
-    # 0.3 s per step: the training pass takes about 7 s, time enough to kill it after step 8.
+    # 0.3 s per step: the training pass takes about 7 s, time enough to kill it between the
+    # checkpoints at 12 and 16.
     job = render_into_sbatch(tmp_path, "pythia6.9b", run_name=unique("kill"), port=free_port(),
                              env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"), label="kill")
 
-    def past_step_8() -> Optional[list[int]]:
-        if _squeue_state(job.job_id) == "":
-            pytest.fail(explain(job, "the job ended before its first checkpoint past step 8"),
-                        pytrace=False)
-        steps = complete_checkpoints(job.run_dir)
-        return steps if steps and steps[-1] > 8 else None
-
-    before = wait_until(job, past_step_8, "a checkpoint past step 8", JOB_TIMEOUT, poll=0.05)
+    before = wait_mid_interval(job)
     pids = trainer_pids(job, node=1)
     assert len(pids) == 1, explain(job, f"node 1's trainer processes: {pids}")
     killed_at = time.time()
@@ -512,7 +537,6 @@ def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -
     out = job.output()
     assert "jobgen: training pass failed with status" in out
     assert "requeueing (restart 1 of 10)" in out
-    assert "DUE TO JOB REQUEUE" in out
     assert f"jobgen: job {job.job_id} on" in out and "restart 1 of at most 10" in out
 
     # First run: compile pass and part of the training pass.
@@ -542,7 +566,7 @@ def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -
 
     first_step = [e for e in train_again if e["event"] == "step"][0]
     FIGURES["kill -> requeue -> resume (process kill)"] = (
-        f"killed node 1's trainer after checkpoint {before[-1]} (step {ran[-1]} reached), "
+        f"killed node 1's trainer after checkpoint {before[-1]} (at step {ran[-1]}), "
         f"resumed from {newest}, lost {lost} step(s); kill -> PENDING "
         f"{released_at - killed_at:.1f} s, kill -> resume event "
         f"{event_time(resume[0]) - killed_at:.1f} s, kill -> first training step "
@@ -562,12 +586,11 @@ def check_passes_train_only(job: Job, restart: int) -> tuple[list[dict[str, Any]
     return job.events(restart, "compile"), train
 
 
-# --- 3. a job that keeps failing gives up after its restarts -----------------------------------
+# --- 3. a job that keeps failing gives up after its restarts ------------------------------------
 
 def test_failing_job_gives_up_after_max_restarts(failing_job: Job) -> None:
     job = failing_job
-    release_when_pending(job)
-    fields = wait_finished(job)
+    fields = wait_finished(job)      # it may have been requeued (and released) already
     assert_state(job, fields, "FAILED")
     out = job.output()
     injected = "JOBGEN_SMOKE_FAIL_AT_STEP=6: injected failure before step 6 of the train pass"
@@ -587,3 +610,271 @@ def test_failing_job_gives_up_after_max_restarts(failing_job: Job) -> None:
     assert not (job.run_dir / "logs" / job.job_id / "restart-2").exists()
     time.sleep(3)  # not requeued again
     assert job_fields(job.job_id).get("JobState") == "FAILED"
+
+
+# --- 2b. a node that fails: Slurm requeues, training resumes ------------------------------------
+
+def node_state(node: str) -> str:
+    proc = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], capture_output=True,
+                          text=True, timeout=30, check=False)
+    return proc.stdout.strip()
+
+
+def test_node_failure_requeues_and_resumes(cluster: int, tmp_path: Path) -> None:
+    job = render_into_sbatch(tmp_path, "neox20b", run_name=unique("node-down"), port=free_port(),
+                             env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"), label="node down")
+
+    before = wait_mid_interval(job)
+    hosts = subprocess.run(["scontrol", "show", "hostnames", job_fields(job.job_id)["NodeList"]],
+                           capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    assert len(hosts) == NODES, hosts
+    node = hosts[1]          # the job's second node: exclusive, so no other job is on it
+    downed_at = time.time()
+    try:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                        "reason=jobgen-e2e-test"], capture_output=True, text=True, timeout=30,
+                       check=True)
+        released_at = release_when_pending(job)
+    finally:
+        # ReturnToService=2 brings a live slurmd's node straight back; resume it otherwise.
+        if node_state(node).startswith(("down", "drain")):
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                           capture_output=True, text=True, timeout=30, check=False)
+    newest = complete_checkpoints(job.run_dir)[-1]
+    assert before[-1] <= newest <= before[-1] + EVERY
+    fields = wait_finished(job)
+    assert_state(job, fields, "COMPLETED")
+    assert fields.get("Restarts") == "1", explain(job, f"Restarts={fields.get('Restarts')}")
+    out = job.output()
+    assert "DUE TO NODE FAILURE" in out, explain(job, "no node failure in the output")
+    restarted = out[out.index("restart 1 of at most 10"):]
+    assert "jobgen: compile pass skipped (compile mode auto; cache marker" in restarted
+    ran = steps_of(job.events(0, "train"), "train")
+    assert 0 <= ran[-1] - newest <= EVERY
+    _, train_again = check_passes_train_only(job, restart=1)
+    resume = only(train_again, "resume")
+    assert [e["step"] for e in resume] == [newest], explain(job, "resume step")
+    assert steps_of(train_again, "train") == list(range(newest + 1, MAX_STEPS + 1))
+    assert [e["step"] for e in only(train_again, "done")] == [MAX_STEPS]
+    first_step = [e for e in train_again if e["event"] == "step"][0]
+    FIGURES["kill -> requeue -> resume (node set DOWN)"] = (
+        f"{node} down after checkpoint {before[-1]} (at step {ran[-1]}), resumed from "
+        f"{newest}, lost {ran[-1] - newest} step(s); down -> PENDING "
+        f"{released_at - downed_at:.1f} s, down -> first training step "
+        f"{event_time(first_step) - downed_at:.1f} s")
+
+
+# --- 5. the CLI: submit, status, logs, cancel, --chain, --wait ----------------------------------
+
+def test_cli_submit_status_logs_cancel(cluster: int, tmp_path: Path, jobgen: Callable) -> None:
+    run_name, port = unique("cli"), free_port()
+    env = job_env(JOBGEN_SMOKE_STEP_DELAY="1")        # a job that stays up long enough
+    started = time.time()
+    proc = run_cli(tmp_path, "submit", "neox20b", "--nodes", "2", "--smoke", "--run-name",
+                   run_name, "--set", f"job.master_port={port}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"\d+\n", proc.stdout), f"submit printed {proc.stdout!r}"
+    job = Job(proc.stdout.strip(), tmp_path, run_name, port, started, "cli")
+    SUBMITTED.append(job.job_id)
+    out_file = tmp_path / f"neox20b-{job.job_id}.out"
+
+    def running() -> Optional[list[str]]:
+        result = jobgen("status", job.job_id)
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        return lines if lines[0].startswith(f"job {job.job_id}: RUNNING") else None
+
+    lines = wait_until(job, running, "status RUNNING", JOB_TIMEOUT)
+    assert re.fullmatch(rf"job {job.job_id}: RUNNING, nodes n\[\d-\d\]", lines[0]), lines
+    assert lines[1:] == [f"output {out_file}"]
+
+    def compiling() -> Optional[str]:
+        result = jobgen("logs", job.job_id)
+        return result.stdout if result.exit_code == 0 and "compile pass (" in result.stdout \
+            else None
+
+    logged = wait_until(job, compiling, "`jobgen logs` to show the compile pass", 120)
+    assert out_file.read_text().startswith(logged)
+    assert f"jobgen: job {job.job_id} on n" in logged
+
+    wait_until(job, lambda: trainer_pids(job, 0, "compile") and trainer_pids(job, 1, "compile"),
+               "the compile pass's trainers", 120, poll=0.2)
+    proc = run_cli(tmp_path, "cancel", job.job_id)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"job {job.job_id} cancelled (was RUNNING)\n"
+    assert_state(job, wait_finished(job), "CANCELLED")
+    assert jobgen("status", job.job_id).stdout.splitlines()[0].startswith(
+        f"job {job.job_id}: CANCELLED, exit 0:15")
+    proc = run_cli(tmp_path, "cancel", job.job_id)
+    assert (proc.returncode, proc.stdout) == (
+        0, f"job {job.job_id} already ended (CANCELLED); nothing to cancel\n")
+    # The trainers went with the job.
+    wait_until(job, lambda: not any(trainer_pids(job, n, w) for n in range(NODES)
+                                    for w in ("compile", "train")),
+               "the cancelled job's trainers to exit", 60)
+    unknown = jobgen("status", "987654321")
+    assert unknown.exit_code == 1
+    assert "job 987654321 is unknown to the controller and to accounting" in unknown.stderr
+
+
+def submit_cli(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(JOBGEN_EXE), "submit", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_cli_chain_and_wait(cluster: int, tmp_path: Path) -> None:
+    """Two chains at once: one that works (compile job, then the training job after it, afterok)
+    and one whose compile job fails (its training job is cancelled, not left pending)."""
+    good_dir, bad_dir = tmp_path / "good", tmp_path / "bad"
+    good_dir.mkdir()
+    bad_dir.mkdir()
+    good_run, bad_run = unique("chain"), unique("chain-bad")
+    good_port, bad_port = free_port(), free_port()
+    started = time.time()
+    good = submit_cli(good_dir, "pythia6.9b", "--nodes", "2", "--smoke", "--chain", "--wait",
+                      "--run-name", good_run, "--set", f"job.master_port={good_port}",
+                      env=job_env())
+    bad = submit_cli(bad_dir, "llama2-7b", "--nodes", "2", "--smoke", "--chain", "--wait",
+                     "--run-name", bad_run, "--set", f"job.master_port={bad_port}",
+                     "--set", "job.max_restarts=0", env=job_env(JOBGEN_SMOKE_FAIL_AT_STEP="2"))
+    outputs = {}
+    for name, proc in (("good", good), ("bad", bad)):
+        try:
+            outputs[name] = proc.communicate(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            outputs[name] = proc.communicate()
+            pytest.fail(f"jobgen submit --chain --wait ({name}) did not return within "
+                        f"{JOB_TIMEOUT} s:\n{outputs[name][1]}")
+    ids = {}
+    for name, (out, _) in outputs.items():
+        first_line = out.splitlines()[0] if out else ""
+        assert re.fullmatch(r"\d+ \d+", first_line), f"{name}: submit printed {out!r}"
+        ids[name] = first_line.split()
+        SUBMITTED.extend(ids[name])
+
+    compile_job = Job(ids["good"][0], good_dir, good_run, good_port, started, "chain compile")
+    train_job = Job(ids["good"][1], good_dir, good_run, good_port, started, "chain train")
+    assert good.returncode == 0, explain(train_job, f"--wait exited {good.returncode}: "
+                                                    f"{outputs['good'][1]}")
+    assert f"job {train_job.job_id}: COMPLETED" in outputs["good"][1]
+    assert_state(compile_job, wait_finished(compile_job), "COMPLETED")
+    assert_state(train_job, wait_finished(train_job), "COMPLETED")
+    # The compile job ran only the compile pass, the training job only the training pass.
+    compile_out, train_out = compile_job.output(), train_job.output()
+    assert "jobgen: compile-only job done" in compile_out
+    assert "jobgen: training pass" not in compile_out
+    assert {e.get("phase") for e in read_events(compile_out) if "phase" in e} == {"compile"}
+    assert steps_of(compile_job.events(0, "compile"), "compile") == [1, 2, 3]
+    assert not compile_job.node_log(0, 0, "train").exists()
+    assert "jobgen: training pass only: the compile pass ran in its own job" in train_out
+    assert "compile pass (" not in train_out
+    assert {e.get("phase") for e in read_events(train_out) if "phase" in e} == {"train"}
+    assert not train_job.node_log(0, 0, "compile").exists()
+    assert steps_of(train_job.events(0, "train"), "train") == list(range(1, MAX_STEPS + 1))
+    assert complete_checkpoints(train_job.run_dir)[-1] == MAX_STEPS
+    status = run_cli(good_dir, "status", train_job.job_id).stdout.splitlines()
+    nodes = job_fields(train_job.job_id)["NodeList"]
+    assert status[0] == f"job {train_job.job_id}: COMPLETED, exit 0:0, nodes {nodes}", status
+    assert run_cli(good_dir, "logs", compile_job.job_id).stdout == compile_out
+    # afterok: training started once compiling had ended.
+    times = subprocess.run(["sacct", "-X", "-P", "-n", "-o", "JobID,Start,End", "-j",
+                            ",".join(ids["good"])], capture_output=True, text=True, timeout=30,
+                           check=True).stdout.split()
+    spans = {row.split("|")[0]: row.split("|")[1:] for row in times}
+    assert spans[train_job.job_id][0] >= spans[compile_job.job_id][1], spans
+
+    bad_compile = Job(ids["bad"][0], bad_dir, bad_run, bad_port, started, "failing chain compile")
+    bad_train = Job(ids["bad"][1], bad_dir, bad_run, bad_port, started, "failing chain train")
+    assert bad.returncode == 1, f"--wait exited {bad.returncode}: {outputs['bad'][1]}"
+    assert f"job {bad_train.job_id}: CANCELLED" in outputs["bad"][1]
+    fields = wait_finished(bad_compile)
+    assert_state(bad_compile, fields, "FAILED")
+    assert fields.get("ExitCode") == "1:0", explain(bad_compile, "exit code")
+    assert ("compile pass failed with status 1 and the job has used all 0 restarts; giving up"
+            in bad_compile.output())
+    assert_state(bad_train, wait_finished(bad_train), "CANCELLED")
+    assert not bad_train.out_file(), "the dependent job must never have started"
+
+
+# --- 6. submitit --------------------------------------------------------------------------------
+
+def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobgen submit --via submitit` and `submitit_runner.submit(spec)`, both jobs at once."""
+    from jobgen import api, submitit_runner
+
+    cli_dir, api_dir = tmp_path / "cli", tmp_path / "api"
+    cli_dir.mkdir()
+    api_dir.mkdir()
+    cli_run, api_run = unique("submitit-cli"), unique("submitit-api")
+    cli_port, api_port = free_port(), free_port()
+    started = time.time()
+    proc = run_cli(cli_dir, "submit", "pythia6.9b", "--nodes", "2", "--smoke", "--via",
+                   "submitit", "--run-name", cli_run, "--set", f"job.master_port={cli_port}")
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"\d+\n", proc.stdout), f"submit printed {proc.stdout!r}"
+    cli_job = Job(proc.stdout.strip(), cli_dir, cli_run, cli_port, started, "submitit cli")
+    SUBMITTED.append(cli_job.job_id)
+
+    # The Python API, in process: submitit's sbatch inherits this environment.
+    for key, value in job_env().items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+    for key in [k for k in os.environ if k not in job_env()]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(api_dir)
+    spec = api.job_spec("llama2-7b", NODES, overrides=[f"job.master_port={api_port}"],
+                        smoke=True, run_name=api_run)
+    submitted = submitit_runner.submit(spec)
+    api_job = Job(str(submitted.job_id), api_dir, api_run, api_port, time.time(), "submitit api")
+    SUBMITTED.append(api_job.job_id)
+
+    assert_state(cli_job, wait_finished(cli_job), "COMPLETED")
+    wait_until(api_job, submitted.done, "the submitit job to be done", JOB_TIMEOUT, poll=1.0)
+    results = submitted.results()
+    assert [(r["node"], r["nodes"], r["status"]) for r in results] == [(0, 2, 0), (1, 2, 0)], \
+        explain(api_job, f"results {results}")
+    assert all(r["compiled"] for r in results)
+    assert_state(api_job, wait_finished(api_job), "COMPLETED")
+
+    for job in (cli_job, api_job):
+        folder = job.run_dir / "submitit"
+        assert list(folder.glob(f"{job.job_id}_*")), \
+            explain(job, f"no submitit files of the job in {folder}")
+        logs = job.run_dir / "logs" / job.job_id
+        events = read_events((logs / "node-0" / "compile.log").read_text())
+        assert steps_of(events, "compile") == [1, 2, 3], explain(job, "compile steps")
+        events = read_events((logs / "node-0" / "train.log").read_text())
+        assert [e["world_size"] for e in only(events, "start")] == [NODES]
+        assert steps_of(events, "train") == list(range(1, MAX_STEPS + 1)), explain(job, "steps")
+        assert (logs / "node-1" / "train.log").is_file()
+        assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
+
+
+# --- 7. jobgen run: the job on this machine, no Slurm -------------------------------------------
+
+def test_jobgen_run_without_slurm(tmp_path: Path) -> None:
+    require = Require()
+    for module in ("torch", "transformers", "deepspeed", "h5py"):
+        require(importlib.util.find_spec(module), f"{module} is not installed in this venv")
+    run_name = unique("local")
+    started = time.time()
+    proc = run_cli(tmp_path, "run", "bert1.5b", "--nodes", "2", "--smoke", "--run-name",
+                   run_name, "--set", f"job.master_port={free_port()}", timeout=JOB_TIMEOUT)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _tail(output, 80)
+    by_node: dict[int, list[str]] = {0: [], 1: []}
+    for line in proc.stdout.splitlines():
+        match = re.match(r"\[node (\d)\] (.*)", line)
+        if match:
+            by_node[int(match.group(1))].append(match.group(2))
+    events = read_events("\n".join(by_node[0]))
+    assert steps_of(events, "compile") == [1, 2, 3], _tail(output, 80)
+    assert steps_of(events, "train") == list(range(1, MAX_STEPS + 1)), _tail(output, 80)
+    assert [e["world_size"] for e in only(events, "start")] == [NODES, NODES]
+    for node in (0, 1):
+        assert f"jobgen[node {node}]: train pass ended with status 0" in by_node[node]
+    assert complete_checkpoints(tmp_path / "jobgen-runs" / run_name)[-1] == MAX_STEPS
+    FIGURES["jobgen run bert1.5b --nodes 2 --smoke (no Slurm)"] = \
+        f"{time.time() - started:.1f} s"

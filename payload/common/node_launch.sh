@@ -53,6 +53,9 @@ node_launch() {
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "${rdzv[@]}" \
     "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"
   local status=$?
+  # For the Slurm job script (pass_status): srun reports the highest status of all nodes, which
+  # after one node fails is the SIGTERM of the nodes srun stopped, not the failed trainer's.
+  printf '%s\n' "$status" > "$log_dir/$pass.status" || node_say "cannot write $log_dir/$pass.status"
   node_say "$pass pass ended with status $status"
   return "$status"
 }
