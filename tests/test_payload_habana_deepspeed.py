@@ -383,8 +383,9 @@ def test_failing_run_exits_nonzero_with_one_line(tmp_path: Path) -> None:
     empty = tmp_path / "no_shards"
     empty.mkdir()
     (empty / "wiki_test_0.hdf5").write_text("")
+    # One rank: with two, their identical error lines can interleave on the shared stderr.
     result = launch(TINY + ["--input-dir", str(empty), "--output-dir", str(tmp_path / "o")],
-                    tmp_path)
+                    tmp_path, nproc=1)
     assert result.returncode != 0
     message = (f"pretrain_bert: error: no training shards in {empty} "
                "(expected hdf5 files whose name contains 'training')")
