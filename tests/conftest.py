@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -82,6 +83,11 @@ class Require:
                         pytrace=False)
         pytest.skip(reason)
 
+    def modules(self, *names: str) -> None:
+        """Python modules (e.g. torch, deepspeed) that a test needs."""
+        missing = [m for m in names if importlib.util.find_spec(m) is None]
+        self(not missing, f"needs {', '.join(missing)} (install the 'payload' extra)")
+
     def executable(self, name: str) -> str:
         """The path of an executable on PATH or beside this interpreter (venv wheels)."""
         found = shutil.which(name) or shutil.which(name, path=str(BIN_DIR))
@@ -93,6 +99,11 @@ class Require:
 @pytest.fixture
 def require() -> Require:
     return Require()
+
+
+def need(*modules: str) -> None:
+    """For tests that check modules outside fixtures: `from conftest import need`."""
+    Require().modules(*modules)
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Tests for payload/habana_deepspeed: LAMB, hdf5 data, config, and real DeepSpeed runs on CPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -24,18 +23,7 @@ for entry in (str(PAYLOAD), str(BERT_DIR)):
         sys.path.insert(0, entry)
 
 from common.events import read_events
-
-
-def need(*modules: str) -> None:
-    """Skip when a module is missing, unless JOBGEN_REQUIRE_ALL=1 (CI), where that is a failure."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    reason = f"needs {', '.join(missing)} (install the 'payload' extra)"
-    if os.environ.get("JOBGEN_REQUIRE_ALL") == "1":
-        pytest.fail(f"JOBGEN_REQUIRE_ALL=1 but {reason}")
-    pytest.skip(reason)
-
+from conftest import need
 
 # ---------------------------------------------------------------------------------- LAMB
 

@@ -24,17 +24,7 @@ if str(PAYLOAD) not in sys.path:
 
 from common.events import read_events
 from common.runtime import PayloadError
-
-
-def need(*modules: str) -> None:
-    """Skip when a module is missing, unless JOBGEN_REQUIRE_ALL=1 (CI), where that is a failure."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    reason = f"needs {', '.join(missing)} (install the 'payload' extra)"
-    if os.environ.get("JOBGEN_REQUIRE_ALL") == "1":
-        pytest.fail(f"JOBGEN_REQUIRE_ALL=1 but {reason}")
-    pytest.skip(reason)
+from conftest import need
 
 
 def smoke_module() -> ModuleType:

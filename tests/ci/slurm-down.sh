@@ -18,21 +18,8 @@ DB_DIR=$SLURM_CI_DIR/mysql
 
 log() { printf '[slurm-down] %s\n' "$*"; }
 
-# pid_of PIDFILE NAME: print the pid in PIDFILE if it is a live (non-zombie) process named NAME.
-# (cat, not $(<file): a daemon deletes its pid file as it exits, and a failed $(<file) ends a
-# set -e script even inside if/while.)
-pid_of() {
-    local pid stat
-    [[ -r $1 ]] || return 1
-    pid=$(cat "$1" 2>/dev/null) || return 1
-    pid=${pid//[!0-9]/}
-    [[ -n $pid && -r /proc/$pid/stat ]] || return 1
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] || return 1
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-    stat=${stat##*) }
-    [[ ${stat%% *} != Z ]] || return 1
-    echo "$pid"
-}
+# shellcheck source=tests/ci/pidfile.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pidfile.sh"
 
 # stop PIDFILE NAME: SIGTERM, wait up to STOP_TIMEOUT s, then SIGKILL; remove the pid file.
 stop() {

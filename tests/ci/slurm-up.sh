@@ -47,21 +47,8 @@ die() { printf '[slurm-up] ERROR: %s\n' "$*" >&2; exit 1; }
 # Seconds elapsed since the $EPOCHREALTIME value $1, one decimal.
 since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 
-# alive PIDFILE NAME: the pid in PIDFILE is a running (not zombie) process whose name is NAME.
-# Checking the name guards against a stale pid file whose pid was reused by something else.
-# (cat, not $(<file): a daemon deletes its pid file as it exits, and a failed $(<file) ends a
-# set -e script even inside if/while.)
-alive() {
-    local pid stat
-    [[ -r $1 ]] || return 1
-    pid=$(cat "$1" 2>/dev/null) || return 1
-    pid=${pid//[!0-9]/}
-    [[ -n $pid && -r /proc/$pid/stat ]] || return 1
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] || return 1
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-    stat=${stat##*) }
-    [[ ${stat%% *} != Z ]]
-}
+# shellcheck source=tests/ci/pidfile.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pidfile.sh"
 
 tail_logs() {
     local f
