@@ -84,7 +84,11 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
     """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step)."""
     import yaml
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
-    click.echo(yaml.safe_dump(spec.as_dict(), sort_keys=False, default_flow_style=False,
+    from .payloads import key_report
+    shown = spec.as_dict()
+    # Which values reach the trainer: the rest must stay at their defaults (or are refused).
+    shown["payload_keys"] = key_report(spec.recipe)
+    click.echo(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False,
                               width=100), nl=False)
 
 

@@ -35,12 +35,17 @@ class Model:
     init_method_std: Optional[float] = None
     layernorm_epsilon: float = 1e-5
     hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
     position_embedding_type: Literal["rope", "learned_absolute"] = "learned_absolute"
     rotary_percentage: float = 1.0
     rope_theta: Optional[float] = None
     transformer_block_type: Optional[str] = None
     activation_checkpointing: Literal["full", "selective", "none"] = "none"
     max_predictions: Optional[int] = None  # masked-LM predictions per sequence (BERT)
+    # Output projections (attention out, MLP down) initialised with std / sqrt(2 x layers) (HLAT).
+    scaled_init: bool = False
+    # BERT: the LayerNorm placement of Model-References' large-model configs (BERT 1.5B).
+    layer_norm_large_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ class Optim:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     lr_scaling: Optional[LrScaling] = None
+    # Name fragments of parameters excluded from weight decay; [] decays every parameter; unset:
+    # the payload's own rule (Megatron/NeMo: biases and norms).
+    no_decay: Optional[tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)

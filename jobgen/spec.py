@@ -258,4 +258,6 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
                    compile_mode=compile_mode, smoke=smoke, run_name=name)
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
+    from .payloads import check_recipe  # here: payloads import this module
+    check_recipe(recipe, source)
     return spec

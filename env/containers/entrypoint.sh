@@ -194,7 +194,9 @@ if [ -n "${JOBGEN_PREPARE_JSON:-}" ]; then
     rm -f "$argv_file"
     fail "JOBGEN_PREPARE_JSON is not a JSON list of strings"
   fi
-  mapfile -d '' -t prepare <"$argv_file"
+  # NUL-separated; `mapfile -d` needs bash 4.4, this loop works on 4.2 as well.
+  prepare=()
+  while IFS= read -r -d '' item; do prepare+=("$item"); done <"$argv_file"
   rm -f "$argv_file"
   say "preparing: ${prepare[*]}"
   "$PYTHON" "$PAYLOAD_DIR/${prepare[0]}" "${prepare[@]:1}"

@@ -41,14 +41,16 @@ node_launch() {
   # Each pass meets under its own rendezvous id: a node still in (or skipping) the other pass
   # fails the rendezvous instead of joining it. JOBGEN_RDZV_TIMEOUT (the Batch entrypoint sets it)
   # bounds how long torchrun's static rendezvous waits for the other nodes (torch's default: 600 s).
-  local -a rdzv=(--rdzv-id "jobgen-$pass")
+  # Underscore spellings only: torch 1.13 (neuronx-nemo-megatron's pin) has no hyphenated aliases.
+  local -a rdzv=(--rdzv_id "jobgen-$pass")
   if [ -n "${JOBGEN_RDZV_TIMEOUT:-}" ]; then
-    rdzv+=(--rdzv-conf "timeout=$JOBGEN_RDZV_TIMEOUT")
+    rdzv+=(--rdzv_conf "timeout=$JOBGEN_RDZV_TIMEOUT")
   fi
   node_say "$pass pass: node $node_rank of $nnodes, master $MASTER_ADDR:$MASTER_PORT, log $log_dir/$pass.log"
-  # pipefail: the status is torchrun's, not tee's.
+  # pipefail: the status is torchrun's, not tee's. ${a[@]+"${a[@]}"}: an empty array expands to
+  # nothing under `set -u` on bash 4.2 too (Amazon Linux 2), where "${a[@]}" is an error.
   set -o pipefail
-  "${wrapper[@]}" torchrun \
+  ${wrapper[@]+"${wrapper[@]}"} torchrun \
     --nproc_per_node "${JOBGEN_WORKERS_PER_NODE:?}" --nnodes "$nnodes" --node_rank "$node_rank" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "${rdzv[@]}" \
     "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"

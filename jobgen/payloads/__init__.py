@@ -1,0 +1,140 @@
+"""The payloads, one module each, behind one registry.
+
+Adding a payload = one module here (its ``PAYLOAD`` record: honoured keys, launch knobs, the
+builder of its two passes' arguments) + its launcher under payload/ + its recipes. The registry
+also enforces the rule users depend on: a recipe value either reaches the trainer or is refused,
+naming the key and the payload.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional, get_args, get_origin
+
+from .. import schema
+from ..errors import ConfigError
+from ..platforms import PLATFORMS
+from ..recipe import Recipe
+from ..spec import JobSpec
+from . import habana_deepspeed, neuron_nemo, neuronx_distributed, smoke
+from .base import Launch, Pass, Payload, compile_cache_env, compile_key, env_block
+
+__all__ = ["REGISTRY", "Launch", "Pass", "Payload", "check_recipe", "compile_cache_env",
+           "compile_key", "env_block", "for_spec", "key_report"]
+
+REGISTRY: dict[str, Payload] = {p.name: p for p in (
+    neuron_nemo.PAYLOAD, neuronx_distributed.PAYLOAD, habana_deepspeed.PAYLOAD)}
+
+_MISSING = object()
+
+
+def _dataclass_of(tp: Any) -> Optional[type]:
+    if get_origin(tp) is typing.Union:
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        tp = inner[0] if len(inner) == 1 else tp
+    return tp if dataclasses.is_dataclass(tp) and isinstance(tp, type) else None
+
+
+def leaf_keys(cls: type = Recipe, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every key path of the recipe schema with its default (``_MISSING`` when required).
+    A nested optional record (optim.lr_scaling) is a key itself and so are its fields."""
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    for f in dataclasses.fields(cls):
+        path = prefix + f.name
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = _MISSING
+        inner = _dataclass_of(hints[f.name])
+        if inner is None:
+            yield path, default
+            continue
+        if default is None:  # an optional record: set or not
+            yield path, None
+        for sub, sub_default in leaf_keys(inner, path + "."):
+            yield sub, sub_default
+
+
+def value_at(recipe: Recipe, path: str) -> Any:
+    node: Any = recipe
+    for part in path.split("."):
+        if node is None:
+            return None
+        node = getattr(node, part)
+    return node
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return dict(a or {}) == dict(b or {})
+    return bool(a == b)
+
+
+def check_recipe(recipe: Recipe, source: str) -> None:
+    """Refuse what the recipe's payload cannot do or would silently ignore."""
+    payload = REGISTRY.get(recipe.payload)
+    if payload is None:
+        raise ConfigError(f"{source}: payload: unknown payload {recipe.payload!r} "
+                          f"(known: {', '.join(REGISTRY)})")
+    name = payload.name
+    platform = PLATFORMS[recipe.platform]
+    if platform.accelerator != payload.accelerator:
+        raise ConfigError(f"{source}: platform: payload {name} runs on "
+                          f"{payload.accelerator} platforms, not on {platform.name} "
+                          f"({platform.accelerator})")
+    if recipe.model.family not in payload.families:
+        raise ConfigError(f"{source}: model.family: payload {name} trains "
+                          f"{', '.join(payload.families)}, not {recipe.model.family}")
+    for key in recipe.launch:
+        if key not in payload.launch_keys:
+            known = ", ".join(payload.launch_keys) or "none"
+            raise ConfigError(f"{source}: launch.{key}: not a launch setting of payload {name} "
+                              f"(known: {known})")
+    for path, default in leaf_keys():
+        value = value_at(recipe, path)
+        fixed = payload.fixed.get(path)
+        if fixed is not None:
+            if value is not None and not _same(value, fixed.value):
+                raise ConfigError(f"{source}: {path}: payload {name} accepts only "
+                                  f"{schema.describe(fixed.value)} ({fixed.why}), got "
+                                  f"{schema.describe(value)}")
+        elif path not in payload.honours and path.split(".")[0] not in ("env", "launch"):
+            if default is _MISSING or not _same(value, default):
+                shown = "unset" if default in (None, _MISSING) else schema.describe(default)
+                raise ConfigError(f"{source}: {path}: payload {name} does not use this key, so "
+                                  f"{schema.describe(value)} would be silently ignored (remove "
+                                  f"it or leave it {shown})")
+        reasons = payload.refused_values.get(path, {})
+        if isinstance(value, typing.Hashable) and value in reasons:
+            raise ConfigError(f"{source}: {path}: payload {name} cannot use "
+                              f"{schema.describe(value)}: {reasons[value]}")
+
+
+def key_report(recipe: Recipe) -> dict[str, Any]:
+    """For `jobgen show`: which recipe values reach the job, which are fixed by the trainer and
+    which the payload does not use (those are at their defaults, or the recipe is refused)."""
+    payload = REGISTRY[recipe.payload]
+    used, unused = [], []
+    for path, _default in leaf_keys():
+        if path in payload.fixed:
+            continue
+        (used if path in payload.honours else unused).append(path)
+    return {"name": payload.name, "reaches_the_job": used,
+            "fixed_by_the_trainer": {k: f"{schema.describe(f.value)}: {f.why}"
+                                     for k, f in payload.fixed.items()},
+            "not_used (must stay at the default)": unused}
+
+
+def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
+    """The launch of this spec: the smoke stand-in for a rehearsal, else the payload's own."""
+    if spec.smoke:
+        return smoke.build(spec)
+    payload = REGISTRY.get(spec.recipe.payload)
+    if payload is None:
+        raise ConfigError(f"{spec.source}: payload: {spec.recipe.payload} cannot run on "
+                          f"{backend or spec.backend} yet")
+    return payload.build(spec)

@@ -1,0 +1,145 @@
+"""What every payload module provides, and the parts of a launch they share.
+
+A payload module (one per trainer) declares, in one ``Payload`` record: the recipe keys its
+trainer honours, the `launch:` knobs it accepts, the model families and platforms it runs, and a
+``build(spec) -> Launch`` that generates the trainer's arguments for the two passes. Everything
+else (environment, compile key) is common and lives here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .. import schema
+from ..spec import JobSpec
+
+Pass = Literal["compile", "train"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    launcher: str                 # script under payload/, run once per node
+    workdir: str                  # the directory the trainer runs in
+    program: str                  # the trainer, relative to workdir
+    compile_wrapper: str          # prefix for the compile pass ("" when none)
+    compile_args: tuple[str, ...]
+    train_args: tuple[str, ...]
+    files: tuple[tuple[str, str], ...] = ()  # (path under the run dir, content) written first
+    # A command run once before the compile pass: (script under payload/, its arguments).
+    prepare: tuple[str, ...] = ()
+
+    def args(self, which: Pass) -> tuple[str, ...]:
+        return self.compile_args if which == "compile" else self.train_args
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A recipe key the trainer takes from elsewhere: only ``value`` is accepted, and ``why``
+    says where the trainer gets it (e.g. the vocabulary from the tokenizer files)."""
+    value: Any
+    why: str
+
+
+@dataclass(frozen=True)
+class Payload:
+    name: str
+    accelerator: Literal["neuron", "hpu"]     # the platforms it runs on
+    families: tuple[str, ...]                 # model.family values it can train
+    honours: frozenset[str]                   # recipe keys that reach the trainer or the job
+    build: Callable[[JobSpec], Launch]
+    # Keys with one accepted value (anything else is refused with the reason).
+    fixed: Mapping[str, Fixed] = field(default_factory=dict)
+    # Allowed `launch:` knobs and their defaults.
+    launch_keys: Mapping[str, str] = field(default_factory=dict)
+    # Literal values of honoured keys this trainer cannot do, with the reason.
+    refused_values: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
+    upstream: str = ""                         # facts file under jobgen/payloads/upstream/
+
+
+# Keys every payload honours: they shape the job itself (nodes, restarts, environment, the
+# compile pass) or the batch arithmetic every trainer receives.
+COMMON_KEYS = frozenset({
+    "name", "description", "payload", "platform", "nodes", "precision", "seed", "env", "launch",
+    "model.family", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
+    "model.ffn_hidden_size", "model.seq_length", "model.max_position_embeddings",
+    "parallelism.micro_batch_size", "parallelism.global_batch_size",
+    "parallelism.gradient_accumulation", "parallelism.tensor", "parallelism.pipeline",
+    "optim.name", "optim.lr", "optim.betas", "optim.weight_decay", "optim.grad_clip",
+    "optim.lr_scaling", "optim.lr_scaling.base_nodes", "optim.lr_scaling.rule",
+    "schedule.name", "schedule.max_steps", "schedule.warmup_steps", "schedule.warmup_fraction",
+    "schedule.constant_steps", "schedule.constant_fraction",
+    "data.path", "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep",
+    "compile.steps", "job.max_restarts", "job.master_port", "job.time_limit",
+    "job.log_every_steps",
+})
+
+
+def compile_key(spec: JobSpec, lau: Launch) -> str:
+    """Names the graphs a compile pass produces, for the cache marker: what shapes the model and
+    the training step (model, parallelism and the derived batch sizes, optimizer, precision, the
+    environment, the node count, the trainer). Where a run writes, how long it trains, its
+    checkpointing and its name are left out: another run of the same spec finds the graphs."""
+    r = spec.recipe
+    optim = {k: v for k, v in schema.to_plain(r.optim).items() if k not in ("lr", "lr_scaling")}
+    blob = json.dumps({
+        "payload": r.payload, "model": schema.to_plain(r.model),
+        "parallelism": schema.to_plain(r.parallelism), "precision": r.precision, "optim": optim,
+        "sizes": [spec.nodes, spec.workers_per_node, spec.data_parallel,
+                  spec.gradient_accumulation, spec.global_batch_size],
+        "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,
+        "compile_steps": r.compile.steps, "smoke": spec.smoke,
+    }, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return f"{r.name}-{spec.nodes}n{'-smoke' if spec.smoke else ''}-{digest}"
+
+
+EFA_ENV = (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("FI_EFA_FORK_SAFE", "1"))
+NEURON_CC_BASE = "--model-type transformer --distribution-strategy=llm-training"
+
+
+def env_block(spec: JobSpec) -> list[tuple[str, str]]:
+    """The exported environment, in order: network, compiler, precision, then the recipe's own."""
+    recipe = spec.recipe
+    env: dict[str, str] = {}
+    if spec.platform.accelerator == "neuron":
+        env.update(EFA_ENV)
+        cc = NEURON_CC_BASE
+        if recipe.payload == "neuron_nemo" and recipe.precision == "bf16_sr":
+            # NeMo's bf16SR recipe accumulates in FP32 inside the compiler.
+            cc += " --enable-mixed-precision-accumulation"
+        env["NEURON_CC_FLAGS"] = cc
+        env["NEURON_FUSE_SOFTMAX"] = "1"
+        env["XLA_USE_BF16"] = "0" if recipe.precision == "fp32" else "1"
+        env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if recipe.precision == "bf16_sr" else "0"
+        if recipe.payload == "neuron_nemo":
+            env["HYDRA_FULL_ERROR"] = "1"
+    env.update(recipe.env)
+    if spec.smoke:
+        # The rehearsal keeps the whole environment above and runs on CPU processes.
+        env.update({"JOBGEN_SMOKE": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+    return list(env.items())
+
+
+def compile_cache_env(spec: JobSpec, cache_dir: str) -> dict[str, str]:
+    """Where the accelerator keeps compiled graphs: Neuron's persistent cache, or Habana's
+    recipe cache (directory, keep existing entries, size limit in MB)."""
+    if spec.platform.accelerator == "neuron":
+        return {"NEURON_COMPILE_CACHE_URL": cache_dir}
+    return {"PT_HPU_RECIPE_CACHE_CONFIG": f"{cache_dir},false,8192"}
+
+
+def launch_value(spec: JobSpec, payload: Payload, key: str) -> str:
+    """A `launch:` knob of the recipe, or the payload's default for it."""
+    return spec.recipe.launch.get(key, payload.launch_keys[key])
+
+
+def number(value: float) -> str:
+    """A float as the trainers' argparse reads it back exactly."""
+    return repr(float(value))
+
+
+def plain(value: Any) -> Any:
+    return schema.to_plain(value)

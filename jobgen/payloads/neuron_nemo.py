@@ -1,0 +1,172 @@
+"""neuronx-nemo-megatron's GPT pretraining (GPT-NeoX 20B, Pythia 6.9B): Hydra overrides on the
+checkout's conf/<config_name>.yaml, generated from the spec. The keys and their types were read
+from the upstream release named in upstream/neuron_nemo.json; tests/test_upstream_nemo.py lets
+Hydra itself apply the rendered overrides to that key set."""
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from ..errors import ConfigError
+from ..spec import JobSpec
+from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, launch_value
+
+# Unquoted Hydra values must not start with a digit or a sign (numbers) and must not be one of
+# the words Hydra reads as bool/null/float in any letter case.
+_BARE = re.compile(r"[A-Za-z_/][A-Za-z0-9_./:+-]*")
+_HYDRA_WORDS = frozenset({"true", "false", "null", "nan", "inf"})
+
+
+def hydra_string(text: str) -> str:
+    """A string as a Hydra override value that arrives as exactly ``text``.
+
+    Quoted when Hydra would read it as anything but that string. Inside quotes Hydra keeps
+    backslashes literally except a run of them before a quote (escaped or closing), which it
+    halves; OmegaConf then reads ``${`` as an interpolation unless escaped as ``\\${`` (and
+    halves a run of backslashes before one). Both rules are applied, in that order reversed.
+    """
+    if _BARE.fullmatch(text) and text.lower() not in _HYDRA_WORDS:
+        return text
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    text = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return "'" + text + "'"
+
+
+def hydra_value(value: Any) -> str:
+    """A value in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    return hydra_string(str(value))
+
+
+def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
+    r = spec.recipe
+    m, p, o, s, d, c = r.model, r.parallelism, r.optim, r.schedule, r.data, r.checkpoint
+    steps = r.compile.steps if which == "compile" else s.max_steps
+    train = which == "train"
+    out: dict[str, Any] = {
+        "trainer.devices": spec.workers_per_node,
+        "trainer.num_nodes": spec.nodes,
+        "trainer.max_epochs": None,
+        "trainer.max_steps": steps,
+        "trainer.val_check_interval": steps,
+        "trainer.log_every_n_steps": r.job.log_every_steps,
+        "trainer.limit_val_batches": 1,
+        "trainer.limit_test_batches": 1,
+        "trainer.accumulate_grad_batches": 1,
+        "trainer.gradient_clip_val": o.grad_clip,
+        # XLA_USE_BF16 sets the precision on Neuron; Lightning itself stays at 32.
+        "trainer.precision": 32,
+        "model.megatron_amp_O2": False,
+        "model.seed": r.seed,
+        "model.make_vocab_size_divisible_by": p.tensor,
+        "model.micro_batch_size": p.micro_batch_size,
+        "model.global_batch_size": spec.global_batch_size,
+        "model.tensor_model_parallel_size": p.tensor,
+        "model.pipeline_model_parallel_size": p.pipeline,
+        "model.sequence_parallel": p.sequence_parallel,
+        "model.wrap_with_zero": p.zero1,
+        "model.max_position_embeddings": m.max_position_embeddings,
+        "model.encoder_seq_length": m.seq_length,
+        "model.hidden_size": m.hidden_size,
+        "model.ffn_hidden_size": m.ffn_hidden_size,
+        "model.num_layers": m.num_layers,
+        "model.num_attention_heads": m.num_attention_heads,
+        "model.init_method_std": m.init_method_std,
+        "model.use_scaled_init_method": m.scaled_init,
+        "model.hidden_dropout": m.hidden_dropout,
+        "model.attention_dropout": m.attention_dropout,
+        "model.layernorm_epsilon": m.layernorm_epsilon,
+        "model.position_embedding_type": m.position_embedding_type,
+        "model.rotary_percentage": m.rotary_percentage,
+        "model.transformer_block_type": m.transformer_block_type,
+        "model.use_cpu_initialization": True,
+        "model.tokenizer.vocab_file": spec.data_path(d.vocab_file) if d.vocab_file else None,
+        "model.tokenizer.merge_file": spec.data_path(d.merge_file) if d.merge_file else None,
+        "model.data.data_prefix": [1.0, spec.data_path(d.path)],
+        "model.data.num_workers": d.num_workers,
+        "model.data.seq_length": m.seq_length,
+        "model.data.splits_string": d.splits,
+        "model.optim.name": o.name,
+        "model.optim.capturable": True,  # the LR as a tensor: one graph for every LR value
+        "model.optim.lr": spec.lr,
+        "model.optim.betas": list(o.betas),
+        "+model.optim.eps": o.eps,
+        "model.optim.weight_decay": o.weight_decay,
+        "model.optim.sched.name": "CosineAnnealing" if s.name == "cosine" else "LinearAnnealing",
+        "model.optim.sched.warmup_steps": spec.warmup_steps,
+        "model.optim.sched.constant_steps": spec.constant_steps,
+        "model.optim.sched.min_lr": s.min_lr,
+        # The step at which the decay reaches min_lr (NeMo's scheduler max_steps; by default the
+        # trainer's).
+        "+model.optim.sched.max_steps": s.decay_steps if s.decay_steps is not None else s.max_steps,
+        "+model.save_xser": True,
+        "+model.load_xser": True,
+        # One experiment directory for the whole run: a requeued or resubmitted job finds its
+        # checkpoints there (upstream keyed it on the job id and disabled resume).
+        "exp_manager.explicit_log_dir": posixpath.join(spec.run_dir, "nemo" if train else
+                                                       "compile"),
+        "exp_manager.create_tensorboard_logger": train,
+        "exp_manager.resume_if_exists": train,
+        "exp_manager.resume_ignore_no_checkpoint": train,
+        "exp_manager.create_checkpoint_callback": train,
+        "exp_manager.checkpoint_callback_params.save_last": train,
+        "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
+    }
+    if m.activation_checkpointing == "full":
+        out.update({"model.activations_checkpoint_granularity": "full",
+                    "model.activations_checkpoint_method": "uniform",
+                    "model.activations_checkpoint_num_layers": 1})
+    elif m.activation_checkpointing == "selective":
+        out["model.activations_checkpoint_granularity"] = "selective"
+    if c.every_steps is not None:
+        out["+exp_manager.checkpoint_callback_params.every_n_train_steps"] = c.every_steps
+    else:
+        out["+exp_manager.checkpoint_callback_params.train_time_interval"] = c.every_seconds
+    return {k: v for k, v in out.items() if v is not None or k == "trainer.max_epochs"}
+
+
+def build(spec: JobSpec) -> Launch:
+    paths = spec.site.paths
+    if not paths.nemo_dir:
+        raise ConfigError(f"site {spec.site.name}: paths.nemo_dir is required by payload "
+                          "neuron_nemo (the neuronx-nemo-megatron language_modeling directory)")
+    config = launch_value(spec, PAYLOAD, "config_name")
+
+    def args(which: Pass) -> tuple[str, ...]:
+        head = (f"--config-name={config}",)
+        return head + tuple(f"{k}={hydra_value(v)}" for k, v in overrides(spec, which).items())
+
+    return Launch(launcher="neuron_nemo/launch.sh", workdir=paths.nemo_dir,
+                  program="megatron_gpt_pretraining.py", compile_wrapper="neuron_parallel_compile",
+                  compile_args=args("compile"), train_args=args("train"))
+
+
+PAYLOAD = Payload(
+    name="neuron_nemo",
+    accelerator="neuron",
+    families=("gpt_neox",),
+    honours=COMMON_KEYS | {
+        "model.init_method_std", "model.scaled_init", "model.hidden_dropout",
+        "model.attention_dropout", "model.layernorm_epsilon", "model.position_embedding_type",
+        "model.rotary_percentage", "model.transformer_block_type",
+        "model.activation_checkpointing", "parallelism.sequence_parallel", "parallelism.zero1",
+        "optim.eps", "schedule.min_lr", "schedule.decay_steps", "data.vocab_file",
+        "data.merge_file", "data.num_workers", "data.splits",
+    },
+    build=build,
+    fixed={"model.vocab_size": Fixed(
+        50257, "NeMo takes the vocabulary from the GPT-2 BPE tokenizer files (data.vocab_file, "
+               "data.merge_file) and pads it to a multiple of parallelism.tensor")},
+    refused_values={"optim.name": {"lamb": "the NeMo payload trains with adamw (NeMo's LAMB "
+                                           "is apex's CUDA kernel)"}},
+    launch_keys={"config_name": "megatron_neox_config"},
+    upstream="neuron_nemo.json",
+)
