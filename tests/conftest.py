@@ -311,7 +311,8 @@ class StubBin:
     def run(self, script: Path, submit_dir: Path, timeout: float = 60,
             **extra: str) -> subprocess.CompletedProcess[str]:
         """Execute a rendered job script with bash, as Slurm's batch step would."""
-        return subprocess.run(["bash", str(script)], capture_output=True, text=True,
+        bash = self.path / "bash" if (self.path / "bash").exists() else "bash"
+        return subprocess.run([str(bash), str(script)], capture_output=True, text=True,
                               cwd=submit_dir, env=self.env(submit_dir, **extra), timeout=timeout,
                               check=False)
 
@@ -349,6 +350,11 @@ def stub_bin(tmp_path: Path) -> Iterator[StubBin]:
         made.mkdir()
     (home / "sentinel").write_text("HOME must stay as it is\n")
     bash = shutil.which("bash") or "/bin/bash"
+    # JOBGEN_TEST_BASH=/path/to/bash runs the job scripts and everything they start with `bash`
+    # under that bash (e.g. 4.2, as on Amazon Linux 2 nodes): it is linked first on PATH.
+    other = os.environ.get("JOBGEN_TEST_BASH")
+    if other:
+        (folder / "bash").symlink_to(other)
     for name, body in _STUBS.items():
         path = folder / name
         path.write_text(f"#!{bash}\n# jobgen test stand-in for {name}\n{body.lstrip()}")

@@ -292,21 +292,32 @@ def test_nxd_passes_differ_only_where_documented(jobgen: Callable, tmp_path: Pat
         render(jobgen, "llama2-7b", "--nodes", "128", "--site", "trn1-pcluster"), tmp_path)
     compile_pass, train_pass = nxd_flags(values.compile_args), nxd_flags(values.train_args)
     run_dir = "/fsx/jobgen/runs/llama2-7b-128n"
-    checkpointing = {"--checkpoint_dir": f"{run_dir}/checkpoints", "--checkpoint_freq": "1000",
-                     "--num_kept_checkpoint": "5", "--loading_step": "latest_if_exists"}
+    checkpointing = {"--checkpoint-dir": f"{run_dir}/checkpoints", "--checkpoint-every": "1000",
+                     "--keep-checkpoints": "5"}
     # The compile pass neither loads nor saves a checkpoint; the rest is the training pass's.
     assert {k: train_pass[k] for k in set(train_pass) - set(compile_pass)} == checkpointing
     assert set(compile_pass) <= set(train_pass)
     differing = {k for k in compile_pass if compile_pass[k] != train_pass[k]}
-    assert differing == {"--steps_this_run", "--output_dir", "--metrics_file"}
-    assert (compile_pass["--steps_this_run"], train_pass["--steps_this_run"]) == ("3", "-1")
-    assert compile_pass["--output_dir"] == f"{run_dir}/compile"
-    assert train_pass["--output_dir"] == f"{run_dir}/output"
-    assert train_pass["--grad_accum_usteps"] == "2"
-    assert train_pass["--tensor_parallel_size"] == "8"
-    assert train_pass["--use_gpu_compatible_precision"] == "0"   # bf16 stochastic rounding
-    assert {"--sequence_parallel_enabled", "--use_zero_1",
-            "--selective_checkpoint_enabled"} <= set(train_pass)
+    assert differing == {"--phase", "--output-dir"}
+    assert (compile_pass["--phase"], train_pass["--phase"]) == ("compile", "train")
+    assert compile_pass["--compile-steps"] == "3"
+    assert compile_pass["--output-dir"] == f"{run_dir}/compile"
+    assert train_pass["--output-dir"] == f"{run_dir}/train"
+    assert train_pass["--gradient-accumulation"] == "2"
+    assert train_pass["--tensor-parallel-size"] == "8"
+    assert train_pass["--precision"] == "bf16_sr"
+    # The HLAT hyperparameters (REFERENCE.md A.3) reach the program.
+    assert {k: train_pass[k] for k in ("--lr", "--min-lr", "--warmup-steps", "--decay-steps",
+                                        "--max-steps", "--schedule", "--beta1", "--beta2",
+                                        "--eps", "--weight-decay", "--grad-clip")} == {
+        "--lr": "0.0003", "--min-lr": "3e-05", "--warmup-steps": "2000",
+        "--decay-steps": "480000", "--max-steps": "500000", "--schedule": "cosine",
+        "--beta1": "0.9", "--beta2": "0.95", "--eps": "1e-05", "--weight-decay": "0.1",
+        "--grad-clip": "1.0"}
+    assert {"--sequence-parallel", "--zero1", "--selective-checkpoint",
+            "--scaled-init"} <= set(train_pass)
+    # --no-decay with no fragments: weight decay on every parameter.
+    assert train_pass["--no-decay"] is True
 
 
 def test_compile_steps_come_from_the_recipe(jobgen: Callable, tmp_path: Path) -> None:
@@ -325,8 +336,8 @@ def test_neuron_parallel_compile_wraps_only_the_compile_pass(jobgen: Callable, t
     # The launcher gets the pass name; it applies the wrapper for `compile` only
     # (payload/common/node_launch.sh; executed in test_hostile.py).
     srun = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
-    assert srun[0].endswith('"$PAYLOAD_DIR/$LAUNCHER" compile "${COMPILE_ARGS[@]}"')
-    assert srun[-1].endswith('"$PAYLOAD_DIR/$LAUNCHER" train "${TRAIN_ARGS[@]}"')
+    assert srun[0].endswith('"$PAYLOAD_DIR/$LAUNCHER" compile ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"}')
+    assert srun[-1].endswith('"$PAYLOAD_DIR/$LAUNCHER" train ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}')
     assert script.count("neuron_parallel_compile") == 1
 
 
@@ -355,7 +366,8 @@ def test_compile_key_identifies_the_graphs(jobgen: Callable, tmp_path: Path) -> 
 
 def test_llama_writes_its_model_config_before_training(jobgen: Callable) -> None:
     script = render(jobgen, "llama2-7b", "--nodes", "4")
-    writes = [line for line in script.splitlines() if "config.json" in line]
+    writes = [line for line in script.splitlines()
+              if "config.json" in line and "$RUN_DIR" in line]
     assert writes[0].startswith('mkdir -p "$(dirname "$RUN_DIR"/model/config.json)"')
     assert writes[-1].endswith('> "$RUN_DIR"/model/config.json || exit 1')
     assert script.index("config.json") < script.index("srun ")

@@ -89,7 +89,7 @@ CASES: dict[str, Callable[[Callable, Callable], Case]] = {
     "--set unknown key": lambda r, s: Case(
         ["render", "neox20b", "--set", "optim.learning_rate=1e-4"],
         "--set: optim.learning_rate: unknown key (known keys: name, lr, betas, eps, "
-        "weight_decay, grad_clip, lr_scaling)"),
+        "weight_decay, grad_clip, lr_scaling, no_decay)"),
     "--set bad type": lambda r, s: Case(
         ["show", "neox20b", "--set", "parallelism.tensor=eight"],
         "--set: parallelism.tensor: expected an integer, got 'eight'"),

@@ -75,20 +75,27 @@ def flags(call: dict[str, Any]) -> dict[str, str]:
     return {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
 
 
+def hydra_read(value: str) -> Any:
+    """A Hydra override value as the config will hold it: parsed by Hydra's own override parser,
+    then resolved by OmegaConf (where ``${...}`` would be an interpolation)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_override("key=" + value).value()
+    return OmegaConf.to_container(OmegaConf.create({"key": parsed}), resolve=True)["key"]
+
+
 def hydra_string(value: str) -> str:
-    """A Hydra override value back to the string the config will hold: a double-quoted value
-    has its backslash escapes undone (\\\\, \\" and \\${, which would otherwise start an OmegaConf
-    interpolation); a bare one is taken as it is."""
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        return re.sub(r'\\(["\\$])', r"\1", value[1:-1])
-    assert re.fullmatch(r"[A-Za-z0-9_./:+-]*", value), f"unquoted special characters: {value!r}"
-    return value
+    read = hydra_read(value)
+    assert isinstance(read, str), f"Hydra reads {value!r} as {type(read).__name__} {read!r}"
+    return read
 
 
 def hydra_list(value: str) -> list[str]:
-    assert value.startswith("[") and value.endswith("]"), value
-    first, rest = value[1:-1].split(",", 1)   # [1.0,"path"]: the weight has no comma
-    return [first, hydra_string(rest)]
+    read = hydra_read(value)
+    assert isinstance(read, list) and len(read) == 2, value   # [weight, path]
+    assert isinstance(read[1], str), f"Hydra reads the path {read[1]!r} as not a string"
+    return [str(read[0]), read[1]]
 
 
 # --- fields ---------------------------------------------------------------------------------------
@@ -123,7 +130,7 @@ def _check_work_dir_nemo(job: Job, h: str) -> None:
 
 
 def _check_work_dir_nxd(job: Job, h: str) -> None:
-    _both(job, lambda c: flags(c)["--model_path"], f"{h}/llama2-7b-1n/model")
+    _both(job, lambda c: flags(c)["--model-config"], f"{h}/llama2-7b-1n/model/config.json")
     config = json.loads((job.submit / h / "llama2-7b-1n" / "model" / "config.json").read_text())
     assert config["num_hidden_layers"] == 32 and config["model_type"] == "llama"
 
@@ -160,7 +167,7 @@ FIELDS: dict[str, Field] = {
             ["1.0", f"data/{h}"])),
     "data.path (NxD)": Field(
         "llama2-7b", lambda h: {"data.path": h},
-        check=lambda job, h: _both(job, lambda c: flags(c)["--data_dir"], f"data/{h}")),
+        check=lambda job, h: _both(job, lambda c: flags(c)["--data-dir"], f"data/{h}")),
     "data.vocab_file": Field(
         "neox20b", lambda h: {"data.vocab_file": h},
         check=lambda job, h: _both(
@@ -218,9 +225,7 @@ FIELDS: dict[str, Field] = {
             f"{job.submit}/{h}/{NEMO_PROGRAM}", f"--config-path={job.submit}/{h}/conf"))),
     "paths.nxd_llama_dir": Field(
         "llama2-7b", site_changes=lambda submit, h: {"paths.nxd_llama_dir": h},
-        prepare=_trainer_dir(NXD_PROGRAM),
-        check=lambda job, h: _both(job, lambda c: trainer_argv(c)[0],
-                                   f"{job.submit}/{h}/{NXD_PROGRAM}")),
+        check=lambda job, h: _both(job, lambda c: flags(c)["--example-dir"], h)),
     "setup.activate": Field(
         "neox20b", site_changes=lambda submit, h: {"setup": {"activate": h}},
         prepare=_activate_file,
@@ -431,9 +436,10 @@ def test_llama_job_writes_its_model_config_and_compiles_first(run_job: Callable,
     proc, job = run_job("llama2-7b")
     assert proc.returncode == 0, proc.stderr
     assert [c["env"].get("STUB_VIA_NEURON_PARALLEL_COMPILE") for c in job.calls] == ["1", None]
-    assert [flags(c)["--steps_this_run"] for c in job.calls] == ["3", "-1"]
-    assert "--checkpoint_dir" not in flags(job.calls[0])
-    assert flags(job.calls[1])["--checkpoint_dir"] == "runs/llama2-7b-1n/checkpoints"
+    assert [flags(c)["--phase"] for c in job.calls] == ["compile", "train"]
+    assert [flags(c)["--compile-steps"] for c in job.calls] == ["3", "3"]
+    assert "--checkpoint-dir" not in flags(job.calls[0])
+    assert flags(job.calls[1])["--checkpoint-dir"] == "runs/llama2-7b-1n/checkpoints"
     config = json.loads((submit / "runs" / "llama2-7b-1n" / "model" / "config.json").read_text())
     assert (config["hidden_size"], config["num_attention_heads"]) == (4096, 32)
 

@@ -215,7 +215,7 @@ KNOWN_TOP = ("name, description, payload, platform, nodes, model, parallelism, p
 @pytest.mark.parametrize("override,message", [
     ("nope=1", f"--set: nope: unknown key (known keys: {KNOWN_TOP})"),
     ("optim.nope=1", "--set: optim.nope: unknown key (known keys: name, lr, betas, eps, "
-                     "weight_decay, grad_clip, lr_scaling)"),
+                     "weight_decay, grad_clip, lr_scaling, no_decay)"),
     ("optim.lr.x=1", "--set: optim.lr.x: optim.lr is not a mapping"),
     ("parallelism.tensor=eight", "--set: parallelism.tensor: expected an integer, got 'eight'"),
     ("parallelism.tensor=2.5", "--set: parallelism.tensor: expected an integer, got 2.5"),

@@ -124,7 +124,7 @@ def test_field_type_walks_dotted_paths() -> None:
 
 @pytest.mark.parametrize("dotted,message", [
     ("optim.nope", "--set: optim.nope: unknown key (known keys: name, lr, betas, eps, "
-                   "weight_decay, grad_clip, lr_scaling)"),
+                   "weight_decay, grad_clip, lr_scaling, no_decay)"),
     ("optim.lr.x", "--set: optim.lr.x: optim.lr is not a mapping"),
     ("env.A.B", "--set: env.A.B: env.A is not a mapping"),
 ])

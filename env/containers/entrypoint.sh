@@ -214,7 +214,7 @@ case $compile_mode in
 esac
 if [ "$run_compile" -eq 1 ]; then
   say "compile pass (${#compile_args[@]} trainer arguments) on $num_nodes nodes"
-  run_pass compile "${compile_args[@]}"
+  run_pass compile ${compile_args[@]+"${compile_args[@]}"}
   status=$?
   if [ "$status" -ne 0 ]; then
     fail "compile pass failed with status $status; the training pass is skipped" "$status"
@@ -235,7 +235,7 @@ fi
 
 # ---- training pass -----------------------------------------------------------------------------
 say "training pass on $num_nodes nodes"
-run_pass train "${train_args[@]}"
+run_pass train ${train_args[@]+"${train_args[@]}"}
 status=$?
 if [ "$status" -eq 0 ]; then
   say "training pass finished"

@@ -52,7 +52,7 @@ node_launch() {
   set -o pipefail
   ${wrapper[@]+"${wrapper[@]}"} torchrun \
     --nproc_per_node "${JOBGEN_WORKERS_PER_NODE:?}" --nnodes "$nnodes" --node_rank "$node_rank" \
-    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "${rdzv[@]}" \
+    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" ${rdzv[@]+"${rdzv[@]}"} \
     "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"
   local status=$?
   # For the Slurm job script (pass_status): srun reports the highest status of all nodes, which
