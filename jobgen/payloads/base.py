@@ -73,7 +73,6 @@ COMMON_KEYS = frozenset({
     "schedule.constant_steps", "schedule.constant_fraction",
     "data.path", "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep",
     "compile.steps", "job.max_restarts", "job.master_port", "job.time_limit",
-    "job.log_every_steps",
 })
 
 

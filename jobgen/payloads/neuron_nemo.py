@@ -154,6 +154,7 @@ PAYLOAD = Payload(
     accelerator="neuron",
     families=("gpt_neox",),
     honours=COMMON_KEYS | {
+        "job.log_every_steps",
         "model.init_method_std", "model.scaled_init", "model.hidden_dropout",
         "model.attention_dropout", "model.layernorm_epsilon", "model.position_embedding_type",
         "model.rotary_percentage", "model.transformer_block_type",

@@ -114,6 +114,7 @@ PAYLOAD = Payload(
     accelerator="neuron",
     families=("llama",),
     honours=COMMON_KEYS | {
+        "job.log_every_steps",
         "model.num_kv_heads", "model.vocab_size", "model.layernorm_epsilon", "model.rope_theta",
         "model.init_method_std", "model.scaled_init", "model.activation_checkpointing",
         "parallelism.sequence_parallel", "parallelism.zero1", "optim.eps", "optim.no_decay",
