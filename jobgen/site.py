@@ -47,6 +47,10 @@ class Setup:
 class BatchSite:
     job_queue: Optional[str] = None
     images: Optional[dict[str, str]] = None  # platform name -> image URI
+    # platform name -> EFA interfaces the site's launch template attaches per instance (0 up to
+    # the platform's maximum). A site fact: Docker refuses a container whose mapped
+    # /dev/infiniband/uverbsN is missing on the host, so jobgen maps exactly this many.
+    efa_interfaces: Optional[dict[str, int]] = None
     job_role_arn: Optional[str] = None
     execution_role_arn: Optional[str] = None
     log_group: str = "/aws/batch/job"

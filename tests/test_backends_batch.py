@@ -12,6 +12,7 @@ import pytest
 
 from jobgen import api, batch_rules
 from jobgen.backends import batch
+from jobgen.errors import JobgenError
 
 SITE = "dl1-batch"
 GOLDEN = [("bert1.5b", 8), ("bert1.5b", 16), ("bert-large", 8), ("neox20b", 4),
@@ -80,8 +81,10 @@ def test_trn1_maps_8_efa_and_16_contiguous_neuron_devices() -> None:
     assert c["instanceType"] == "trn1.32xlarge"
 
 
-def test_dl1_maps_4_efa_devices_and_is_privileged() -> None:
-    c = container(definition("bert1.5b", 8))
+def test_dl1_maps_4_efa_devices_and_is_privileged(write_site: Callable) -> None:
+    site = write_site("dl1-batch", {"batch.efa_interfaces": {"dl1.24xlarge": 4}})
+    spec = api.job_spec("bert1.5b", 8, site=str(site), backend="batch")
+    c = container(json.loads(api.plan(spec).text))
     paths = [d["hostPath"] for d in c["linuxParameters"]["devices"]]
     assert paths == [f"/dev/infiniband/uverbs{i}" for i in range(4)]
     assert c["privileged"] is True   # Gaudi cards are not mappable devices on Batch
@@ -130,3 +133,19 @@ def test_plan_registers_the_printed_file() -> None:
         "aws", "batch", "register-job-definition", "--cli-input-json",
         "file://d/pythia6.9b-4n.job-definition.json"]
 
+
+
+def test_efa_devices_are_the_site_s_not_the_platform_s(write_site: Callable) -> None:
+    """The DL1 workshop's launch template attaches one EFA interface: mapping uverbs1..3 as well
+    would stop Docker from starting the container."""
+    spec = api.job_spec("bert1.5b", 8, site="dl1-batch", backend="batch")
+    c = api.plan(spec).text
+    assert '"/dev/infiniband/uverbs0"' in c and "uverbs1" not in c
+    site = write_site("dl1-batch", {"batch.efa_interfaces": {"trn1.32xlarge": 8}})
+    with pytest.raises(JobgenError, match=r"batch\.efa_interfaces: no entry for dl1\.24xlarge: "
+                                          r"say how many EFA interfaces"):
+        api.plan(api.job_spec("bert1.5b", 8, site=str(site), backend="batch"))
+    site = write_site("dl1-batch", {"batch.efa_interfaces": {"dl1.24xlarge": 5}})
+    with pytest.raises(JobgenError, match=r"batch\.efa_interfaces\.dl1\.24xlarge: 5 is not "
+                                          r"between 0 and 4"):
+        api.plan(api.job_spec("bert1.5b", 8, site=str(site), backend="batch"))

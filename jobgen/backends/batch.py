@@ -73,6 +73,22 @@ def node_environment(spec: JobSpec, lau: launch.Launch,
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
+def efa_devices(spec: JobSpec) -> tuple[str, ...]:
+    """The EFA devices to map: as many as the site's launch template attaches (a site fact)."""
+    site, platform = spec.site, spec.platform
+    assert site.batch is not None
+    count = (site.batch.efa_interfaces or {}).get(platform.name)
+    where = f"site {site.name}: batch.efa_interfaces"
+    if count is None:
+        raise ConfigError(f"{where}: no entry for {platform.name}: say how many EFA interfaces "
+                          f"your launch template attaches (0 to {platform.efa_interfaces}); "
+                          "a device that is not on the host stops the container from starting")
+    if not 0 <= count <= platform.efa_interfaces:
+        raise ConfigError(f"{where}.{platform.name}: {count} is not between 0 and "
+                          f"{platform.efa_interfaces} (the interfaces a {platform.name} has)")
+    return platform.efa_devices[:count]
+
+
 def job_definition(spec: JobSpec) -> dict[str, Any]:
     """The RegisterJobDefinition request for this spec, validated offline."""
     site, platform = spec.site, spec.platform
@@ -84,8 +100,9 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     lau = launch.for_spec(spec, "batch")
     key = launch.compile_key(spec, lau)
     command = [site.batch.entrypoint, *entrypoint_args(lau)]
+    efa = efa_devices(spec)
     devices = [{"hostPath": p, "containerPath": p, "permissions": ["READ", "WRITE", "MKNOD"]}
-               for p in platform.efa_devices + platform.device_paths]
+               for p in efa + platform.device_paths]
     volumes, mounts = [], []
     if site.batch.shared_volume:
         volumes = [{"name": "shared", "host": {"sourcePath": site.batch.shared_volume}}]
