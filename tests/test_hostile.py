@@ -543,11 +543,45 @@ def test_activation_that_fails_stops_the_job(run_job: Callable) -> None:
     assert job.calls == []
 
 
-def test_missing_trainer_is_reported(run_job: Callable) -> None:
+def test_missing_trainer_is_reported_and_not_retried(run_job: Callable,
+                                                     stub_bin: StubBin) -> None:
     proc, job = run_job("neox20b", site={"paths.nemo_dir": "elsewhere"})
-    assert proc.returncode == 1
+    assert proc.returncode == 78                  # EX_CONFIG: no restart can cure it
     assert "no trainer at" in proc.stderr and "elsewhere/megatron_gpt_pretraining.py" in proc.stderr
+    assert "configuration error (status 78" in proc.stderr and "not requeueing" in proc.stderr
     assert job.calls == []
+    assert stub_bin.requeues() == []
+
+
+def test_missing_torchrun_is_not_retried(run_job: Callable, stub_bin: StubBin) -> None:
+    (stub_bin.path / "torchrun").unlink()
+    empty = stub_bin.path.parent / "empty-bin"     # PATH without any torchrun at all
+    empty.mkdir()
+    proc, job = run_job("neox20b", PATH=f"{stub_bin.path}:{empty}:/usr/bin:/bin")
+    assert proc.returncode == 78, proc.stderr
+    assert "not found or not executable (status 127: torchrun or neuron_parallel_compile)" \
+        in proc.stderr
+    assert stub_bin.requeues() == []
+
+
+@pytest.mark.parametrize("printed", [
+    "ModuleNotFoundError: No module named 'modeling_llama_nxd'",
+    "train.py: error: unrecognized arguments: --rdzv-id",
+    "ImportError: cannot import name 'batch_utils'",
+])
+def test_trainer_started_wrongly_is_not_retried(run_job: Callable, stub_bin: StubBin,
+                                                printed: str) -> None:
+    proc, job = run_job("neox20b", STUB_TORCHRUN_EXIT="1", STUB_TORCHRUN_PRINT=printed)
+    assert proc.returncode == 78, proc.stderr
+    assert "the trainer was started wrongly" in proc.stderr
+    assert stub_bin.requeues() == []
+
+
+def test_a_crash_is_still_retried(run_job: Callable, stub_bin: StubBin) -> None:
+    proc, job = run_job("neox20b", STUB_TORCHRUN_EXIT="1",
+                        STUB_TORCHRUN_PRINT="RuntimeError: NaN loss")
+    assert proc.returncode == 1
+    assert stub_bin.requeues() == ["requeue 4242"]
 
 
 def test_stand_ins_do_not_leak_into_the_real_environment(stub_bin: StubBin, submit: Path) -> None:

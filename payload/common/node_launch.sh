@@ -8,6 +8,26 @@
 
 node_say() { printf 'jobgen[node %s]: %s\n' "${node_rank:-?}" "$*" >&2; }
 
+# Exit status of a failure that no restart can cure (sysexits' EX_CONFIG): the job scripts stop
+# instead of requeueing. Everything else (a crash, a lost node, a hang) keeps its own status.
+JOBGEN_CONFIG_ERROR=78
+# What a trainer prints when it was started wrongly: an import that fails, arguments its parser
+# refuses, a file that is not there. Matched in the pass's log after a failure.
+JOBGEN_CONFIG_PATTERNS='ModuleNotFoundError|ImportError: |error: unrecognized arguments|error: argument |error: the following arguments are required|No module named|can.t open file'
+
+# classify_failure STATUS LOG: the status to report for a failed pass.
+classify_failure() {
+  local status=$1 log=$2
+  if [ "$status" -eq 127 ] || [ "$status" -eq 126 ]; then
+    node_say "a command of the $pass pass was not found or not executable (status $status: torchrun${JOBGEN_COMPILE_WRAPPER:+ or $JOBGEN_COMPILE_WRAPPER}); check the site's setup.activate; not retried"
+    status=$JOBGEN_CONFIG_ERROR
+  elif [ "$status" -ne 0 ] && [ "$status" -lt 128 ] && grep -Eq "$JOBGEN_CONFIG_PATTERNS" "$log" 2>/dev/null; then
+    node_say "the trainer was started wrongly ($(grep -Eo "$JOBGEN_CONFIG_PATTERNS" "$log" | head -n 1)...; see $log); not retried"
+    status=$JOBGEN_CONFIG_ERROR
+  fi
+  printf '%s\n' "$status"
+}
+
 node_setup() {
   # 32 workers per node open many files; "Too many open files" shows up as RX timeouts.
   ulimit -n 65535 2>/dev/null || node_say "could not raise the open-file limit (now $(ulimit -n))"
@@ -32,7 +52,11 @@ node_launch() {
   # The trainer runs by absolute path from the submission directory, so that the job's relative
   # paths keep their meaning.
   local program="$JOBGEN_WORKDIR/$JOBGEN_PROGRAM"
-  [ -f "$program" ] || { node_say "no trainer at $program (check the site's paths)"; return 1; }
+  if [ ! -f "$program" ]; then
+    node_say "no trainer at $program (check the site's paths); not retried"
+    printf '%s\n' "$JOBGEN_CONFIG_ERROR" > "$log_dir/$pass.status" || true
+    return "$JOBGEN_CONFIG_ERROR"
+  fi
 
   local -a wrapper=()
   if [ "$pass" = compile ] && [ -n "${JOBGEN_COMPILE_WRAPPER:-}" ]; then
@@ -55,6 +79,7 @@ node_launch() {
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" ${rdzv[@]+"${rdzv[@]}"} \
     "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"
   local status=$?
+  [ "$status" -eq 0 ] || status=$(classify_failure "$status" "$log_dir/$pass.log")
   # For the Slurm job script (pass_status): srun reports the highest status of all nodes, which
   # after one node fails is the SIGTERM of the nodes srun stopped, not the failed trainer's.
   printf '%s\n' "$status" > "$log_dir/$pass.status" || node_say "cannot write $log_dir/$pass.status"
