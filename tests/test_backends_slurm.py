@@ -336,8 +336,10 @@ def test_neuron_parallel_compile_wraps_only_the_compile_pass(jobgen: Callable, t
     # The launcher gets the pass name; it applies the wrapper for `compile` only
     # (payload/common/node_launch.sh; executed in test_hostile.py).
     srun = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
-    assert srun[0].endswith('"$PAYLOAD_DIR/$LAUNCHER" compile ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"}')
-    assert srun[-1].endswith('"$PAYLOAD_DIR/$LAUNCHER" train ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}')
+    assert srun[0].endswith(
+        '"$PAYLOAD_DIR/$LAUNCHER" compile ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"}')
+    assert srun[-1].endswith(
+        '"$PAYLOAD_DIR/$LAUNCHER" train ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}')
     assert script.count("neuron_parallel_compile") == 1
 
 

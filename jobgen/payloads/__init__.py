@@ -118,7 +118,8 @@ def key_report(recipe: Recipe) -> dict[str, Any]:
     """For `jobgen show`: which recipe values reach the job, which are fixed by the trainer and
     which the payload does not use (those are at their defaults, or the recipe is refused)."""
     payload = REGISTRY[recipe.payload]
-    used, unused = [], []
+    used: list[str] = []
+    unused: list[str] = []
     for path, _default in leaf_keys():
         if path in payload.fixed:
             continue
