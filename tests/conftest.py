@@ -275,7 +275,8 @@ exec "$@"
 # torchrun: records its arguments, environment and working directory (NUL-separated, so any
 # byte but NUL survives) in STUB_LOG/torchrun.N.{argv,env,cwd}, prints a line, and exits with
 # the status in STUB_TORCHRUN_EXIT: "7" for every call, or "0,7" per call in order (the last
-# repeats); STUB_TORCHRUN_PRINT is a line it prints as the trainer would. A shell script, not Python: it runs twice per job and must start fast.
+# repeats); STUB_TORCHRUN_PRINT is a line it prints as the trainer would. A shell script, not
+# Python: it runs twice per job and must start fast.
 _STUBS["torchrun"] = r"""
 n=0
 while [ -e "$STUB_LOG/torchrun.$n.argv" ]; do n=$((n + 1)); done
