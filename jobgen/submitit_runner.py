@@ -60,7 +60,8 @@ def run_node(task: NodeTask) -> dict[str, Any]:
     env.update(task.env)
     env.update({"JOBGEN_NODE_RANK": str(job.node), "JOBGEN_NNODES": str(job.num_nodes),
                 "MASTER_ADDR": socket.gethostbyname(job.hostnames[0]),
-                "JOBGEN_LOG_DIR": f"{task.run_dir}/logs/{job.job_id}"})
+                "JOBGEN_LOG_DIR": f"{task.run_dir}/logs/{job.job_id}",
+                "JOBGEN_RUN_DIR": task.run_dir})
     launcher = f"{task.payload_dir}/{task.launcher}"
     if task.prepare:
         subprocess.run(["python", f"{task.payload_dir}/{task.prepare[0]}", *task.prepare[1:]],

@@ -257,8 +257,6 @@ NEMO_DIFFERENCES = {
     "exp_manager.explicit_log_dir",
     # TensorBoard
     "exp_manager.create_tensorboard_logger",
-    # resume
-    "exp_manager.resume_if_exists", "exp_manager.resume_ignore_no_checkpoint",
     # checkpointing
     "exp_manager.create_checkpoint_callback", "exp_manager.checkpoint_callback_params.save_last",
 }

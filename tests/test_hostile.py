@@ -412,7 +412,7 @@ def test_compile_pass_then_training_pass(run_job: Callable, submit: Path,
     assert "STUB_VIA_NEURON_PARALLEL_COMPILE" not in train_call["env"]
     assert overrides(compile_call)["trainer.max_steps"] == "3"
     assert overrides(train_call)["trainer.max_steps"] == "10000"
-    assert overrides(train_call)["exp_manager.resume_if_exists"] == "True"
+    assert overrides(train_call)["exp_manager.resume_if_exists"] == "False"   # see launch.sh
     for call in job.calls:
         assert call["argv"][:10] == ["--nproc_per_node", "32", "--nnodes", "1", "--node_rank", "0",
                                      "--master_addr", "127.0.0.1", "--master_port", "41000"]
@@ -590,3 +590,29 @@ def test_stand_ins_do_not_leak_into_the_real_environment(stub_bin: StubBin, subm
     assert env["HOME"] == str(stub_bin.home) != os.environ.get("HOME")
     assert env["SLURM_JOB_NODELIST"] == "n1" and env["SLURM_RESTART_COUNT"] == "3"
     assert "PATH" in os.environ and not os.environ["PATH"].startswith(str(stub_bin.path))
+
+
+@pytest.mark.parametrize("work_dir", ["runs", "it's \\ ${HOME} runs"])
+def test_nemo_training_resumes_through_model_resume_from_checkpoint(
+        run_job: Callable, submit: Path, work_dir: str) -> None:
+    """The documented NeMo resume: the newest checkpoint (two levels deep, rank folder taken off,
+    as exp_manager finds it) reaches the trainer as model.resume_from_checkpoint, which Hydra
+    reads back as exactly that path; without a checkpoint the override is absent."""
+    proc, job = run_job("neox20b", site={"paths.work_dir": work_dir})
+    assert proc.returncode == 0, proc.stderr
+    assert not any(a.startswith("model.resume_from_checkpoint=") for a in job.calls[1]["argv"])
+    assert overrides(job.calls[1])["exp_manager.resume_if_exists"] == "False"
+    checkpoints = submit / work_dir / "neox20b-1n" / "nemo" / "checkpoints"
+    rank = checkpoints / "tp_rank_00_pp_rank_000"
+    older = rank / "megatron_neox--step=200-consumed_samples=51200.0.ckpt"
+    newest = rank / "megatron_neox--step=400-consumed_samples=102400.0-last.ckpt"
+    for i, path in enumerate((older, newest)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    proc, job = run_job("neox20b", site={"paths.work_dir": work_dir})
+    assert proc.returncode == 0, proc.stderr
+    assert len(job.calls) == 1                     # compile skipped: the marker is there
+    resume = hydra_string(overrides(job.calls[0])["model.resume_from_checkpoint"])
+    assert resume == f"{submit}/{work_dir}/neox20b-1n/nemo/checkpoints/{newest.name}"
+    assert "resuming from" in proc.stderr

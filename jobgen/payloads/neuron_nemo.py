@@ -114,8 +114,11 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         "exp_manager.explicit_log_dir": posixpath.join(spec.run_dir, "nemo" if train else
                                                        "compile"),
         "exp_manager.create_tensorboard_logger": train,
-        "exp_manager.resume_if_exists": train,
-        "exp_manager.resume_ignore_no_checkpoint": train,
+        # Resuming goes through model.resume_from_checkpoint, added by the launcher
+        # (payload/neuron_nemo/launch.sh) when a checkpoint exists: the path the upstream
+        # documents, and the one that builds the model as resuming.
+        "exp_manager.resume_if_exists": False,
+        "exp_manager.resume_ignore_no_checkpoint": False,
         "exp_manager.create_checkpoint_callback": train,
         "exp_manager.checkpoint_callback_params.save_last": train,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
