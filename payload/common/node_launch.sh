@@ -2,7 +2,7 @@
 # Per-node launch shared by the payload launchers: node setup, rank, logs, one torchrun.
 # Sourced by payload/<payload>/launch.sh, which calls: node_launch PASS TRAINER_ARG...
 #
-# Reads: MASTER_ADDR MASTER_PORT JOBGEN_WORKERS_PER_NODE JOBGEN_LOG_DIR JOBGEN_WORKDIR
+# Reads: MASTER_ADDR MASTER_PORT JOBGEN_WORKERS_PER_NODE JOBGEN_LOG_DIR JOBGEN_RUN_DIR JOBGEN_WORKDIR
 #        JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER, and the node's place in the job from
 #        JOBGEN_NODE_RANK/JOBGEN_NNODES (AWS Batch entrypoint) or SLURM_NODEID/SLURM_NNODES (srun).
 
