@@ -403,3 +403,120 @@ def test_deepspeed_launcher(shard_dir: Path, tmp_path: Path) -> None:
     assert [e["step"] for e in events_of(result, "step")] == [1, 2, 3]
     assert events_of(result, "start")[0]["world_size"] == 2
     assert [e["step"] for e in events_of(result, "checkpoint")] == [3]
+
+
+# ---------------------------------------------------------------------- reference fidelity
+
+def _tiny_args(*extra: str) -> Any:
+    from pretrain_bert import parse_args
+    return parse_args(["--num-layers", "3", "--hidden-size", "32", "--num-heads", "4",
+                       "--intermediate-size", "64", "--vocab-size", "97", "--input-dir", "x",
+                       "--micro-batch-size", "2", "--lr", "0.001", "--max-steps", "10",
+                       "--hidden-dropout", "0", "--attention-dropout", "0", *extra])
+
+
+def _reference_large_model_forward(model: Any, input_ids: Any) -> Any:
+    """The large-model wiring written out from the reference's equations with plain tensor
+    operations: a zero-started residual stream r; r += attention(h), h = LN(r); r += FFN(h),
+    h = LN(r)."""
+    import torch
+    import torch.nn.functional as F
+    bert, cfg = model.bert, model.config
+    h = bert.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+    r = torch.zeros_like(h)
+    heads, size = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    for layer in bert.encoder.layer:
+        sa = layer.attention.self
+        def split(x: Any) -> Any:
+            return x.view(x.shape[0], x.shape[1], heads, size).transpose(1, 2)
+        q, k, v = (split(F.linear(h, m.weight, m.bias)) for m in (sa.query, sa.key, sa.value))
+        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(size), dim=-1)
+        context = (weights @ v).transpose(1, 2).reshape(h.shape)
+        out = layer.attention.output
+        r = r + F.linear(context, out.dense.weight, out.dense.bias)
+        h = F.layer_norm(r, (cfg.hidden_size,), out.LayerNorm.weight, out.LayerNorm.bias,
+                         cfg.layer_norm_eps)
+        inter = layer.intermediate
+        mid = F.gelu(F.linear(h, inter.dense.weight, inter.dense.bias))
+        o = layer.output
+        r = r + F.linear(mid, o.dense.weight, o.dense.bias)
+        h = F.layer_norm(r, (cfg.hidden_size,), o.LayerNorm.weight, o.LayerNorm.bias,
+                         cfg.layer_norm_eps)
+    return h
+
+
+def test_large_model_layer_norm_is_the_reference_wiring() -> None:
+    need("torch", "transformers")
+    import torch
+    from pretrain_bert import build_model
+    torch.manual_seed(0)
+    model = build_model(_tiny_args("--layer-norm-large-model")).eval()
+    input_ids = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        ours = model.bert(input_ids=input_ids).last_hidden_state
+        expected = _reference_large_model_forward(model, input_ids)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    # Same parameters as the stock network (checkpoints and optimizer groups are unchanged),
+    # but a different function of them.
+    torch.manual_seed(0)
+    stock = build_model(_tiny_args()).eval()
+    assert [n for n, _ in stock.named_parameters()] == [n for n, _ in model.named_parameters()]
+    stock.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        plain = stock.bert(input_ids=input_ids).last_hidden_state
+    assert not torch.allclose(plain, ours, atol=1e-3)
+
+
+def test_model_and_optimizer_values_reach_their_places() -> None:
+    need("torch", "transformers")
+    from accelerators import Accelerator, build_optimizer
+    from pretrain_bert import build_model
+    import torch
+    args = _tiny_args("--hidden-dropout", "0.15", "--attention-dropout", "0.05",
+                      "--layer-norm-eps", "1e-7", "--init-std", "0.03", "--beta1", "0.8",
+                      "--beta2", "0.95", "--eps", "1e-5", "--no-decay", "bias", "LayerNorm")
+    model = build_model(args)
+    cfg = model.config
+    assert (cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) == (0.15, 0.05)
+    assert (cfg.layer_norm_eps, cfg.initializer_range) == (1e-7, 0.03)
+    cpu = Accelerator("cpu", torch.device("cpu"), "gloo")
+    for kind in ("lamb", "adamw"):
+        opt, _ = build_optimizer(kind, model, cpu, args.lr, 0.01, (args.beta1, args.beta2),
+                                 args.eps, args.no_decay)
+        assert opt.defaults["betas"] == (0.8, 0.95) and opt.defaults["eps"] == 1e-5
+        decayed, plain = opt.param_groups
+        names = {id(p): n for n, p in model.named_parameters()}
+        assert all("bias" not in names[id(p)] and "LayerNorm" not in names[id(p)]
+                   for p in decayed["params"])
+        assert decayed["weight_decay"] == 0.01 and plain["weight_decay"] == 0.0
+    # An empty list decays every parameter.
+    opt, _ = build_optimizer("adamw", model, cpu, args.lr, 0.01, (0.9, 0.999), 1e-6, [])
+    assert len(opt.param_groups) == 1
+    assert len(opt.param_groups[0]["params"]) == len(list(model.parameters()))
+
+
+def test_schedule_flags_shape_the_learning_rate() -> None:
+    from pretrain_bert import parse_args, schedule
+    args = parse_args(["--num-layers", "1", "--hidden-size", "8", "--num-heads", "2",
+                       "--intermediate-size", "16", "--vocab-size", "10", "--input-dir", "x",
+                       "--micro-batch-size", "1", "--lr", "0.01", "--max-steps", "100",
+                       "--warmup", "0.1", "--min-lr", "0.001", "--decay-steps", "60",
+                       "--schedule", "cosine"])
+    assert schedule(args, 9) == pytest.approx(0.01)          # end of warmup
+    assert schedule(args, 35) == pytest.approx(0.0055)       # cosine midpoint of 10..60
+    assert schedule(args, 60) == schedule(args, 99) == pytest.approx(0.001)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_large_model_network_trains_under_zero1(shard_dir: Path, tmp_path: Path) -> None:
+    """BERT 1.5B's wiring under the real DeepSpeed ZeRO-1 bf16 engine on 2 CPU processes, with the
+    reference's optimizer values: the loss goes down."""
+    need("torch", "deepspeed", "transformers", "h5py")
+    result = launch(TINY + ["--input-dir", str(shard_dir), "--output-dir", str(tmp_path / "o"),
+                            "--phase", "train", "--steps", "8", "--layer-norm-large-model",
+                            "--eps", "1e-6", "--no-decay", "bias", "gamma", "beta", "LayerNorm",
+                            "--lr", "0.01", "--warmup", "0", "--constant", "1"], tmp_path)
+    losses = [e["loss"] for e in events_of(result, "step")]
+    assert len(losses) == 8
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -67,8 +67,14 @@ def choose_accelerator(request: str, local_rank: int) -> Accelerator:
     return Accelerator("cpu", torch.device("cpu"), "gloo")
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices and embeddings only: biases and LayerNorm gains (1-D) stay undecayed."""
+def parameter_groups(model: torch.nn.Module, weight_decay: float,
+                     no_decay: Sequence[str] | None = None) -> list[dict]:
+    """Decayed and undecayed parameters. With ``no_decay`` (name fragments; empty = decay every
+    parameter) the shared rule of common/optim.py; without it, matrices and embeddings are
+    decayed and biases and LayerNorm gains (1-D) are not."""
+    if no_decay is not None:
+        from common.optim import parameter_groups as by_name
+        return by_name(model.named_parameters(), weight_decay, no_decay)
     decay: list[torch.nn.Parameter] = []
     plain: list[torch.nn.Parameter] = []
     for param in model.parameters():
@@ -79,17 +85,19 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(kind: str, model: torch.nn.Module, accel: Accelerator, lr: float,
-                    weight_decay: float) -> tuple[torch.optim.Optimizer, str]:
+                    weight_decay: float, betas: tuple[float, float] = (0.9, 0.999),
+                    eps: float = 1e-6, no_decay: Sequence[str] | None = None,
+                    ) -> tuple[torch.optim.Optimizer, str]:
     """The optimizer object handed to deepspeed.initialize, and a name for the start line.
 
     A client optimizer (not DeepSpeed's config one) avoids DeepSpeed JIT-building its fused ops.
     """
-    groups = parameter_groups(model, weight_decay)
+    groups = parameter_groups(model, weight_decay, no_decay)
     if kind == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6), "torch.AdamW"
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps), "torch.AdamW"
     if accel.name == "hpu":
         fused = importlib.import_module("habana_frameworks.torch.hpex.optimizers")
-        return fused.FusedLamb(groups, lr=lr), "habana.FusedLamb"
+        return fused.FusedLamb(groups, lr=lr, betas=betas, eps=eps), "habana.FusedLamb"
     from lamb import Lamb  # the script's own directory is on sys.path
 
-    return Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6), "payload.Lamb"
+    return Lamb(groups, lr=lr, betas=betas, eps=eps), "payload.Lamb"

@@ -28,7 +28,7 @@ from common.runtime import (
     run_main,
     step_seed,
 )
-from common.schedule import learning_rate, steps_from_proportion
+from common.schedule import DECAY_SHAPES, learning_rate, steps_from_proportion
 
 PROG = "pretrain_bert"
 
@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model.add_argument("--vocab-size", type=int, required=True)
     model.add_argument("--max-position-embeddings", type=int, default=512)
     model.add_argument("--type-vocab-size", type=int, default=2)
+    model.add_argument("--hidden-dropout", type=float, default=0.1)
+    model.add_argument("--attention-dropout", type=float, default=0.1)
+    model.add_argument("--layer-norm-eps", type=float, default=1e-12)
+    model.add_argument("--init-std", type=float, default=0.02, help="initializer range")
+    model.add_argument("--layer-norm-large-model", action="store_true",
+                       help="the LayerNorm placement of Model-References' large BERT configs "
+                            "(bert_topology.py)")
     data = p.add_argument_group("data")
     data.add_argument("--input-dir", type=Path, required=True,
                       help="directory of hdf5 shards; files whose name contains 'training'")
@@ -55,8 +62,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--warmup", type=float, default=0.0, help="proportion of --max-steps")
     train.add_argument("--constant", type=float, default=0.0, help="proportion of --max-steps")
     train.add_argument("--max-steps", type=int, required=True)
+    train.add_argument("--min-lr", type=float, default=0.0, help="the floor the decay reaches")
+    train.add_argument("--decay-steps", type=int, default=None,
+                       help="step at which the decay reaches --min-lr (default: --max-steps)")
+    train.add_argument("--schedule", choices=DECAY_SHAPES, default="linear",
+                       help="shape of the decay after warmup and hold")
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
+    train.add_argument("--beta1", type=float, default=0.9)
+    train.add_argument("--beta2", type=float, default=0.999)
+    train.add_argument("--eps", type=float, default=1e-6)
     train.add_argument("--weight-decay", type=float, default=0.01)
+    train.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT",
+                       help="parameters whose names contain one of these get no weight decay "
+                            "(given with none: every parameter is decayed; absent: biases and "
+                            "LayerNorm weights are not)")
     train.add_argument("--grad-clip", type=float, default=1.0)
     train.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=1)
     train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
@@ -91,6 +110,21 @@ def validate(args: argparse.Namespace) -> None:
         raise PayloadError("--warmup and --constant must be >= 0 and sum to at most 1")
     if args.steps < -1:
         raise PayloadError("--steps must be -1 (no bound) or >= 0")
+    for name in ("hidden_dropout", "attention_dropout"):
+        if not 0.0 <= getattr(args, name) < 1.0:
+            raise PayloadError(f"--{name.replace('_', '-')} must lie in [0, 1)")
+    for name in ("layer_norm_eps", "init_std", "eps"):
+        if not getattr(args, name) > 0:
+            raise PayloadError(f"--{name.replace('_', '-')} must be positive")
+    if not (0.0 <= args.beta1 < 1.0 and 0.0 <= args.beta2 < 1.0):
+        raise PayloadError("--beta1 and --beta2 must lie in [0, 1)")
+    if not 0.0 <= args.min_lr <= args.lr:
+        raise PayloadError("--min-lr must lie between 0 and --lr")
+    hold = (steps_from_proportion(args.warmup, args.max_steps)
+            + steps_from_proportion(args.constant, args.max_steps))
+    if args.decay_steps is not None and not hold <= args.decay_steps <= args.max_steps:
+        raise PayloadError(f"--decay-steps must lie between the end of warmup and hold ({hold}) "
+                           "and --max-steps")
 
 
 def deepspeed_config(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
@@ -113,7 +147,8 @@ def schedule(args: argparse.Namespace, step: int) -> float:
     """Learning rate for the update after ``step`` completed steps (linear warmup/hold/decay)."""
     return learning_rate(step, peak_lr=args.lr, max_steps=args.max_steps,
                          warmup_steps=steps_from_proportion(args.warmup, args.max_steps),
-                         constant_steps=steps_from_proportion(args.constant, args.max_steps))
+                         constant_steps=steps_from_proportion(args.constant, args.max_steps),
+                         min_lr=args.min_lr, decay=args.schedule, decay_steps=args.decay_steps)
 
 
 def build_model(args: argparse.Namespace) -> Any:
@@ -123,8 +158,15 @@ def build_model(args: argparse.Namespace) -> Any:
                         num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads,
                         intermediate_size=args.intermediate_size,
                         max_position_embeddings=args.max_position_embeddings,
-                        type_vocab_size=args.type_vocab_size)
-    return BertForPreTraining(config)
+                        type_vocab_size=args.type_vocab_size,
+                        hidden_dropout_prob=args.hidden_dropout,
+                        attention_probs_dropout_prob=args.attention_dropout,
+                        layer_norm_eps=args.layer_norm_eps, initializer_range=args.init_std)
+    model = BertForPreTraining(config)
+    if args.layer_norm_large_model:
+        from bert_topology import use_large_model_layer_norm
+        use_large_model_layer_norm(model)
+    return model
 
 
 class Trainer:
@@ -146,7 +188,8 @@ class Trainer:
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         model = build_model(args)
         self.optimizer, opt_name = build_optimizer(args.optimizer, model, self.accel, args.lr,
-                                                   args.weight_decay)
+                                                   args.weight_decay, (args.beta1, args.beta2),
+                                                   args.eps, args.no_decay)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer,
                                                config=deepspeed_config(args, self.world))
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.world
