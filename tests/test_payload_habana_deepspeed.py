@@ -469,9 +469,9 @@ def test_large_model_layer_norm_is_the_reference_wiring() -> None:
 
 def test_model_and_optimizer_values_reach_their_places() -> None:
     need("torch", "transformers")
+    import torch
     from accelerators import Accelerator, build_optimizer
     from pretrain_bert import build_model
-    import torch
     args = _tiny_args("--hidden-dropout", "0.15", "--attention-dropout", "0.05",
                       "--layer-norm-eps", "1e-7", "--init-std", "0.03", "--beta1", "0.8",
                       "--beta2", "0.95", "--eps", "1e-5", "--no-decay", "bias", "LayerNorm")

@@ -58,9 +58,23 @@ def build(spec: JobSpec) -> Launch:
                                "--vocab-size", str(SMOKE["vocab_size"]), "--seed", str(r.seed)))
 
     def gpt(which: Pass) -> tuple[str, ...]:
-        return tuple(_common(spec, which) + [
+        # The recipe's optimizer and schedule shape on the smoke run's scale (its decay ends
+        # where the recipe's does, as a fraction of the run), so the shared loop code
+        # (payload/common: schedule, parameter groups, scaled initialisation) runs as on the
+        # real job.
+        o, s, m = r.optim, r.schedule, r.model
+        steps = SMOKE["max_steps"]
+        decay_end = round(steps * (s.decay_steps or s.max_steps) / s.max_steps)
+        args = _common(spec, which) + [
             "--family", r.model.family, "--lr", "0.003", "--min-lr", "0.0003",
-            "--warmup-steps", "2"])
+            "--warmup-steps", "2", "--decay", s.name, "--decay-steps", str(max(2, decay_end)),
+            "--beta1", number(o.betas[0]), "--beta2", number(o.betas[1]), "--eps", number(o.eps),
+            "--init-std", number(m.init_method_std or 0.02)]
+        if o.no_decay is not None:
+            args += ["--no-decay", *o.no_decay]
+        if m.scaled_init:
+            args.append("--scaled-init")
+        return tuple(args)
 
     return Launch(launcher="smoke/launch.sh", workdir=posixpath.join(spec.payload_dir, "smoke"),
                   program="train.py", compile_wrapper="", compile_args=gpt("compile"),

@@ -27,7 +27,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.events import EventLog, open_tensorboard
+from common.init import scale_output_projections
 from common.loop import agreed_newest, run_invocation, sealed_save
+from common.optim import parameter_groups
 from common.runtime import (
     PayloadError,
     batch_positions,
@@ -39,6 +41,9 @@ from common.runtime import (
 from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "smoke-train"
+# The projections that write into the residual stream, per family (Hugging Face names).
+OUTPUT_PROJECTIONS = {"gpt_neox": ("attention.dense", "mlp.dense_4h_to_h"),
+                      "llama": ("o_proj", "down_proj")}
 STATE_FILE = "state.pt"
 STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
 FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
@@ -80,6 +85,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-lr", type=float, default=3e-4)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--decay", choices=DECAY_SHAPES, default="cosine")
+    p.add_argument("--constant-steps", type=int, default=0)
+    p.add_argument("--decay-steps", type=int, default=None,
+                   help="step at which the decay reaches --min-lr (default: --max-steps)")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT",
+                   help="name fragments kept out of weight decay (none given: decay all; "
+                        "absent: matrices are decayed, vectors are not)")
+    p.add_argument("--init-std", type=float, default=0.02)
+    p.add_argument("--scaled-init", action="store_true",
+                   help="output projections at --init-std / sqrt(2 x layers) (common/init.py)")
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--grad-clip", type=float, default=1.0)
@@ -134,7 +151,7 @@ def build_model(args: argparse.Namespace) -> Any:
         "vocab_size": args.vocab_size, "hidden_size": args.hidden_size,
         "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_heads,
         "intermediate_size": args.intermediate_size,
-        "max_position_embeddings": args.seq_length}
+        "max_position_embeddings": args.seq_length, "initializer_range": args.init_std}
     if args.family == "gpt_neox":
         # GPT-NeoX 20B / Pythia style: rotary on a quarter of each head, parallel residual.
         # ``rotary_pct`` is the 4.x name; 5.x still accepts it (into rope_parameters).
@@ -158,12 +175,20 @@ class SmokeTrainer:
         dist.init_process_group("gloo")
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         self.model = build_model(args)
+        if args.scaled_init:  # the same code as the NxD program's (payload/common/init.py)
+            scale_output_projections(self.model, OUTPUT_PROJECTIONS[args.family],
+                                     args.init_std, args.num_layers)
         self.ddp = DistributedDataParallel(self.model)
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        plain = [p for p in self.model.parameters() if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": args.weight_decay},
-             {"params": plain, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+        if args.no_decay is None:
+            decay = [p for p in self.model.parameters() if p.ndim >= 2]
+            plain = [p for p in self.model.parameters() if p.ndim < 2]
+            groups = [{"params": decay, "weight_decay": args.weight_decay},
+                      {"params": plain, "weight_decay": 0.0}]
+        else:
+            groups = parameter_groups(self.model.named_parameters(), args.weight_decay,
+                                      args.no_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2),
+                                           eps=args.eps)
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.world
         self.ckpt_root = args.output_dir / "checkpoints"
         self.training = args.phase == "train"
@@ -182,7 +207,8 @@ class SmokeTrainer:
     def schedule_params(self) -> dict[str, Any]:
         args = self.args
         return {"peak_lr": args.lr, "min_lr": args.min_lr, "max_steps": args.max_steps,
-                "warmup_steps": args.warmup_steps, "decay": args.decay}
+                "warmup_steps": args.warmup_steps, "constant_steps": args.constant_steps,
+                "decay": args.decay, "decay_steps": args.decay_steps}
 
     def _micro_batch(self, positions: list[int]) -> Any:
         args = self.args
