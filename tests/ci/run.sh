@@ -157,6 +157,12 @@ venv_install() {
     timed "transformers h5py" vpip install -q transformers h5py
     timed "-e .[test]" vpip install -q -e '.[test]'
     unset PIP_CONSTRAINT
+    # torch 1.13.1's own torchrun parser (neuronx-nemo-megatron's pin), which
+    # tests/test_upstream_torchrun.py runs: the smallest 1.13.1 wheel on PyPI (macOS arm64,
+    # 53 MB) is downloaded, never installed; the test reads two source files out of it.
+    timed "torch 1.13.1 wheel (torchrun's parser)" \
+        vpip download -q --no-deps --only-binary=:all: --python-version 3.10 \
+        --platform macosx_11_0_arm64 -d "$VENV/upstream" torch==1.13.1
 }
 
 fingerprint() {
