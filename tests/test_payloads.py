@@ -166,3 +166,20 @@ def test_a_new_payload_is_one_record(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(JobgenError, match=r"optim\.eps: payload neuron_nemo does not use"):
         api.job_spec("neox20b", overrides=("optim.eps=1e-6",))
     _: Optional[int] = None
+
+
+def test_neuron_image_pins_the_releases_the_payloads_were_checked_against() -> None:
+    """The image's checkouts are the upstream commits the facts were read from, and a
+    coherent pair with its base image (finding 8 of issue 7: SDK 2.20 base, current examples)."""
+    import json
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    dockerfile = (root / "env" / "containers" / "neuron.Dockerfile").read_text()
+    arg = {m.group(1): m.group(2) for m in re.finditer(r"^ARG (\w+)=(\S+)$", dockerfile, re.M)}
+    upstream = root / "jobgen" / "payloads" / "upstream"
+    assert arg["NXD_REF"] == json.loads((upstream / "neuronx_distributed.json").read_text())[
+        "commit"]
+    assert arg["NEMO_REF"] == json.loads((upstream / "neuron_nemo.json").read_text())["commit"]
+    assert "sdk2.20" in arg["BASE_IMAGE"]
+    assert "torch.__version__.startswith('1.13')" in dockerfile   # NeMo's torch pin is checked

@@ -10,19 +10,26 @@
 # AWS Deep Learning Container for Neuron training (torch-neuronx, neuronx-cc, neuronx_distributed,
 # EFA libfabric and aws-ofi-nccl are in it). The same image is in the regional DLC registries
 # (763104351884.dkr.ecr.<region>.amazonaws.com/pytorch-training-neuronx:<tag>, after an ECR login).
+#
+# One Neuron SDK release for everything (2.20), in two variants, because the two trainers need
+# different torch versions:
+#   TRAINER=nxd  (default) the Llama program: SDK 2.20 image (torch 2.1.2) + the NxD example at
+#                its SDK 2.20 release commit (4f95471; later examples import modules that first
+#                appear in NxD 2.23, which this image does not have).
+#   TRAINER=nemo neuronx-nemo-megatron at its SDK 2.20 release commit (d22aabf), which pins
+#                torch 1.13.1: build it on a torch 1.13.1 Neuron image, e.g.
+#                --build-arg TRAINER=nemo
+#                --build-arg BASE_IMAGE=<registry>/pytorch-training-neuronx:1.13.1-neuronx-py310-sdk2.18.0-ubuntu20.04
+#                (the build stops if the base image's torch is not 1.13).
+# These pins are the releases jobgen/payloads/upstream/*.json were read from.
 ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04
 FROM ${BASE_IMAGE}
 
-# neuronx-nemo-megatron (NeMo + Apex adapted for Neuron): checked out and built into wheels.
-# Pin NEMO_REF to the commit of the release that matches the base image's Neuron SDK.
-ARG INSTALL_NEMO=1
+ARG TRAINER=nxd
 ARG NEMO_REPO=https://github.com/aws-neuron/neuronx-nemo-megatron.git
-ARG NEMO_REF=main
-# The NeuronX Distributed examples (the Llama pretraining script jobgen starts); the library
-# itself comes with the base image. Pin NXD_REF to the release matching the SDK, too.
-ARG INSTALL_NXD_EXAMPLES=1
+ARG NEMO_REF=d22aabf
 ARG NXD_REPO=https://github.com/aws-neuron/neuronx-distributed.git
-ARG NXD_REF=main
+ARG NXD_REF=4f95471
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
@@ -43,8 +50,10 @@ RUN python3 -m pip freeze \
 # Checkouts land in /workspace, where the `local` site's relative paths expect them
 # (neuronx-nemo-megatron/nemo/examples/nlp/language_modeling,
 #  neuronx-distributed/examples/training/llama/tp_zero1_llama_hf_pretrain).
-RUN if [ "$INSTALL_NEMO" = 1 ]; then \
-      git clone "$NEMO_REPO" neuronx-nemo-megatron \
+RUN case "$TRAINER" in nxd | nemo) ;; *) echo "TRAINER must be nxd or nemo" >&2; exit 1 ;; esac
+RUN if [ "$TRAINER" = nemo ]; then \
+      python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('1.13') else 'neuronx-nemo-megatron pins torch 1.13.1; this base image has torch ' + torch.__version__ + ': pass a torch 1.13.1 BASE_IMAGE')" \
+      && git clone "$NEMO_REPO" neuronx-nemo-megatron \
       && git -C neuronx-nemo-megatron checkout "$NEMO_REF" \
       && cd neuronx-nemo-megatron \
       && python3 -m pip install -c /tmp/keep.txt wheel \
@@ -53,7 +62,7 @@ RUN if [ "$INSTALL_NEMO" = 1 ]; then \
       && python3 -m pip install -c /tmp/keep.txt -r requirements.txt protobuf==3.20.3 \
       && python3 -c "from nemo.collections.nlp.data.language_modeling.megatron.dataset_utils import compile_helper; compile_helper()"; \
     fi
-RUN if [ "$INSTALL_NXD_EXAMPLES" = 1 ]; then \
+RUN if [ "$TRAINER" = nxd ]; then \
       git clone "$NXD_REPO" neuronx-distributed \
       && git -C neuronx-distributed checkout "$NXD_REF" \
       && for req in neuronx-distributed/examples/training/llama/requirements.txt \
