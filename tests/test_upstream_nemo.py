@@ -20,11 +20,13 @@ from jobgen.payloads.neuron_nemo import hydra_string
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = json.loads((ROOT / "jobgen" / "payloads" / "upstream" / "neuron_nemo.json").read_text())
-KEYS: dict[str, str] = FACTS["config_keys"]["megatron_neox_config"]
+CONFIG = FACTS["config_name"]
+KEYS: dict[str, str] = FACTS["config_keys"][CONFIG]
+# A value of each recorded kind ("missing" is OmegaConf's ??? : the command line must set it).
 PLACEHOLDER = {"int": 1, "float": 0.5, "str": "x", "bool": False, "null": None, "list": [],
-               "interpolation": None}
-COMPATIBLE = {"int": (int, float), "float": (int, float), "str": (str,), "bool": (bool,),
-              "list": (list,), "null": (object,), "interpolation": (object,)}
+               "interpolation": None, "missing": "???"}
+PYTHON = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,),
+          "mapping": (dict,), "null": (object,), "interpolation": (object,), "missing": ()}
 
 
 def config_from_facts() -> dict[str, Any]:
@@ -46,9 +48,9 @@ def compose(tmp_path: Path, overrides: list[str]) -> Any:
 
     conf = tmp_path / "conf"
     conf.mkdir(exist_ok=True)
-    (conf / "megatron_neox_config.yaml").write_text(yaml.safe_dump(config_from_facts()))
+    (conf / f"{CONFIG}.yaml").write_text(yaml.safe_dump(config_from_facts()))
     with initialize_config_dir(config_dir=str(conf), version_base=None):
-        cfg = hydra_compose(config_name="megatron_neox_config", overrides=overrides)
+        cfg = hydra_compose(config_name=CONFIG, overrides=overrides)
     return OmegaConf.to_container(cfg, resolve=False)
 
 
@@ -58,17 +60,24 @@ def value_at(tree: dict[str, Any], path: str) -> Any:
     return tree
 
 
-CASES = [("neox20b", 4), ("neox20b", 16), ("pythia6.9b", 1), ("pythia6.9b", 4)]
+def allowed_kinds(key: str) -> tuple[type, ...]:
+    kinds = [KEYS[key], *FACTS["also_accepts"].get(key, [])]
+    return tuple(t for kind in kinds for t in PYTHON[kind])
 
 
-@pytest.mark.parametrize("recipe,nodes", CASES)
+CASES = [("neox20b", 4, "trn1-pcluster"), ("neox20b", 16, "trn1-pcluster"),
+         ("neox20b", 4, "local"), ("pythia6.9b", 1, "trn1-pcluster"),
+         ("pythia6.9b", 4, "trn1-pcluster"), ("pythia6.9b", 2, "local")]
+
+
+@pytest.mark.parametrize("recipe,nodes,site", CASES)
 @pytest.mark.parametrize("which", ["compile", "train"])
 def test_hydra_accepts_every_rendered_override(tmp_path: Path, recipe: str, nodes: int,
-                                               which: str) -> None:
-    lau = launch.for_spec(api.job_spec(recipe, nodes, site="trn1-pcluster"))
-    head, *overrides = lau.args(which)  # type: ignore[arg-type]
-    assert head == "--config-name=megatron_neox_config"
-    assert head.split("=", 1)[1] in FACTS["configs"]
+                                               site: str, which: str) -> None:
+    lau = launch.for_spec(api.job_spec(recipe, nodes, site=site))
+    head, *overrides = lau.compile_args if which == "compile" else lau.train_args
+    assert head == f"--config-name={CONFIG}"
+    assert CONFIG in FACTS["configs"]
     cfg = compose(tmp_path, overrides)
     wrong = []
     for item in overrides:
@@ -80,15 +89,15 @@ def test_hydra_accepts_every_rendered_override(tmp_path: Path, recipe: str, node
         if plus:
             continue
         value = value_at(cfg, key)
-        allowed = COMPATIBLE[KEYS[key]]
-        if key in FACTS["also_accepts"]:
-            allowed = allowed + (list,)
-        if value is not None and not isinstance(value, allowed):
-            wrong.append(f"{key}: {value!r} is {type(value).__name__}, the config has "
-                         f"{KEYS[key]}")
-        if KEYS[key] in ("int", "float") and isinstance(value, bool):
-            wrong.append(f"{key}: {value!r} arrives as a bool")
+        allowed = allowed_kinds(key)
+        if value is None and KEYS[key] != "missing":
+            continue                               # null: "not set", which every key takes
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            wrong.append(f"{item}: arrives as {type(value).__name__} {value!r}, the config "
+                         f"has {KEYS[key]}")
     assert wrong == []
+    mandatory = [k for k, kind in KEYS.items() if kind == "missing"]
+    assert [k for k in mandatory if value_at(cfg, k) == "???"] == []   # every ??? is set
 
 
 @pytest.mark.parametrize("text", ["TRUE", "Null", "nan", "1e5", "inf", "x\\y", "end\\",
@@ -107,6 +116,19 @@ def test_recorded_facts_name_the_release() -> None:
     assert FACTS["commit"] == "d22aabf" and FACTS["release"] == "Neuron SDK 2.20"
     assert len(KEYS) > 200 and KEYS["model.optim.sched.min_lr"] == "float"
     assert "model.resume_from_checkpoint" in KEYS      # the documented resume path exists
+    assert set(FACTS["config_keys"]) == {"megatron_neox_config", "megatron_gpt_config"}
+    for revision in FACTS["other_revisions"].values():     # 2.19 and 2.21 read the same keys
+        assert all(not (d["added"] or d["removed"] or d["retyped"]) for d in revision.values())
+
+
+def test_the_launcher_resume_override_reaches_the_config(tmp_path: Path) -> None:
+    """payload/neuron_nemo/launch.sh adds model.resume_from_checkpoint=<quoted path>: Hydra
+    takes it without `+` (the key exists) and OmegaConf reads the path back unchanged."""
+    from omegaconf import OmegaConf
+    path = "runs/it's \\ ${x}/nemo/checkpoints/megatron_neox--step=4-consumed_samples=8.0-last.ckpt"
+    cfg = compose(tmp_path, [f"model.resume_from_checkpoint={hydra_string(path)}"])
+    resolved = OmegaConf.to_container(OmegaConf.create(cfg), resolve=False)
+    assert OmegaConf.create(resolved).model.resume_from_checkpoint == path
 
 
 @pytest.mark.parametrize("override", ["model.optim.eps=1e-8", "+model.optim.lr=0.1",

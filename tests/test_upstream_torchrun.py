@@ -1,8 +1,9 @@
 """The launcher's torchrun command line, parsed by torchrun's real parsers: the installed torch's
-(2.x) and torch 1.13.1's (neuronx-nemo-megatron's pin), whose get_args_parser() is taken from
-the 1.13.1 wheel on PyPI that tests/ci/run.sh downloads (TORCH113_WHEEL, or
-$VENV/upstream/torch-1.13.1-*.whl). The recorded option table of jobgen/payloads/upstream/
-torchrun.json is checked as well, so the rule holds even where the wheel is absent."""
+and those of the releases the trainers run on (1.13.1: neuronx-nemo-megatron's pin; 2.1.2: the
+Neuron SDK 2.20 image), whose get_args_parser() is taken from their PyPI wheels, which
+tests/ci/run.sh downloads into $VENV/upstream (or TORCH_WHEEL_1_13_1 / TORCH_WHEEL_2_1_2 name).
+The option tables recorded in jobgen/payloads/upstream/torchrun.json are checked against the
+wheels and used as parsers too, so the rule holds even where the wheels are absent."""
 from __future__ import annotations
 
 import argparse
@@ -56,14 +57,14 @@ def launcher_argv(tmp_path: Path, pass_: str = "train", **env: str) -> list[str]
     return argv
 
 
-def parser_from_wheel(wheel: str) -> argparse.ArgumentParser:
-    """torch 1.13.1's own get_args_parser(), run without importing torch: its source and that
-    of torch/distributed/argparse_util.py (which needs only os and argparse) from the wheel."""
+def parser_from_wheel(wheel: str, version: str) -> argparse.ArgumentParser:
+    """The get_args_parser() of the torch in ``wheel``, run without importing torch: its source
+    and that of torch/distributed/argparse_util.py (which needs only os and argparse)."""
     with zipfile.ZipFile(wheel) as z:
         run_src = z.read("torch/distributed/run.py").decode()
         util_src = z.read("torch/distributed/argparse_util.py").decode()
-        version = z.read("torch/version.py").decode()
-    assert "__version__ = '1.13.1'" in version
+        version_src = z.read("torch/version.py").decode()
+    assert f"__version__ = '{version}'" in version_src, f"{wheel} is not torch {version}"
     namespace: dict[str, Any] = {}
     exec(compile(util_src, "argparse_util.py", "exec"), namespace)
     namespace.update(ArgumentParser=argparse.ArgumentParser, REMAINDER=argparse.REMAINDER)
@@ -74,9 +75,16 @@ def parser_from_wheel(wheel: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parser_from_facts() -> argparse.ArgumentParser:
+def option_table(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]:
+    """A parser's options as torchrun.json records them."""
+    return {a.dest: {"spellings": list(a.option_strings), "takes_value": a.nargs != 0}
+            for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+def parser_from_facts(version: str) -> argparse.ArgumentParser:
+    """A parser that takes exactly the options recorded for ``version`` and refuses others."""
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    for dest, option in FACTS["torch_1_13_1"]["options"].items():
+    for dest, option in FACTS["torch"][version]["options"].items():
         if option["takes_value"]:
             parser.add_argument(*option["spellings"], dest=dest)
         else:
@@ -86,12 +94,15 @@ def parser_from_facts() -> argparse.ArgumentParser:
     return parser
 
 
-def wheel_113() -> str | None:
-    given = os.environ.get("TORCH113_WHEEL")
+def torch_wheel(version: str) -> str | None:
+    """The torch wheel of ``version`` that tests/ci/run.sh downloads (never installs) into
+    $VENV/upstream, or the one TORCH_WHEEL_<1_13_1> names."""
+    given = os.environ.get("TORCH_WHEEL_" + version.replace(".", "_"))
     if given:
         return given
-    venv = os.environ.get("VIRTUAL_ENV") or str(Path(sys.executable).resolve().parent.parent)
-    found = sorted(glob.glob(os.path.join(venv, "upstream", "torch-1.13.1-*.whl")))
+    # sys.prefix is the virtual environment's folder (its python is a link to another one).
+    venv = os.environ.get("VIRTUAL_ENV") or sys.prefix
+    found = sorted(glob.glob(os.path.join(venv, "upstream", f"torch-{version}-*.whl")))
     return found[0] if found else None
 
 
@@ -109,41 +120,71 @@ VARIANTS = [("train", {}), ("train", {"JOBGEN_RDZV_TIMEOUT": "900"}),
                          "JOBGEN_RDZV_TIMEOUT": "900"})]
 
 
-@pytest.mark.parametrize("pass_,env", VARIANTS, ids=["train", "train+timeout", "compile"])
-def test_current_torch_parses_the_launch(tmp_path: Path, pass_: str,
-                                         env: dict[str, str]) -> None:
-    pytest.importorskip("torch")
-    from torch.distributed.run import get_args_parser
-    args = strict(get_args_parser().parse_args)(launcher_argv(tmp_path, pass_, **env))
-    assert (args.nproc_per_node, args.nnodes, args.node_rank) == ("32", "2", 1)
-    assert (args.master_addr, args.master_port) == ("10.0.0.1", 41000)
+IDS = ["train", "train+timeout", "compile"]
+RELEASES = sorted(FACTS["torch"])          # the torch releases whose parsers are recorded
+
+
+def check_parsed(args: Any, pass_: str, env: dict[str, str]) -> None:
+    assert (str(args.nproc_per_node), str(args.nnodes), int(args.node_rank)) == ("32", "2", 1)
+    assert (args.master_addr, int(args.master_port)) == ("10.0.0.1", 41000)
     assert args.rdzv_id == f"jobgen-{pass_}"
-    assert args.rdzv_conf == ("timeout=900" if "JOBGEN_RDZV_TIMEOUT" in env else "")
+    assert (args.rdzv_conf or "") == ("timeout=900" if "JOBGEN_RDZV_TIMEOUT" in env else "")
     assert args.training_script.endswith("train.py")
     assert args.training_script_args == ["--lr", "0.1"]
 
 
-@pytest.mark.parametrize("pass_,env", VARIANTS, ids=["train", "train+timeout", "compile"])
-def test_torch_1_13_parses_the_launch(tmp_path: Path, require: Any, pass_: str,
-                                      env: dict[str, str]) -> None:
-    wheel = wheel_113()
+@pytest.mark.parametrize("pass_,env", VARIANTS, ids=IDS)
+def test_current_torch_parses_the_launch(tmp_path: Path, require: Any, pass_: str,
+                                         env: dict[str, str]) -> None:
+    require.modules("torch")
+    from torch.distributed.run import get_args_parser
+    check_parsed(strict(get_args_parser().parse_args)(launcher_argv(tmp_path, pass_, **env)),
+                 pass_, env)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("pass_,env", VARIANTS, ids=IDS)
+def test_released_torch_parses_the_launch(tmp_path: Path, require: Any, version: str,
+                                          pass_: str, env: dict[str, str]) -> None:
+    """torchrun's own parser of each recorded release, taken from its wheel."""
+    wheel = torch_wheel(version)
+    require(wheel, f"the torch {version} wheel (tests/ci/run.sh downloads it into "
+                   "$VENV/upstream)")
+    assert wheel is not None
+    parser = parser_from_wheel(wheel, version)
+    check_parsed(strict(parser.parse_args)(launcher_argv(tmp_path, pass_, **env)), pass_, env)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_recorded_options_are_the_wheels(require: Any, version: str) -> None:
+    """torchrun.json says what the wheel's parser takes, no more and no less."""
+    wheel = torch_wheel(version)
+    require(wheel, f"the torch {version} wheel (tests/ci/run.sh downloads it into "
+                   "$VENV/upstream)")
+    assert wheel is not None
+    assert option_table(parser_from_wheel(wheel, version)) == FACTS["torch"][version]["options"]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("pass_,env", VARIANTS, ids=IDS)
+def test_recorded_options_parse_the_launch(tmp_path: Path, version: str, pass_: str,
+                                           env: dict[str, str]) -> None:
+    """The same check from the recorded option tables, so that it holds without the wheels."""
+    argv = launcher_argv(tmp_path, pass_, **env)
+    check_parsed(parser_from_facts(version).parse_args(argv), pass_, env)
+    script = next(i for i, a in enumerate(argv) if a.endswith("train.py"))
+    assert {a for a in argv[:script] if a.startswith("-")} <= set(FACTS["launcher_uses"])
+
+
+def test_torch_1_13_refuses_the_hyphenated_spellings(require: Any) -> None:
+    """What the launcher passed before (finding 2 of issue 7) fails on torch 1.13.1: the rule
+    above has teeth, in the recorded table and in the real parser."""
+    bad = ["--rdzv-id", "x", "--nproc-per-node", "2", "train.py"]
+    assert not FACTS["torch"]["1.13.1"]["hyphenated_aliases"]
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        parser_from_facts("1.13.1").parse_args(bad)
+    wheel = torch_wheel("1.13.1")
     require(wheel, "the torch 1.13.1 wheel (tests/ci/run.sh downloads it into $VENV/upstream)")
     assert wheel is not None
-    argv = launcher_argv(tmp_path, pass_, **env)
-    args = strict(parser_from_wheel(wheel).parse_args)(argv)
-    assert (args.nproc_per_node, args.node_rank, args.rdzv_id) == ("32", 1, f"jobgen-{pass_}")
-    # The hyphenated spellings the launcher used before are refused by the real 1.13.1 parser.
     with pytest.raises(SystemExit):
-        parser_from_wheel(wheel).parse_args(["--rdzv-id", "x", "train.py"])
-
-
-@pytest.mark.parametrize("pass_,env", VARIANTS, ids=["train", "train+timeout", "compile"])
-def test_recorded_1_13_options_parse_the_launch(tmp_path: Path, pass_: str,
-                                                env: dict[str, str]) -> None:
-    argv = launcher_argv(tmp_path, pass_, **env)
-    parsed = parser_from_facts().parse_args(argv)
-    assert parsed.rdzv_id == f"jobgen-{pass_}"
-    used = sorted({a for a in argv if a.startswith("--")} - {"--lr"})
-    assert set(used) <= set(FACTS["launcher_uses"])
-    with pytest.raises((argparse.ArgumentError, SystemExit)):
-        parser_from_facts().parse_args(["--rdzv-id", "x", "train.py"])
+        parser_from_wheel(wheel, "1.13.1").parse_args(bad)

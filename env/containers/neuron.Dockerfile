@@ -11,15 +11,16 @@
 # EFA libfabric and aws-ofi-nccl are in it). The same image is in the regional DLC registries
 # (763104351884.dkr.ecr.<region>.amazonaws.com/pytorch-training-neuronx:<tag>, after an ECR login).
 #
-# One Neuron SDK release for everything (2.20), in two variants, because the two trainers need
-# different torch versions:
-#   TRAINER=nxd  (default) the Llama program: SDK 2.20 image (torch 2.1.2) + the NxD example at
-#                its SDK 2.20 release commit (4f95471; later examples import modules that first
-#                appear in NxD 2.23, which this image does not have).
-#   TRAINER=nemo neuronx-nemo-megatron at its SDK 2.20 release commit (d22aabf), which pins
-#                torch 1.13.1: build it on a torch 1.13.1 Neuron image, e.g.
-#                --build-arg TRAINER=nemo
-#                --build-arg BASE_IMAGE=<registry>/pytorch-training-neuronx:1.13.1-neuronx-py310-sdk2.18.0-ubuntu20.04
+# One Neuron SDK release for everything (2.20.2), in two variants, because the two trainers need
+# different torch versions (the SDK 2.20.2 DLC exists for both):
+#   TRAINER=nxd  (default) the Llama program: the SDK 2.20.2 image with torch 2.1.2, plus the NxD
+#                example at its SDK 2.20 release commit (4f95471; later examples import modules
+#                that first appear in NxD 2.23, which this image does not have).
+#   TRAINER=nemo neuronx-nemo-megatron at its SDK 2.20 release commit (d22aabf), whose Dockerfile
+#                installs torch 1.13.1 (and a later commit pins it in build.sh): build it on the
+#                SDK 2.20.2 image with torch 1.13.1,
+#                  --build-arg TRAINER=nemo
+#                  --build-arg BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:1.13.1-neuronx-py310-sdk2.20.2-ubuntu20.04
 #                (the build stops if the base image's torch is not 1.13).
 # These pins are the releases jobgen/payloads/upstream/*.json were read from.
 ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04
@@ -51,15 +52,19 @@ RUN python3 -m pip freeze \
 # (neuronx-nemo-megatron/nemo/examples/nlp/language_modeling,
 #  neuronx-distributed/examples/training/llama/tp_zero1_llama_hf_pretrain).
 RUN case "$TRAINER" in nxd | nemo) ;; *) echo "TRAINER must be nxd or nemo" >&2; exit 1 ;; esac
+# As neuronx-nemo-megatron's own Dockerfile does: Cython before the wheels are built, its
+# requirements-docker.txt, protobuf 3.20, then the Megatron dataset helper (built from outside
+# the checkout, so that the installed package is the one imported).
 RUN if [ "$TRAINER" = nemo ]; then \
-      python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('1.13') else 'neuronx-nemo-megatron pins torch 1.13.1; this base image has torch ' + torch.__version__ + ': pass a torch 1.13.1 BASE_IMAGE')" \
+      python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('1.13') else 'neuronx-nemo-megatron needs torch 1.13.1; this base image has torch ' + torch.__version__ + ': pass BASE_IMAGE=...:1.13.1-neuronx-py310-sdk2.20.2-ubuntu20.04')" \
       && git clone "$NEMO_REPO" neuronx-nemo-megatron \
       && git -C neuronx-nemo-megatron checkout "$NEMO_REF" \
       && cd neuronx-nemo-megatron \
-      && python3 -m pip install -c /tmp/keep.txt wheel \
+      && python3 -m pip install -c /tmp/keep.txt wheel Cython \
       && ./build.sh \
       && python3 -m pip install -c /tmp/keep.txt ./build/*.whl \
-      && python3 -m pip install -c /tmp/keep.txt -r requirements.txt protobuf==3.20.3 \
+      && python3 -m pip install -c /tmp/keep.txt -r requirements-docker.txt protobuf==3.20.3 \
+      && cd / \
       && python3 -c "from nemo.collections.nlp.data.language_modeling.megatron.dataset_utils import compile_helper; compile_helper()"; \
     fi
 RUN if [ "$TRAINER" = nxd ]; then \

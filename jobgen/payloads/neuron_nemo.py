@@ -29,8 +29,8 @@ def hydra_string(text: str) -> str:
     if _BARE.fullmatch(text) and text.lower() not in _HYDRA_WORDS:
         return text
     text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
-    text = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
-    return "'" + text + "'"
+    text = re.sub(r'(\\*)("|$)', lambda m: m.group(1) * 2 + ('\\"' if m.group(2) else ""), text)
+    return '"' + text + '"'
 
 
 def hydra_value(value: Any) -> str:

@@ -9,8 +9,9 @@
 # (NLPTrainer.is_resuming_from_checkpoint, which the model consults while it is built);
 # exp_manager's own resume_if_exists only points Lightning at the file afterwards. The checkpoint
 # is the newest *.ckpt under $JOBGEN_RUN_DIR/nemo/checkpoints (jobgen's exp_manager.explicit_log_dir
-# is $RUN_DIR/nemo), looked for as exp_manager does: two levels deep, newest by modification
-# time, with a tensor/pipeline-rank folder (tp_rank_*, mp_rank_*) taken off the path.
+# is $RUN_DIR/nemo), looked for as exp_manager does (newest by modification time, with a
+# tensor/pipeline-rank folder tp_rank_* or mp_rank_* taken off the path); exp_manager looks one
+# folder below checkpoints/, this also finds a checkpoint saved without a rank folder.
 set -u
 # shellcheck source=../common/node_launch.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common/node_launch.sh"

@@ -163,6 +163,10 @@ venv_install() {
     timed "torch 1.13.1 wheel (torchrun's parser)" \
         vpip download -q --no-deps --only-binary=:all: --python-version 3.10 \
         --platform macosx_11_0_arm64 -d "$VENV/upstream" torch==1.13.1
+    # ... and torch 2.1.2's (the Neuron SDK 2.20 training image's torch), the same way.
+    timed "torch 2.1.2 wheel (torchrun's parser)" \
+        vpip download -q --no-deps --only-binary=:all: --python-version 3.10 \
+        --platform macosx_11_0_arm64 -d "$VENV/upstream" torch==2.1.2
 }
 
 fingerprint() {
