@@ -12,3 +12,4 @@ from .payloads import (  # noqa: F401  (re-exported)
 )
 from .payloads.neuron_nemo import hydra_value  # noqa: F401
 from .payloads.neuronx_distributed import llama_config  # noqa: F401
+from .spec import SMOKE  # noqa: F401

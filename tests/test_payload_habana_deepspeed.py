@@ -48,7 +48,8 @@ def test_lamb_second_step_and_state() -> None:
     from lamb import Lamb
 
     weight = torch.nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
-    opt = Lamb([weight], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+    opt = Lamb([weight], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+               adapt_undecayed=True)
     grads = ([0.5, -1.0], [0.2, 0.4])
     w = [3.0, 4.0]
     m, v = [0.0, 0.0], [0.0, 0.0]
@@ -71,20 +72,49 @@ def test_lamb_zero_tensor_gets_trust_one() -> None:
 
     bias = torch.nn.Parameter(torch.zeros(2))
     bias.grad = torch.tensor([1.0, -2.0])
-    Lamb([bias], lr=0.5, weight_decay=0.0).step()
+    Lamb([bias], lr=0.5, weight_decay=0.0, adapt_undecayed=True).step()
     # ||w|| = 0, so the ratio is undefined and taken as 1: a plain Adam first step of ±lr.
     assert bias.tolist() == pytest.approx([-0.5, 0.5], rel=1e-5)
 
 
-def test_parameter_groups_do_not_decay_biases_and_norms() -> None:
+def test_lamb_undecayed_group_takes_a_plain_adam_step() -> None:
     need("torch")
     import torch
-    from accelerators import parameter_groups
+    from lamb import Lamb
 
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
-    decay, plain = parameter_groups(model, 0.01)
-    assert [tuple(p.shape) for p in decay["params"]] == [(3, 4)]
-    assert len(plain["params"]) == 3 and plain["weight_decay"] == 0.0
+    # As the reference's NVLAMB: no weight decay means no trust ratio (||w|| / ||u|| = 5 / ~1.414
+    # would otherwise scale the step by ~3.5).
+    weight = torch.nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+    weight.grad = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    Lamb([weight], lr=0.1, eps=1e-6, weight_decay=0.0).step()
+    assert weight.tolist() == pytest.approx([3.0 - 0.1 * 0.999998, 4.0 + 0.1 * 0.999999],
+                                            rel=1e-7)
+    # Opting in gives the trust ratio back.
+    adapted = torch.nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+    adapted.grad = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    Lamb([adapted], lr=0.1, eps=1e-6, weight_decay=0.0, adapt_undecayed=True).step()
+    trust = 5.0 / math.hypot(0.999998, 0.999999)
+    assert adapted.tolist() == pytest.approx([3.0 - 0.1 * trust * 0.999998,
+                                              4.0 + 0.1 * trust * 0.999999], rel=1e-7)
+
+
+def test_default_no_decay_is_the_reference_list_and_spares_exactly_the_1d_parameters() -> None:
+    need("torch", "transformers")
+    import torch
+    from accelerators import REFERENCE_NO_DECAY, Accelerator, build_optimizer
+    from pretrain_bert import build_model
+
+    model = build_model(_tiny_args("--layer-norm-large-model"))
+    cpu = Accelerator("cpu", torch.device("cpu"), "gloo")
+    optimizer, _ = build_optimizer("lamb", model, cpu, 0.001, 0.01)
+    explicit, _ = build_optimizer("lamb", model, cpu, 0.001, 0.01, no_decay=REFERENCE_NO_DECAY)
+    decayed, plain = optimizer.param_groups
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.01, 0.0)
+    assert [len(g["params"]) for g in explicit.param_groups] == [len(decayed["params"]),
+                                                                  len(plain["params"])]
+    # Today's rule before --no-decay existed: matrices and embeddings decayed, 1-D tensors not.
+    assert {id(p) for p in decayed["params"]} == {id(p) for p in model.parameters() if p.ndim > 1}
+    assert {id(p) for p in plain["params"]} == {id(p) for p in model.parameters() if p.ndim < 2}
 
 
 # ---------------------------------------------------------------------------------- data
@@ -415,14 +445,17 @@ def _tiny_args(*extra: str) -> Any:
                        "--hidden-dropout", "0", "--attention-dropout", "0", *extra])
 
 
-def _reference_large_model_forward(model: Any, input_ids: Any) -> Any:
+def _reference_large_model_forward(model: Any, input_ids: Any, token_types: Any,
+                                   mask: Any) -> Any:
     """The large-model wiring written out from the reference's equations with plain tensor
     operations: a zero-started residual stream r; r += attention(h), h = LN(r); r += FFN(h),
-    h = LN(r)."""
+    h = LN(r). Padding is masked as the reference does, adding -10000 to the scores of padded
+    keys."""
     import torch
     import torch.nn.functional as F
     bert, cfg = model.bert, model.config
-    h = bert.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+    h = bert.embeddings(input_ids=input_ids, token_type_ids=token_types)
+    additive = (1.0 - mask[:, None, None, :].float()) * -10000.0
     r = torch.zeros_like(h)
     heads, size = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     for layer in bert.encoder.layer:
@@ -430,7 +463,7 @@ def _reference_large_model_forward(model: Any, input_ids: Any) -> Any:
         def split(x: Any) -> Any:
             return x.view(x.shape[0], x.shape[1], heads, size).transpose(1, 2)
         q, k, v = (split(F.linear(h, m.weight, m.bias)) for m in (sa.query, sa.key, sa.value))
-        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(size), dim=-1)
+        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(size) + additive, dim=-1)
         context = (weights @ v).transpose(1, 2).reshape(h.shape)
         out = layer.attention.output
         r = r + F.linear(context, out.dense.weight, out.dense.bias)
@@ -452,9 +485,13 @@ def test_large_model_layer_norm_is_the_reference_wiring() -> None:
     torch.manual_seed(0)
     model = build_model(_tiny_args("--layer-norm-large-model")).eval()
     input_ids = torch.randint(0, 97, (2, 16))
+    token_types = torch.tensor([[0] * 8 + [1] * 8, [0] * 5 + [1] * 11])
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0  # the second sample is padded
+    inputs = {"input_ids": input_ids, "token_type_ids": token_types, "attention_mask": mask}
     with torch.no_grad():
-        ours = model.bert(input_ids=input_ids).last_hidden_state
-        expected = _reference_large_model_forward(model, input_ids)
+        ours = model.bert(**inputs).last_hidden_state
+        expected = _reference_large_model_forward(model, input_ids, token_types, mask)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     # Same parameters as the stock network (checkpoints and optimizer groups are unchanged),
     # but a different function of them.
@@ -463,7 +500,7 @@ def test_large_model_layer_norm_is_the_reference_wiring() -> None:
     assert [n for n, _ in stock.named_parameters()] == [n for n, _ in model.named_parameters()]
     stock.load_state_dict(model.state_dict())
     with torch.no_grad():
-        plain = stock.bert(input_ids=input_ids).last_hidden_state
+        plain = stock.bert(**inputs).last_hidden_state
     assert not torch.allclose(plain, ours, atol=1e-3)
 
 

@@ -63,7 +63,7 @@ def test_learning_rate_scales_as_the_recipe_says() -> None:
 def test_warmup_and_constant_steps() -> None:
     assert (spec("neox20b").warmup_steps, spec("neox20b").constant_steps) == (100, 0)
     bert = spec("bert1.5b", 16)
-    assert (bert.warmup_steps, bert.constant_steps) == (7750, 38750)   # 5 % and 25 % of 155000
+    assert (bert.warmup_steps, bert.constant_steps) == (1938, 9688)    # 5 % and 25 % of 38750
 
 
 def test_defaults_and_names() -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from common.optim import parameter_groups
 from common.runtime import PayloadError
 
 CHOICES = ("auto", "hpu", "cuda", "cpu")
@@ -67,21 +68,10 @@ def choose_accelerator(request: str, local_rank: int) -> Accelerator:
     return Accelerator("cpu", torch.device("cpu"), "gloo")
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float,
-                     no_decay: Sequence[str] | None = None) -> list[dict]:
-    """Decayed and undecayed parameters. With ``no_decay`` (name fragments; empty = decay every
-    parameter) the shared rule of common/optim.py; without it, matrices and embeddings are
-    decayed and biases and LayerNorm gains (1-D) are not."""
-    if no_decay is not None:
-        from common.optim import parameter_groups as by_name
-        return by_name(model.named_parameters(), weight_decay, no_decay)
-    decay: list[torch.nn.Parameter] = []
-    plain: list[torch.nn.Parameter] = []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else plain).append(param)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": plain, "weight_decay": 0.0}]
+# The reference's exclusion list (Model-References deepspeed-bert run_pretraining.py): on Hugging
+# Face's BERT it selects exactly the 1-D parameters (biases and LayerNorm gains), the rule this
+# program used before --no-decay existed; used when the flag is absent.
+REFERENCE_NO_DECAY = ("bias", "gamma", "beta", "LayerNorm")
 
 
 def build_optimizer(kind: str, model: torch.nn.Module, accel: Accelerator, lr: float,
@@ -92,7 +82,8 @@ def build_optimizer(kind: str, model: torch.nn.Module, accel: Accelerator, lr: f
 
     A client optimizer (not DeepSpeed's config one) avoids DeepSpeed JIT-building its fused ops.
     """
-    groups = parameter_groups(model, weight_decay, no_decay)
+    groups = parameter_groups(model.named_parameters(), weight_decay,
+                              REFERENCE_NO_DECAY if no_decay is None else no_decay)
     if kind == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps), "torch.AdamW"
     if accel.name == "hpu":

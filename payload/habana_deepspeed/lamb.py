@@ -4,6 +4,11 @@ LAMB is Adam whose update is rescaled per tensor by the trust ratio ||w|| / ||up
 what lets BERT train with very large batches. Weight decay is decoupled (added to the update, as
 in AdamW) so it also enters the trust ratio.
 
+As in the reference's NVLAMB (Model-References run_pretraining.py ``--optimizer=nvlamb``, which
+leaves its ``use_nvlamb`` off) and apex's FusedLAMB by default, parameter groups without weight
+decay (biases and LayerNorm gains) take a plain Adam step: the trust ratio is 1 for them unless
+``adapt_undecayed`` is set.
+
 Note: under DeepSpeed ZeRO the optimizer sees each rank's flattened fp32 partition of a parameter
 group rather than individual layers, so the "per tensor" ratio becomes a per-partition ratio. The
 reference Gaudi recipe runs LAMB under ZeRO-1 the same way (``zero_allow_untested_optimizer``).
@@ -19,12 +24,13 @@ import torch
 class Lamb(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01, bias_correction: bool = True) -> None:
+                 weight_decay: float = 0.01, bias_correction: bool = True,
+                 adapt_undecayed: bool = False) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"bad LAMB hyper-parameters lr={lr} betas={betas} eps={eps} "
                              f"weight_decay={weight_decay}")
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                    "bias_correction": bias_correction}
+                    "bias_correction": bias_correction, "adapt_undecayed": adapt_undecayed}
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -63,6 +69,10 @@ class Lamb(torch.optim.Optimizer):
         weights = param.to(dtype)
         if group["weight_decay"]:
             update.add_(weights, alpha=group["weight_decay"])
+        # .get: optimizer states saved before the option existed lack the key.
+        if not (group["weight_decay"] or group.get("adapt_undecayed", False)):
+            param.add_((update * -group["lr"]).to(param.dtype))
+            return
         w_norm, u_norm = weights.norm(), update.norm()
         # Fall back to a ratio of 1 for zero tensors (fresh biases), where the ratio is undefined;
         # torch.where keeps the choice on the device instead of syncing to the host.

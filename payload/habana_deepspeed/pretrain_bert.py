@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--weight-decay", type=float, default=0.01)
     train.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT",
                        help="parameters whose names contain one of these get no weight decay "
-                            "(given with none: every parameter is decayed; absent: biases and "
-                            "LayerNorm weights are not)")
+                            "(given with none: every parameter is decayed; absent: the "
+                            "reference's list, bias gamma beta LayerNorm)")
     train.add_argument("--grad-clip", type=float, default=1.0)
     train.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=1)
     train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
