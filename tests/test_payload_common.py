@@ -364,8 +364,65 @@ def test_common_does_not_import_torch() -> None:
     # Flag and data checks run before the heavy imports, so a bad job fails in a second.
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
             "import common.checkpoints, common.events, common.loop, common.runtime, "
-            "common.schedule; assert 'torch' not in sys.modules")
+            "common.schedule, common.optim, common.init, common.stream; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code, str(PAYLOAD)], check=True, timeout=60)
+
+
+# ---------------------------------------------------------------------------------- optimizer
+# groups and initialisation (shared by the NxD Llama program and the smoke trainer)
+
+
+class Param:
+    def __init__(self, requires_grad: bool = True) -> None:
+        self.requires_grad = requires_grad
+
+
+def test_parameter_groups_no_fragments_decays_every_parameter() -> None:
+    from common.optim import parameter_groups
+    named = [("embed.weight", Param()), ("layers.0.input_layernorm.weight", Param()),
+             ("layers.0.mlp.down_proj.bias", Param()), ("frozen.weight", Param(False))]
+    (only,) = parameter_groups(named, 0.1, [])
+    assert only["params"] == [p for n, p in named[:3]] and only["weight_decay"] == 0.1
+    decayed, plain = parameter_groups(named, 0.1, ["Bias", "norm"])   # case does not matter
+    assert decayed["params"] == [named[0][1]] and plain["weight_decay"] == 0.0
+    assert len(plain["params"]) == 2
+
+
+def test_scaled_std_for_hlat() -> None:
+    from common.init import scaled_std
+    assert scaled_std(0.021, 32) == pytest.approx(0.021 / 8)
+    assert scaled_std(0.02, 2) == pytest.approx(0.01)
+
+
+def test_sharded_draw_is_the_slice_of_the_full_draw() -> None:
+    torch = pytest.importorskip("torch")
+    from common.init import normal_draw, sharded_draw
+    full = normal_draw(torch.Generator().manual_seed(3))("w", torch.empty(4, 12), 0.5)
+    for dim, shape in ((1, (4, 3)), (0, (1, 12))):
+        parts = [sharded_draw(4, r, dim, torch.Generator().manual_seed(3))("w",
+                                                                           torch.empty(shape), 0.5)
+                 for r in range(4)]
+        assert torch.equal(torch.cat(parts, dim=dim), full)
+
+
+def test_scale_output_projections_leaves_the_rest_and_checks_shapes() -> None:
+    torch = pytest.importorskip("torch")
+    from common.init import scale_output_projections, scaled_std
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"o_proj": torch.nn.Linear(64, 512),
+                                 "q_proj": torch.nn.Linear(64, 64)})
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    names = scale_output_projections(model, ["o_proj"], 0.02, 8,
+                                     torch.Generator().manual_seed(1))
+    assert names == ["o_proj.weight"]
+    after = dict(model.named_parameters())
+    assert after["o_proj.weight"].std().item() == pytest.approx(scaled_std(0.02, 8), rel=0.03)
+    for unchanged in ("o_proj.bias", "q_proj.weight", "q_proj.bias"):
+        assert torch.equal(after[unchanged], before[unchanged])
+    with pytest.raises(ValueError, match=r"o_proj.weight: drew \(2, 2\) for a parameter"):
+        scale_output_projections(model, ["o_proj"], 0.02, 8,
+                                 draw=lambda name, param, std: torch.zeros(2, 2))
 
 
 # ---------------------------------------------------------------------------------- tensorboard

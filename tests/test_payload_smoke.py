@@ -69,6 +69,27 @@ def test_bad_flags(flags: list[str], message: str) -> None:
     assert str(error.value) == message
 
 
+def test_nxd_program_flag_names_are_accepted() -> None:
+    """--schedule is the NxD program's name for --decay; the new flags default to what the
+    smoke trainer did before they existed."""
+    smoke = smoke_module()
+    args = smoke.parse_args(["--schedule", "linear"])
+    assert args.decay == "linear"
+    defaults = smoke.parse_args([])
+    assert (defaults.decay, defaults.no_decay, defaults.scaled_init, defaults.eps,
+            defaults.decay_steps) == ("cosine", None, False, 1e-8, None)
+
+
+def test_samples_digest_depends_on_every_row() -> None:
+    need("torch")
+    import torch
+    smoke = smoke_module()
+    rows = torch.tensor([smoke.synthetic_tokens(p, 8, 64, 1) for p in range(3)])
+    chained = smoke.samples_digest(rows[2:], smoke.samples_digest(rows[:2]))
+    assert chained == smoke.samples_digest(rows)
+    assert smoke.samples_digest(rows[[0, 2, 1]]) != smoke.samples_digest(rows)
+
+
 def test_fault_knobs() -> None:
     knobs = smoke_module().fault_knobs
     assert knobs({}) == (0.0, None)
@@ -130,13 +151,45 @@ def events_of(result: subprocess.CompletedProcess, kind: str) -> list[dict[str, 
     return [e for e in read_events(result.stdout) if e["event"] == kind]
 
 
+# The NxD Llama program's loop settings on the smoke scale (HLAT shape: cosine to min_lr at a
+# decay step before max_steps, eps, betas, weight decay on every parameter, scaled init).
+HLAT_LIKE = ["--schedule", "cosine", "--decay-steps", "7", "--eps", "1e-5", "--beta2", "0.95",
+             "--weight-decay", "0.1", "--no-decay", "--scaled-init", "--init-std", "0.021"]
+
+
+def expected_digests(step: int, world: int = 2) -> list[int]:
+    """The data_crc32 each rank should report at ``step`` (1-based) with ARGS: computed here
+    from the stream positions, independently of the trainer's own bookkeeping."""
+    import torch
+    from common.runtime import batch_positions
+    smoke = smoke_module()
+    micro, accumulation, seed = 2, 2, 11
+    consumed = (step - 1) * micro * accumulation * world
+    digests = []
+    for rank in range(world):
+        crc = 0
+        for positions in batch_positions(consumed, micro, accumulation, world, rank):
+            rows = [smoke.synthetic_tokens(p, 32, 512, seed) for p in positions]
+            crc = smoke.samples_digest(torch.tensor(rows, dtype=torch.long), crc)
+        digests.append(crc)
+    return digests
+
+
+def final_weights(out: Path, step: int) -> dict[str, Any]:
+    import torch
+    state = torch.load(out / "checkpoints" / f"step_{step:08d}" / "state.pt",
+                       map_location="cpu", weights_only=False)
+    return dict(state["model"])
+
+
 @pytest.mark.deepspeed
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt_neox", "llama"])
 def test_compile_then_train_then_resume(family: str, tmp_path: Path) -> None:
     need("torch", "transformers")
     out = tmp_path / "out"
-    common = ARGS + ["--family", family, "--output-dir", str(out)]
+    extra = HLAT_LIKE if family == "llama" else []
+    common = ARGS + extra + ["--family", family, "--output-dir", str(out)]
 
     compiled = launch(common + ["--phase", "compile"], tmp_path)
     assert [e["step"] for e in events_of(compiled, "step")] == [1, 2, 3]
@@ -160,12 +213,22 @@ def test_compile_then_train_then_resume(family: str, tmp_path: Path) -> None:
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in logged if e["event"] == "step"] == list(range(1, 10))
 
-    if family == "gpt_neox":  # one family is enough to prove resuming is exact
-        straight = events_of(launch(ARGS + ["--family", family, "--output-dir",
-                                            str(tmp_path / "straight")], tmp_path), "step")
-        keys = ("step", "loss", "grad_norm", "lr", "consumed_samples")
+    if family == "llama":  # one family is enough to prove resuming is exact
+        # The resumed run read exactly the samples the stream assigns to steps 7..9 (not the
+        # start of the data again), rank by rank.
+        for event in steps + resumed:
+            assert event["data_crc32"] == expected_digests(event["step"]), event["step"]
+        assert resumed[-1]["lr"] == pytest.approx(3e-4)          # at the floor after step 7
+        straight_out = tmp_path / "straight"
+        straight = events_of(launch(ARGS + extra + ["--family", family, "--output-dir",
+                                                    str(straight_out)], tmp_path), "step")
+        keys = ("step", "loss", "grad_norm", "lr", "consumed_samples", "data_crc32")
         assert [[e[k] for k in keys] for e in straight[6:]] == [[e[k] for k in keys]
                                                                  for e in resumed]
+        import torch
+        interrupted, uninterrupted = final_weights(out, 9), final_weights(straight_out, 9)
+        assert interrupted.keys() == uninterrupted.keys()
+        assert all(torch.equal(interrupted[k], uninterrupted[k]) for k in interrupted)
 
 
 @pytest.mark.deepspeed

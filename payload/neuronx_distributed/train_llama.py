@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +31,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.events import EventLog, open_tensorboard
-from common.init import scale_output_projections
+from common.init import scale_output_projections, sharded_draw
 from common.loop import run_invocation
 from common.optim import parameter_groups
-from common.runtime import PayloadError, batch_positions, run_main
+from common.runtime import PayloadError, run_main
 from common.schedule import DECAY_SHAPES, learning_rate
+from common.stream import RankStream
 
 PROG = "train-llama"
 UPSTREAM_MODULES = ("modeling_llama_nxd.py", "training_utils.py")  # in the example's parent
 OUTPUT_PROJECTIONS = ("o_proj", "down_proj")  # they write into the residual stream
-EXAMPLE_NO_DECAY = ("bias", "norm")           # the example's rule, when the recipe names none
+# Kept out of weight decay when the recipe names nothing: the example's rule from NxD 2.22 on
+# (at 2.20 it named "LayerNorm", which no Llama parameter contains).
+EXAMPLE_NO_DECAY = ("bias", "norm")
 CHECKPOINT_WORKERS = 8
+ROW_PARALLEL_DIM = 1  # NxD's RowParallelLinear splits its weight along the input dimension
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,42 +124,89 @@ def validate(args: argparse.Namespace) -> None:
     if args.decay_steps is not None and not hold <= args.decay_steps <= args.max_steps:
         raise PayloadError(f"--decay-steps must lie between the end of warmup and hold ({hold}) "
                            "and --max-steps")
+    if uses_master_weights(args.precision) and not args.zero1:
+        raise PayloadError("--precision bf16 keeps FP32 master weights, which NxD holds only in "
+                           "its ZeRO-1 optimizer: add --zero1 (or use --precision bf16_sr)")
     if args.phase == "train" and args.checkpoint_dir is None:
         raise PayloadError("--phase train needs --checkpoint-dir")
     if not args.model_config.is_file():
         raise PayloadError(f"--model-config {args.model_config}: no such file")
+    if not args.data_dir.is_dir():
+        raise PayloadError(f"--data-dir {args.data_dir}: no such folder")
+    example_folders(args.example_dir)
 
 
-def use_example(example_dir: Path) -> None:
-    """Make the example's model and data modules importable from a plain checkout."""
+def example_folders(example_dir: Path) -> tuple[Path, Path]:
+    """(the example folder, its parent holding the model and data modules) of a checkout."""
     parent = example_dir.resolve().parent
     missing = [name for name in UPSTREAM_MODULES if not (parent / name).is_file()]
     if not example_dir.is_dir() or missing:
         raise PayloadError(f"--example-dir {example_dir}: not the NxD Llama example folder of a "
                            f"checkout (its parent lacks {', '.join(missing) or 'the example'})")
-    for path in (str(example_dir.resolve()), str(parent)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    return example_dir.resolve(), parent
 
 
-def precision_environment(precision: str) -> dict[str, str]:
-    """What torch_xla and the Neuron runtime read at start-up, as the example sets it:
-    BF16 everywhere (XLA_USE_BF16) with stochastic rounding for bf16_sr; bf16 without rounding
-    keeps FP32 master weights (the example's "GPU-compatible precision"); fp32 is fp32."""
-    return {"XLA_USE_BF16": "0" if precision == "fp32" else "1",
+def use_example(example_dir: Path) -> None:
+    """Make the example's model and data modules importable from a plain checkout."""
+    for folder in example_folders(example_dir):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+
+
+def precision_environment(precision: str) -> dict[str, str | None]:
+    """The variables torch_xla, NxD and the Neuron runtime read at start-up, decided as the NxD
+    example decides them (None: the variable must be absent, since some NxD code tests only
+    whether it is set):
+
+    - bf16_sr: everything in BF16 (XLA_USE_BF16) with stochastic rounding, no master weights
+      (the example with --use_gpu_compatible_precision 0, no --use_mix_precision);
+    - bf16: BF16 compute with FP32 master weights, FP32 gradient accumulation and optimizer
+      states (XLA_DOWNCAST_BF16), rounding to nearest (the example's default, "GPU-compatible
+      precision" with --use_mix_precision);
+    - fp32: neither.
+    """
+    return {"XLA_USE_BF16": "1" if precision == "bf16_sr" else None,
+            "XLA_DOWNCAST_BF16": "1" if precision == "bf16" else None,
             "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1" if precision == "bf16_sr" else "0"}
 
 
-def sample_rows(positions: list[int], dataset_rows: int) -> list[int]:
-    """Dataset rows for stream positions (the stream repeats the dataset epoch after epoch)."""
-    return [p % dataset_rows for p in positions]
+def apply_precision_environment(precision: str, environ: Any = os.environ) -> None:
+    for name, value in precision_environment(precision).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+
+
+def uses_master_weights(precision: str) -> bool:
+    """FP32 master weights and gradient accumulation (NxD's mixed_precision_config through the
+    example's get_mixed_precision_config) only in the bf16 mode."""
+    return precision == "bf16"
+
+
+def patch_for_bf16(torch: Any, precision: str) -> None:
+    """What the NxD example does at import time, kept: autocast may ask whether BF16 is
+    supported (it is on Neuron), and under BF16 Hugging Face must see the model's dtype as BF16
+    (its attention masks take the dtype's minimum; the FP32 minimum overflows BF16 to -inf and
+    the loss turns NaN: aws-neuron-sdk issue 593)."""
+    torch.cuda.is_bf16_supported = lambda *a, **k: True
+    if precision in ("bf16", "bf16_sr"):
+        import transformers.modeling_utils as modeling_utils
+
+        modeling_utils.get_parameter_dtype = lambda module: torch.bfloat16
 
 
 class LlamaRunner:
     """One invocation on Trainium (a ``common.loop.Runner``)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        os.environ.update(precision_environment(args.precision))
+        self.training = args.phase == "train"
+        if self.training:
+            # Every rank makes the folder before anyone opens a file in it (the upstream
+            # example made only its output folder and crashed opening a metrics file elsewhere).
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+        # Read by torch_xla and the Neuron runtime when they start: before the first import.
+        apply_precision_environment(args.precision)
         use_example(args.example_dir)
         import datasets
         import neuronx_distributed as nxd
@@ -168,6 +220,8 @@ class LlamaRunner:
         from training_utils import get_mixed_precision_config
         from transformers import set_seed
 
+        patch_for_bf16(torch, args.precision)
+        torch.set_default_dtype(torch.float32)
         if requires_init_pg_override():
             import torch_xla.experimental.pjrt_backend  # noqa: F401  (registers pjrt://)
             dist.init_process_group("xla", init_method="pjrt://")
@@ -182,11 +236,15 @@ class LlamaRunner:
                               "max_grad_norm": args.grad_clip},
             sequence_parallel=args.sequence_parallel,
             activation_checkpoint_config=CoreAttention if args.selective_checkpoint else None,
-            mixed_precision_config=get_mixed_precision_config(args.precision != "bf16_sr"),
+            mixed_precision_config=get_mixed_precision_config(
+                uses_master_weights(args.precision)),
         )
         self.model = nxd.initialize_parallel_model(config, self._build_model)
         no_decay = EXAMPLE_NO_DECAY if args.no_decay is None else tuple(args.no_decay)
         groups = parameter_groups(self.model.named_parameters(), args.weight_decay, no_decay)
+        # The example's optimizer for mixed precision; without XLA_DOWNCAST_BF16 it is the same
+        # update as the transformers AdamW the example takes for pure BF16 (bias-corrected,
+        # decoupled weight decay), and it is part of NxD, so it stays.
         self.optimizer = nxd.initialize_parallel_optimizer(
             config, AdamW_FP32OptimParams, groups, lr=args.lr, betas=(args.beta1, args.beta2),
             eps=args.eps, weight_decay=args.weight_decay)
@@ -195,11 +253,8 @@ class LlamaRunner:
         self.dp_size = parallel_state.get_data_parallel_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.data = datasets.load_from_disk(str(args.data_dir))
+        self.batches: Iterator[dict[str, Any]] | None = None  # made after resume() ran
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.dp_size
-        self.training = args.phase == "train"
-        # Every rank makes the folder before anyone opens a file in it (the upstream example
-        # created only its output folder and crashed opening a metrics file elsewhere).
-        args.output_dir.mkdir(parents=True, exist_ok=True)
         rank = int(os.environ.get("RANK", "0"))
         self.log = EventLog(rank, args.output_dir / "metrics.jsonl" if self.training else None)
         self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
@@ -220,38 +275,58 @@ class LlamaRunner:
         config.max_position_embeddings = max(config.max_position_embeddings, args.seq_length)
         config.sequence_parallel_enabled = args.sequence_parallel
         config.selective_checkpoint_enabled = args.selective_checkpoint
+        # As the example's 7B script and model config set them: fused QKV, the NKI flash
+        # attention kernel, no KV replication, each MLP moved to the device as it is built.
         config.kv_shared_group_size = 1
-        config.qkv_linear = False
+        config.qkv_linear = True
         config.use_flash_attention = True
+        for name, value in (("move_model_to_device", True), ("pretraining_tp", 1),
+                            # read from NxD 2.21 / 2.23 on, set as those examples default them
+                            ("fuse_qkv", True), ("transpose_nki_inputs", True)):
+            if not hasattr(config, name):
+                setattr(config, name, value)
         config.initializer_range = args.init_std
         model = LlamaForCausalLM(config)
         with self.torch.no_grad():
+            # One sine/cosine table for every layer (the example's trick: the compiler then
+            # keeps a single lookup).
             cos, sin = get_sin_cos_matrix(config)
             for layer in model.model.layers:
                 layer.self_attn.rotary_emb.cos_cached = cos
                 layer.self_attn.rotary_emb.sin_cached = sin
         if args.scaled_init:
-            # Each tensor-parallel rank holds its own shard: draw it from its own stream.
-            generator = self.torch.Generator().manual_seed(
-                args.seed * 1009 + self.parallel_state.get_tensor_model_parallel_rank())
-            scale_output_projections(model, OUTPUT_PROJECTIONS, args.init_std,
-                                     config.num_hidden_layers, generator)
+            # Draw each full matrix from one seeded stream and keep this rank's slice, as NxD
+            # initialises its parallel layers: the same model for any tensor-parallel degree.
+            draw = sharded_draw(self.parallel_state.get_tensor_model_parallel_size(),
+                                self.parallel_state.get_tensor_model_parallel_rank(),
+                                ROW_PARALLEL_DIM, self.torch.Generator().manual_seed(args.seed))
+            names = scale_output_projections(model, OUTPUT_PROJECTIONS, args.init_std,
+                                             config.num_hidden_layers, draw=draw)
+            if len(names) != 2 * config.num_hidden_layers:
+                raise PayloadError(f"--scaled-init: expected {2 * config.num_hidden_layers} "
+                                   f"output projections ({', '.join(OUTPUT_PROJECTIONS)}), "
+                                   f"the example's model has {len(names)}")
         return model
 
-    def _micro_batches(self) -> list[dict[str, Any]]:
+    def _device_batches(self) -> Iterator[dict[str, Any]]:
+        """Micro-batches on the device, from the current consumed-sample count onward. As in the
+        example, torch_xla's MpDeviceLoader copies them ahead and ends a graph at each one."""
+        import torch_xla.distributed.parallel_loader as pl
+        from torch.utils.data import DataLoader
         from transformers import default_data_collator
 
-        rows = len(self.data)
-        batches = []
-        for positions in batch_positions(self.consumed, self.args.micro_batch_size,
-                                         self.args.gradient_accumulation, self.dp_size,
-                                         self.dp_rank):
-            batch = default_data_collator([self.data[r] for r in sample_rows(positions, rows)])
-            batches.append({k: v.to(self.device) for k, v in batch.items()})
-        return batches
+        a = self.args
+        stream = RankStream(self.consumed, a.micro_batch_size, a.gradient_accumulation,
+                            self.dp_size, self.dp_rank, len(self.data))
+        loader = DataLoader(self.data, batch_size=a.micro_batch_size, sampler=stream,
+                            collate_fn=default_data_collator, num_workers=0, drop_last=True,
+                            pin_memory=True)
+        return iter(pl.MpDeviceLoader(loader, self.device))
 
     def train_step(self) -> dict[str, Any]:
         args, torch, xm = self.args, self.torch, self.xm
+        if self.batches is None:
+            self.batches = self._device_batches()
         lr = learning_rate(self.step, peak_lr=args.lr, max_steps=args.max_steps,
                            warmup_steps=args.warmup_steps, constant_steps=args.constant_steps,
                            min_lr=args.min_lr, decay=args.schedule,
@@ -260,11 +335,14 @@ class LlamaRunner:
             group["lr"] = lr
         started = time.perf_counter()
         running = torch.zeros(1, dtype=torch.double, device=self.device)
-        for batch in self._micro_batches():
-            loss = self.model(**batch).loss / args.gradient_accumulation
+        for _ in range(args.gradient_accumulation):
+            batch = next(self.batches)
+            loss = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              labels=batch["labels"]).loss / args.gradient_accumulation
             loss.backward()
             running += loss.detach()
         xm.mark_step()
+        # Mean over data-parallel ranks (the all-reduce is normalised by the DP degree).
         loss_sum = xm.all_reduce(xm.REDUCE_SUM, running / self.dp_size,
                                  groups=self.parallel_state.get_data_parallel_group(as_list=True))
         self.optimizer.step()
@@ -275,7 +353,7 @@ class LlamaRunner:
         self.consumed += self.global_batch
         numbers: dict[str, Any] = {"lr": lr}
         if self.step % args.log_every == 0 or self.step == 1:
-            # Reading values back syncs with the device: only every --log-every steps.
+            # Reading values back waits for the device: only every --log-every steps.
             numbers.update(loss=float(loss_sum.cpu().item()), grad_norm=float(norm.cpu().item()),
                            seconds=time.perf_counter() - started)
         return numbers
@@ -290,14 +368,22 @@ class LlamaRunner:
         self.log.emit("checkpoint", step=self.step, path=str(self.args.checkpoint_dir))
 
     def resume(self) -> None:
+        """Continue from the newest complete checkpoint, as the example's ``--loading_step
+        latest_if_exists`` does (NxD picks the newest tag that has its ``done`` marker)."""
         directory = str(self.args.checkpoint_dir)
         if not self.nxd.has_checkpoint(directory):
             return
         content = self.nxd.load_checkpoint(directory, tag=None, model=self.model,
                                            optimizer=self.optimizer, scheduler=None)
+        if not content or "consumed_samples" not in content:
+            raise PayloadError(f"--checkpoint-dir {directory}: the newest checkpoint was not "
+                               "written by this program (no consumed_samples in its user content)")
         self.step = int(content["global_step"])
         self.consumed = int(content["consumed_samples"])
         self.log.emit("resume", step=self.step, consumed_samples=self.consumed)
+
+    def finish(self) -> None:
+        self.xm.rendezvous("train_llama finished")  # nobody exits while others still write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     validate(args)
     runner = LlamaRunner(args)
     run_invocation(runner, args)
+    runner.finish()
     return 0
 
 

@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+import zlib
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--min-lr", type=float, default=3e-4)
     p.add_argument("--warmup-steps", type=int, default=2)
-    p.add_argument("--decay", choices=DECAY_SHAPES, default="cosine")
+    p.add_argument("--decay", "--schedule", dest="decay", choices=DECAY_SHAPES, default="cosine",
+                   help="shape of the decay after warmup and hold (--schedule: the NxD "
+                        "program's name for it)")
     p.add_argument("--constant-steps", type=int, default=0)
     p.add_argument("--decay-steps", type=int, default=None,
                    help="step at which the decay reaches --min-lr (default: --max-steps)")
@@ -144,6 +147,12 @@ def synthetic_tokens(position: int, seq_length: int, vocab_size: int, seed: int)
     return [(start + k * stride) % vocab_size for k in range(seq_length)]
 
 
+def samples_digest(tokens: Any, previous: int = 0) -> int:
+    """CRC-32 of the token rows a rank read, chained over its micro-batches: the step events
+    carry one per rank, so a test can see which samples a resumed run read."""
+    return zlib.crc32(tokens.contiguous().numpy().tobytes(), previous)
+
+
 def build_model(args: argparse.Namespace) -> Any:
     import transformers
 
@@ -192,7 +201,7 @@ class SmokeTrainer:
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.world
         self.ckpt_root = args.output_dir / "checkpoints"
         self.training = args.phase == "train"
-        if self.training and self.rank == 0:
+        if self.training:  # every rank, before anyone opens a file in it
             args.output_dir.mkdir(parents=True, exist_ok=True)
         self.log = EventLog(self.rank,
                             args.output_dir / "metrics.jsonl" if self.training else None)
@@ -232,8 +241,10 @@ class SmokeTrainer:
         micro_batches = batch_positions(self.consumed, args.micro_batch_size,
                                         args.gradient_accumulation, self.world, self.rank)
         loss_sum = torch.zeros(())
+        read = 0
         for index, positions in enumerate(micro_batches):
             tokens = self._micro_batch(positions)
+            read = samples_digest(tokens, read)
             last = index == len(micro_batches) - 1
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             with nullcontext() if last else self.ddp.no_sync():
@@ -243,12 +254,15 @@ class SmokeTrainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.grad_clip)
         self.optimizer.step()
         self.dist.all_reduce(loss_sum)
+        digests = [torch.zeros((), dtype=torch.int64) for _ in range(self.world)]
+        self.dist.all_gather(digests, torch.tensor(read, dtype=torch.int64))
         elapsed = time.perf_counter() - started
         self.step += 1
         self.consumed += self.global_batch
         return {"loss": loss_sum.item() / (len(micro_batches) * self.world),
                 "grad_norm": float(norm), "lr": lr,
-                "samples_per_s": round(self.global_batch / elapsed, 2)}
+                "samples_per_s": round(self.global_batch / elapsed, 2),
+                "data_crc32": [int(d) for d in digests]}
 
     def resume(self) -> None:
         tag = agreed_newest(self.ckpt_root, self.rank)
