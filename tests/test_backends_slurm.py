@@ -234,8 +234,12 @@ def test_environment_follows_precision(jobgen: Callable, tmp_path: Path) -> None
     assert bf16["NEURON_CC_FLAGS"] == \
         "--model-type transformer --distribution-strategy=llm-training"
     fp32 = generated_values(render(jobgen, "neox20b", "--set", "precision=fp32"), tmp_path).env
-    assert fp32["XLA_USE_BF16"] == "0"
+    # Unset, not "0": torch_xla and NxD treat any non-empty XLA_USE_BF16 as on.
+    assert "XLA_USE_BF16" not in fp32 and "XLA_DOWNCAST_BF16" not in fp32
     assert fp32["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "0"
+    nxd = generated_values(render(jobgen, "llama2-7b", "--nodes", "4", "--set", "precision=bf16"),
+                           tmp_path).env
+    assert nxd["XLA_DOWNCAST_BF16"] == "1" and "XLA_USE_BF16" not in nxd
 
 
 def test_recipe_env_overrides_and_extends_defaults(jobgen: Callable, tmp_path: Path) -> None:

@@ -111,7 +111,13 @@ def env_block(spec: JobSpec) -> list[tuple[str, str]]:
             cc += " --enable-mixed-precision-accumulation"
         env["NEURON_CC_FLAGS"] = cc
         env["NEURON_FUSE_SOFTMAX"] = "1"
-        env["XLA_USE_BF16"] = "0" if recipe.precision == "fp32" else "1"
+        # fp32 sets neither variable: torch_xla and NxD treat any non-empty XLA_USE_BF16 as on.
+        if recipe.precision == "bf16_sr" or (recipe.precision == "bf16"
+                                             and recipe.payload == "neuron_nemo"):
+            env["XLA_USE_BF16"] = "1"
+        elif recipe.precision == "bf16":
+            # NxD's bf16 without rounding keeps FP32 master weights: parameters are downcast.
+            env["XLA_DOWNCAST_BF16"] = "1"
         env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if recipe.precision == "bf16_sr" else "0"
         if recipe.payload == "neuron_nemo":
             env["HYDRA_FULL_ERROR"] = "1"
