@@ -166,11 +166,16 @@ def locate(ref: str) -> tuple[Path, str]:
 
 
 def load_yaml(path: Path, shown: str) -> dict[str, Any]:
-    """Parse a YAML mapping, turning parser errors into one-line ConfigErrors."""
+    """Parse a YAML mapping (YAML 1.2 scalars, no duplicate keys, bounded: jobgen/yaml12.py),
+    turning every problem into a one-line ConfigError."""
     import yaml
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    from .yaml12 import YamlError, loads
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+        data = loads(path.read_text(encoding="utf-8"))
+    except YamlError as exc:
+        where = f" (line {exc.line})" if exc.line else ""
+        raise ConfigError(f"{shown}{where}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -209,8 +214,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> d
 
 
 def _parse_value(text: str, target: Any) -> Any:
-    """Parse a --set value as YAML, except where the field is a string (kept verbatim) or a
-    number (YAML 1.1 reads `1e-4` as a string; users mean a number)."""
+    """Parse a --set value as YAML 1.2 (jobgen/yaml12.py), except where the field is a string
+    (kept verbatim)."""
     import yaml
     if target in (str, Optional[str]):
         return text
@@ -219,8 +224,11 @@ def _parse_value(text: str, target: Any) -> Any:
             return float(text)
         except ValueError:
             pass
+    from .yaml12 import YamlError, loads
     try:
-        return yaml.safe_load(text) if text.strip() else None
+        return loads(text) if text.strip() else None
+    except YamlError as exc:
+        raise ConfigError(f"--set: {exc}") from None
     except yaml.YAMLError:
         return text
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import pytest
-import yaml
 
 from jobgen import recipe as recipes
 from jobgen.errors import ConfigError
@@ -106,7 +105,7 @@ def test_unknown_recipes(ref: str, message: str) -> None:
 
 
 # PyYAML words its problems differently with and without libyaml (CSafeLoader, used if present).
-LIBYAML = hasattr(yaml, "CSafeLoader")
+LIBYAML = False  # jobgen/yaml12.py: the pure-Python loader (YAML 1.2 resolvers, bounds)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -236,3 +235,46 @@ def test_set_on_a_file_that_has_a_scalar_where_a_section_goes(write_recipe: Call
     path = write_recipe("neox20b", {"optim": "adamw"})
     assert load_error(str(path), "optim.lr=1") == \
         f"--set: optim.lr: optim is not a mapping in {path}"
+
+
+# --- the YAML reader (jobgen/yaml12.py): YAML 1.2 numbers, duplicates, bounds ------------------
+
+def _bomb(levels: int = 9) -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("name: x\nnodes: 4\nnodes: 64\n", "(line 3): nodes: duplicate key (first on line 2)"),
+    ("optim:\n  lr: 1e-4\n  lr: 1e-2\n", "(line 3): lr: duplicate key (first on line 2)"),
+    (_bomb(), "more than 64 aliases (*name)"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "(line 1): nested more than 32 levels deep"),
+])
+def test_yaml_input_that_must_be_refused(write_recipe: Callable, jobgen: Callable, text: str,
+                                         message: str) -> None:
+    path = write_recipe(None, text=text)
+    result = jobgen("render", str(path))
+    assert result.exit_code == 2 and result.exception is None or \
+        isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith(f"error: {path}")
+    assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_yaml_1_2_numbers_and_words() -> None:
+    from jobgen.yaml12 import loads
+    data = loads("port: 041000\nlr: 1e-4\nwd: 3.0E-2\nflag: yes\non: on\nt: true\nn: ~\n"
+                 "hex: 0x10\nbig: 1_000\n")
+    assert data == {"port": 41000, "lr": 1e-4, "wd": 0.03, "flag": "yes", "on": "on",
+                    "t": True, "n": None, "hex": 16, "big": "1_000"}
+
+
+def test_set_values_follow_yaml_1_2(jobgen: Callable) -> None:
+    result = jobgen("show", "neox20b", "--set", "job.master_port=041000")
+    assert result.exit_code == 0, result.stderr
+    assert "master_port: 41000" in result.stdout
+    deep = "[" * 100 + "]" * 100
+    result = jobgen("render", "neox20b", "--set", f"optim.betas={deep}")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --set: nested more than 32 levels deep\n"
