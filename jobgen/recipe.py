@@ -238,6 +238,35 @@ TIME_LIMIT_RE = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INF
                            re.IGNORECASE)
 
 
+# `env:` names a recipe may not set, in one place. Names jobgen's own scripts own (the sbatch
+# template, payload/common/node_launch.sh, env/containers/entrypoint.sh): a recipe value would
+# silently replace what the job computed.
+JOBGEN_OWNED = frozenset({
+    "RUN_DIR", "PAYLOAD_DIR", "LAUNCHER", "ACTIVATE", "MAX_RESTARTS", "COMPILE_MODE",
+    "COMPILE_CACHE", "LOCAL_COMPILE_CACHE", "COMPILE_KEY", "COMPILE_ARGS", "TRAIN_ARGS",
+    "PREPARE", "MASTER_RESOLVER", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+    "LOCAL_RANK", "NEURON_COMPILE_CACHE_URL", "PT_HPU_RECIPE_CACHE_CONFIG",
+})
+# Names that change how a shell or the dynamic loader behaves: one of these in the job's
+# environment can run an arbitrary file (BASH_ENV, ENV, LD_PRELOAD) or change what every later
+# line means (IFS, PATH, SHELLOPTS). LD_LIBRARY_PATH stays allowed: Gaudi's EFA setup sets it.
+SHELL_AND_LOADER = frozenset({
+    "BASH_ENV", "ENV", "IFS", "PATH", "CDPATH", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "PS4",
+    "PROMPT_COMMAND", "HOME", "SHELL", "LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONINSPECT",
+})
+RESERVED_PREFIXES = ("JOBGEN_", "SLURM_", "SBATCH_", "SRUN_", "AWS_BATCH_", "BASH_FUNC_")
+
+
+def check_env_name(name: str, where: str) -> None:
+    if name in JOBGEN_OWNED or name.startswith(RESERVED_PREFIXES):
+        raise ConfigError(f"{where}: env.{name}: set by jobgen or the scheduler; a recipe may "
+                          "not set it")
+    if name in SHELL_AND_LOADER:
+        raise ConfigError(f"{where}: env.{name}: changes how the job's shell or loader "
+                          "behaves; a recipe may not set it")
+
+
 def check_names(recipe: Recipe, where: str) -> None:
     """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
     if not schema.NAME_RE.fullmatch(recipe.name):
@@ -247,6 +276,8 @@ def check_names(recipe: Recipe, where: str) -> None:
         if not schema.ENV_NAME_RE.fullmatch(key):
             section = "env" if key in recipe.env else "launch"
             raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
+    for key in recipe.env:
+        check_env_name(key, where)
     limit = recipe.job.time_limit  # goes on an #SBATCH line, where no quoting helps
     if limit is not None and not TIME_LIMIT_RE.fullmatch(limit):
         raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "

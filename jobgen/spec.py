@@ -185,6 +185,8 @@ def _check_values(recipe: Recipe, where: str) -> None:
                        ("compile.steps", recipe.compile.steps),
                        ("job.master_port", recipe.job.master_port)):
         _positive(where, key, value)
+    if recipe.optim.lr_scaling is not None:
+        _positive(where, "optim.lr_scaling.base_nodes", recipe.optim.lr_scaling.base_nodes)
     if (p.global_batch_size is None) == (p.gradient_accumulation is None):
         raise ConfigError(f"{where}: parallelism: set exactly one of global_batch_size and "
                           "gradient_accumulation")
@@ -203,6 +205,56 @@ def _check_values(recipe: Recipe, where: str) -> None:
     if m.ffn_hidden_size <= 0 or m.max_position_embeddings < m.seq_length:
         raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
                           f"is shorter than model.seq_length {m.seq_length}")
+    _check_ranges(recipe, where)
+
+
+MAX_RESTARTS = 1000  # far beyond any useful retry count; keeps bash arithmetic trivially safe
+
+
+def _check_ranges(recipe: Recipe, where: str) -> None:
+    """Numbers that parse but cannot be meant: NaN/infinity, probabilities outside [0, 1),
+    ports outside the unprivileged range, a schedule longer than its run."""
+    o, s, m, j = recipe.optim, recipe.schedule, recipe.model, recipe.job
+    floats = {"optim.lr": o.lr, "optim.eps": o.eps, "optim.weight_decay": o.weight_decay,
+              "optim.grad_clip": o.grad_clip, "optim.betas[0]": o.betas[0],
+              "optim.betas[1]": o.betas[1], "schedule.min_lr": s.min_lr,
+              "model.hidden_dropout": m.hidden_dropout,
+              "model.attention_dropout": m.attention_dropout,
+              "model.layernorm_epsilon": m.layernorm_epsilon,
+              "model.rotary_percentage": m.rotary_percentage,
+              "model.init_method_std": m.init_method_std, "model.rope_theta": m.rope_theta}
+    for key, value in floats.items():
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{where}: {key}: must be a finite number, got {value}")
+    for key in ("optim.betas[0]", "optim.betas[1]", "model.hidden_dropout",
+                "model.attention_dropout"):
+        if not 0.0 <= floats[key] < 1.0:  # type: ignore[operator]
+            raise ConfigError(f"{where}: {key}: must lie in [0, 1), got {floats[key]}")
+    for key in ("optim.eps", "model.layernorm_epsilon"):
+        if not floats[key] > 0:  # type: ignore[operator]
+            raise ConfigError(f"{where}: {key}: must be positive, got {floats[key]}")
+    if o.weight_decay < 0 or o.grad_clip <= 0:
+        raise ConfigError(f"{where}: optim: weight_decay must be >= 0 and grad_clip positive")
+    if not 0.0 <= s.min_lr <= o.lr:
+        raise ConfigError(f"{where}: schedule.min_lr: {s.min_lr} must lie between 0 and "
+                          f"optim.lr {o.lr}")
+    if not 1024 <= j.master_port <= 65535:
+        raise ConfigError(f"{where}: job.master_port: {j.master_port} is not a port between "
+                          "1024 and 65535")
+    if j.max_restarts > MAX_RESTARTS:
+        raise ConfigError(f"{where}: job.max_restarts: {j.max_restarts} is more than "
+                          f"{MAX_RESTARTS}")
+    warmup = (round(s.warmup_fraction * s.max_steps) if s.warmup_fraction is not None
+              else s.warmup_steps or 0)
+    hold = (round(s.constant_fraction * s.max_steps) if s.constant_fraction is not None
+            else s.constant_steps or 0)
+    if warmup < 0 or hold < 0 or warmup + hold > s.max_steps:
+        raise ConfigError(f"{where}: schedule: warmup {warmup} + constant {hold} steps do not "
+                          f"fit in max_steps {s.max_steps}")
+    if s.decay_steps is not None and not warmup + hold <= s.decay_steps <= s.max_steps:
+        raise ConfigError(f"{where}: schedule.decay_steps: {s.decay_steps} must lie between "
+                          f"the end of warmup and hold ({warmup + hold}) and max_steps "
+                          f"{s.max_steps}")
 
 
 def _check_arithmetic(spec: JobSpec) -> None:

@@ -278,3 +278,42 @@ def test_set_values_follow_yaml_1_2(jobgen: Callable) -> None:
     result = jobgen("render", "neox20b", "--set", f"optim.betas={deep}")
     assert result.exit_code == 2
     assert result.stderr == "error: --set: nested more than 32 levels deep\n"
+
+
+@pytest.mark.parametrize("name,why", [
+    ("BASH_ENV", "changes how the job's shell or loader behaves"),
+    ("LD_PRELOAD", "changes how the job's shell or loader behaves"),
+    ("IFS", "changes how the job's shell or loader behaves"),
+    ("PATH", "changes how the job's shell or loader behaves"),
+    ("PAYLOAD_DIR", "set by jobgen or the scheduler"),
+    ("RUN_DIR", "set by jobgen or the scheduler"),
+    ("MAX_RESTARTS", "set by jobgen or the scheduler"),
+    ("MASTER_PORT", "set by jobgen or the scheduler"),
+    ("SLURM_RESTART_COUNT", "set by jobgen or the scheduler"),
+    ("AWS_BATCH_JOB_NODE_INDEX", "set by jobgen or the scheduler"),
+    ("JOBGEN_RDZV_TIMEOUT", "set by jobgen or the scheduler"),
+])
+def test_env_names_a_recipe_may_not_set(jobgen: Callable, name: str, why: str) -> None:
+    result = jobgen("render", "neox20b", "--set", f"env.{name}=x")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: recipes/neox20b.yaml: env.{name}: {why}; a recipe may "
+                             "not set it\n")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("optim.lr_scaling.base_nodes=0", "optim.lr_scaling.base_nodes: must be positive, got 0"),
+    ("optim.lr=.nan", "optim.lr: must be a finite number, got nan"),
+    ("optim.lr=.inf", "optim.lr: must be a finite number, got inf"),
+    ("job.master_port=80", "job.master_port: 80 is not a port between 1024 and 65535"),
+    ("job.master_port=70000", "job.master_port: 70000 is not a port between 1024 and 65535"),
+    ("schedule.min_lr=1", "schedule.min_lr: 1.0 must lie between 0 and optim.lr 9.7e-05"),
+    ("schedule.warmup_steps=20000",
+     "schedule: warmup 20000 + constant 0 steps do not fit in max_steps 10000"),
+    ("job.max_restarts=99999999999", "job.max_restarts: 99999999999 is more than 1000"),
+    ("model.hidden_dropout=1.5", "model.hidden_dropout: must lie in [0, 1), got 1.5"),
+    ("checkpoint.keep=0", "checkpoint.keep: must be positive, got 0"),
+])
+def test_values_that_cannot_be_meant(jobgen: Callable, override: str, message: str) -> None:
+    result = jobgen("render", "neox20b", "--set", override)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: recipes/neox20b.yaml: {message}\n"
