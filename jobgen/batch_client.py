@@ -4,17 +4,23 @@ submit it, follow it node by node, show its logs, cancel it.
 boto3 is imported inside `client()` only, so rendering never loads the AWS SDK. Every other
 function takes its boto3 clients as arguments (tests hand in clients pointed at moto, or stubbed).
 Every AWS call goes through `_call`, the one place where throttling is retried and AWS's
-exceptions become one-line jobgen errors.
+exceptions become one-line jobgen errors. Set-up mistakes (profile, config and credentials
+files, region, endpoint) are blamed on what holds them, and no message shows a URL's password
+or the environment's secret key (`redact`).
 """
 from __future__ import annotations
 
+import importlib
+import os
 import re
 import time
+import urllib.parse
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from .errors import ConfigError, RemoteError
-from .site import Site
+from .errors import ConfigError, JobgenError, RemoteError
+from .site import REGION_RE, Site
 
 Echo = Callable[[str], None]
 HASH_TAG = "jobgen:hash"
@@ -26,35 +32,163 @@ THROTTLED = ("Throttling", "ThrottlingException", "TooManyRequestsException",
 RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)   # backoff after each throttled attempt, then give up
 NO_CREDENTIALS = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`")
+BATCH_EXTRA = "pip install 'jobgen[batch]'"
+SERVICE_ENV = {"batch": "BATCH", "logs": "CLOUDWATCH_LOGS"}   # AWS_ENDPOINT_URL_<this>
+# Where each client's endpoint came from, for messages about not reaching it.
+_ORIGINS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def require_sdk(what: str, modules: tuple[str, ...] = ("boto3", "botocore")) -> None:
+    """Refuse, in one line and before anything is written, what needs the AWS SDK where the
+    [batch] extra is not installed (exit 2, as `--via submitit` without submitit)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] != name:
+                raise ConfigError(f"{what}: {name} is installed but cannot import "
+                                  f"{exc.name}: {BATCH_EXTRA}") from None
+            raise ConfigError(f"{what} needs {name}, which is not installed: "
+                              f"{BATCH_EXTRA}") from None
+        except ImportError as exc:
+            raise ConfigError(f"{what}: cannot import {name} ({_first_line(str(exc))}): "
+                              f"{BATCH_EXTRA}") from None
+
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s\"']*@")
+_USER_PASSWORD = re.compile(r"[^\s/?#@\"':]+:[^\s/?#@\"']+@")   # user:password@ anywhere
+
+
+def redact(text: str) -> str:
+    """`text` without the user:password part of any URL in it, nor the secrets of the AWS
+    credentials in this environment."""
+    text = _USER_PASSWORD.sub("***@", _USERINFO.sub(r"\1***@", text))
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        secret = os.environ.get(name, "")
+        if len(secret) >= 16:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _remote(message: str) -> RemoteError:
+    return RemoteError(redact(message))
+
+
+def _config(message: str) -> ConfigError:
+    return ConfigError(redact(message))
+
+
+def _region(site: Site) -> tuple[Optional[str], str]:
+    """The region and where it came from: the site profile, AWS_REGION (which botocore itself
+    ignores), AWS_DEFAULT_REGION, or else the AWS profile (left to botocore)."""
+    if site.batch and site.batch.region:
+        return site.batch.region, f"site {site.name}: batch.region"
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(name):
+            return os.environ[name], name
+    return None, f"{_aws_file('AWS_CONFIG_FILE', 'config')} (region)"
+
+
+def _endpoint_origin(endpoint_url: Optional[str], service: str) -> tuple[Optional[str], str]:
+    """The endpoint URL that will be used, if jobgen can see it, and where it came from."""
+    if endpoint_url is not None:
+        return endpoint_url, "--endpoint-url"
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() != "true":
+        for name in (f"AWS_ENDPOINT_URL_{SERVICE_ENV[service]}", "AWS_ENDPOINT_URL"):
+            if os.environ.get(name):
+                return os.environ[name], name
+    return None, f"{_aws_file('AWS_CONFIG_FILE', 'config')} (endpoint_url)"
+
+
+def _valid_url(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and \
+            (parts.port is None or parts.port > 0)
+    except ValueError:   # e.g. a port that is not a number
+        return False
+
+
+def _setup_error(exc: Exception) -> Optional[JobgenError]:
+    """AWS set-up mistakes (profile, config files, credentials, region) as one line that
+    names what to fix; None for anything else."""
+    from botocore import exceptions as bce
+
+    kwargs = getattr(exc, "kwargs", {})
+    if isinstance(exc, bce.ProfileNotFound):
+        var = "AWS_PROFILE" if os.environ.get("AWS_PROFILE") else "AWS_DEFAULT_PROFILE"
+        return _remote(f"{var}: no profile {kwargs.get('profile')!r} in "
+                       f"{_aws_file('AWS_CONFIG_FILE', 'config')} or "
+                       f"{_aws_file('AWS_SHARED_CREDENTIALS_FILE', 'credentials')}")
+    if isinstance(exc, bce.ConfigParseError):
+        return _remote(f"{kwargs.get('path')}: not a valid AWS config or credentials file "
+                       "(INI sections like [default] or [profile NAME], then key = value)")
+    if isinstance(exc, bce.PartialCredentialsError):
+        provider = kwargs.get("provider", "?")
+        where = {"env": "in the environment",
+                 "shared-credentials-file":
+                     f"in {_aws_file('AWS_SHARED_CREDENTIALS_FILE', 'credentials')}",
+                 "config-file": f"in {_aws_file('AWS_CONFIG_FILE', 'config')}"}.get(
+                     provider, f"from {provider}")
+        return _remote(f"incomplete AWS credentials {where}: {kwargs.get('cred_var')} is "
+                       "missing (an access key id needs its secret access key)")
+    if isinstance(exc, bce.NoCredentialsError):
+        return _remote(NO_CREDENTIALS)
+    if isinstance(exc, bce.InvalidRegionError):
+        return _remote(f"{_aws_file('AWS_CONFIG_FILE', 'config')}: region "
+                       f"{kwargs.get('region_name')!r} is not an AWS region name (like us-east-1)")
+    if isinstance(exc, bce.NoRegionError):
+        return _config("no AWS region: set batch.region in the site profile, or AWS_REGION")
+    return None
+
+
+def _aws_file(var: str, default: str) -> str:
+    return os.environ.get(var) or f"~/.aws/{default}"
 
 
 def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch") -> Any:
     """A boto3 client for `service` ("batch" or "logs") in the site's region (else the
-    environment's). Without `endpoint_url` boto3 itself honours AWS_ENDPOINT_URL."""
+    environment's). Without `endpoint_url` boto3 itself honours AWS_ENDPOINT_URL. Set-up
+    mistakes are blamed on what holds them: the site file, an option, a variable, a file."""
+    require_sdk("jobgen batch")
     import boto3
     import botocore.config
-    import botocore.exceptions
+    import botocore.exceptions as bce
 
-    region = site.batch.region if site.batch else None
+    region, region_from = _region(site)
+    if region is not None and not REGION_RE.fullmatch(region):
+        error = _config if region_from.startswith("site ") else _remote
+        raise error(f"{region_from}: {region!r} is not an AWS region name (like us-east-1)")
+    url, url_from = _endpoint_origin(endpoint_url, service)
+    if url is not None and not _valid_url(url):
+        error = _config if url_from == "--endpoint-url" else _remote
+        raise error(f"{url_from}: {url!r} is not an endpoint URL (like https://host:port)")
     # botocore's own retries are off: `_call` retries throttling, with a message at the end.
     config = botocore.config.Config(retries={"mode": "standard", "max_attempts": 1})
     try:
         # A fresh session per client: the default one caches credentials across calls.
-        return boto3.session.Session(region_name=region).client(
+        made = boto3.session.Session(region_name=region).client(
             service, endpoint_url=endpoint_url, config=config)
-    except botocore.exceptions.NoRegionError:
-        raise ConfigError(f"site {site.name}: no AWS region: set batch.region in the site "
-                          "profile, or AWS_REGION") from None
-    except ValueError as exc:   # a malformed endpoint URL
-        raise ConfigError(f"--endpoint-url: {exc}") from None
+    except bce.NoRegionError:
+        raise _config(f"site {site.name}: no AWS region: set batch.region in the site profile, "
+                      "or AWS_REGION") from None
+    except bce.BotoCoreError as exc:
+        raise _setup_error(exc) or _remote(f"AWS set-up: {_first_line(str(exc))}") from None
+    except ValueError as exc:   # a malformed endpoint URL in the AWS config file
+        raise _remote(f"{url_from}: {_first_line(str(exc))}") from None
+    if url is None:
+        url_from = f"region {made.meta.region_name} from {region_from}"
+    _ORIGINS[made] = f"endpoint from {url_from}" if url is not None else url_from
+    return made
 
 
 def _call(method: Callable[..., Any], **params: Any) -> Any:
     """`method(**params)` (a boto3 client method), with throttling retried after RETRY_DELAYS
-    and every AWS failure turned into one line."""
+    and every AWS failure turned into one line (with no password or secret in it)."""
     from botocore import exceptions as bce
 
-    meta = getattr(getattr(method, "__self__", None), "meta", None)
+    owner = getattr(method, "__self__", None)
+    meta = getattr(owner, "meta", None)
     where = f"AWS {meta.service_model.service_id}" if meta else "AWS"
     for attempt in range(len(RETRY_DELAYS) + 1):
         try:
@@ -66,17 +200,17 @@ def _call(method: Callable[..., Any], **params: Any) -> Any:
                 time.sleep(RETRY_DELAYS[attempt])
                 continue
             if code in THROTTLED:
-                raise RemoteError(f"{where} {exc.operation_name}: throttled ({code}) after "
-                                  f"{attempt + 1} attempts; try again later") from None
-            raise RemoteError(f"{where} {exc.operation_name}: {message} ({code})") from None
-        except (bce.NoCredentialsError, bce.PartialCredentialsError):
-            raise RemoteError(NO_CREDENTIALS) from None
+                raise _remote(f"{where} {exc.operation_name}: throttled ({code}) after "
+                              f"{attempt + 1} attempts; try again later") from None
+            raise _remote(f"{where} {exc.operation_name}: {message} ({code})") from None
         except bce.ParamValidationError as exc:
-            raise ConfigError(f"{where} request: {_first_line(str(exc))}") from None
+            raise _config(f"{where} request: {_first_line(str(exc))}") from None
         except bce.EndpointConnectionError as exc:
-            raise RemoteError(f"cannot reach AWS: {exc}") from None
+            origin = _ORIGINS.get(owner) if owner is not None else None
+            raise _remote(f"cannot reach AWS: {exc}" + (f" ({origin})" if origin else "")
+                          ) from None
         except bce.BotoCoreError as exc:
-            raise RemoteError(f"{where}: {_first_line(str(exc))}") from None
+            raise _setup_error(exc) or _remote(f"{where}: {_first_line(str(exc))}") from None
     raise AssertionError("unreachable")
 
 

@@ -53,6 +53,10 @@ class _Group(click.Group):
             message = str(exc).replace("\n", "\\n")
             click.echo(f"error: {message}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # Ctrl-C (SIGINT): 130 as a shell reports it, not click's "Aborted!" and 1.
+            click.echo("error: interrupted", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -104,6 +108,7 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
            output_dir: Optional[Path]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from . import api
+    _need_aws_sdk(backend)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
     plan = api.plan(spec)
     if output_dir is None:
@@ -127,6 +132,7 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
     """Dry-run every recipe at 1, 2, 4, ... 128 nodes: render, shellcheck, optionally
     `sbatch --test-only`. Exits 1 if anything failed."""
     from . import check as checking
+    _need_aws_sdk(backend)
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
                           shellcheck=not no_shellcheck, backend=backend)  # type: ignore[arg-type]
     click.echo(report.table())
@@ -142,13 +148,21 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
 @click.option("--via", type=click.Choice(["sbatch", "submitit"]), default="sbatch",
               show_default=True, help="Submit the rendered script, or the same job via submitit.")
 @click.option("--wait", is_flag=True, help="Follow the job until it ends; exit with its status.")
+@click.option("--no-check", is_flag=True,
+              help="Submit without first checking, from this host, that the launcher and the "
+                   "trainer are where the site says and that the partition has the nodes.")
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, chain: bool, via: str,
-           wait: bool) -> None:
+           wait: bool, no_check: bool) -> None:
     """Submit RECIPE to Slurm (exactly the script `jobgen render` prints); prints the job id."""
     from . import api, slurm_client
     from .backends import slurm
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke)
+    if not no_check:
+        from . import launch
+        unchecked = slurm_client.preflight(spec, launch.for_spec(spec, "slurm"))
+        if unchecked:
+            click.echo(f"not checked from this host: {'; '.join(unchecked)}", err=True)
     if via == "submitit":
         from . import submitit_runner
         job = submitit_runner.submit(spec)
@@ -234,9 +248,18 @@ def _batch_client(site: Optional[str], endpoint_url: Optional[str]) -> Any:
     return batch_client.client(sites.load(site), endpoint_url)
 
 
+def _need_aws_sdk(backend: str = "batch") -> None:
+    """Without the [batch] extra, one line naming it (exit 2) before anything is written."""
+    if backend == "batch":
+        from .batch_client import require_sdk
+        require_sdk("--backend batch", ("botocore",))
+
+
 @cli.group("batch")
 def batch_group() -> None:
     """AWS Batch multi-node jobs: submit, follow, inspect, cancel; validate job definitions."""
+    from .batch_client import require_sdk
+    require_sdk("jobgen batch")
 
 
 @batch_group.command("submit")

@@ -3,6 +3,7 @@ site says which partition, which shared directories, which virtualenv, where the
 the upstream trainer checkouts live. `local` is the embedded default that works on this machine."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -13,6 +14,8 @@ from .recipe import load_yaml
 from .resources import PAYLOAD_DIR, SITES_DIR
 
 DEFAULT_SITE = "local"
+# botocore's rule for a region name (a host label), which it checks only when a client is made.
+REGION_RE = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ def load(ref: Optional[str] = None) -> Site:
         if value is not None and not schema.NAME_RE.fullmatch(value):
             raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
                               f"{schema.NAME_RE.pattern}")
+    region = site.batch.region if site.batch else None
+    if region is not None and not REGION_RE.fullmatch(region):
+        raise ConfigError(f"{shown}: batch.region: {schema.describe(region)} is not an AWS "
+                          "region name (like us-east-1)")
     local_cache = site.paths.local_compile_cache
     if local_cache is not None and not local_cache.startswith("/"):
         # Each node's own disk: payload/common/sync_cache.sh refuses a relative path at run time.

@@ -2,16 +2,21 @@
 cancel by job id. Everything here runs Slurm's own commands; nothing is rendered here."""
 from __future__ import annotations
 
+import posixpath
 import re
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .errors import RemoteError
+from .errors import ConfigError, RemoteError
 from .plan import Plan
+
+if TYPE_CHECKING:
+    from .payloads import Launch
+    from .spec import JobSpec
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
@@ -28,7 +33,9 @@ def _run(argv: Sequence[str], *, stdin: Optional[str] = None, timeout: float = 6
         raise RemoteError(f"{argv[0]} did not answer within {timeout:.0f} s") from None
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
-        raise RemoteError(f"{argv[0]}: {lines[-1].strip()}")
+        last = lines[-1].strip()
+        # Slurm's commands start their own messages with their name: not twice.
+        raise RemoteError(last if last.startswith(f"{argv[0]}: ") else f"{argv[0]}: {last}")
     return proc.stdout
 
 
@@ -51,6 +58,106 @@ def submit_chain(compile_plan: Plan, train_plan: Plan) -> tuple[str, str]:
     first = submit(compile_plan)
     second = submit(train_plan, [f"--dependency=afterok:{first}", "--kill-on-invalid-dep=yes"])
     return first, second
+
+
+# --- what can be checked from the submission host before submitting ----------------------------
+
+@dataclass(frozen=True)
+class Needed:
+    """A file (or folder) the job needs on the nodes, as the site names it."""
+    path: str    # absolute, or relative to the submission directory (as on the nodes)
+    what: str    # "launcher", "trainer", ...
+    key: str     # the site key it comes from
+    folder: bool = False
+
+
+def needed_files(spec: "JobSpec", lau: "Launch") -> list[Needed]:
+    """What the job's nodes open before training starts: the launcher and the trainer, and what
+    the payload's trainer reads from the site's upstream checkouts."""
+    payload_key = "paths.payload_dir" if spec.site.paths.payload_dir else "jobgen's payload/"
+    workdir_key = payload_key if lau.workdir.startswith(spec.payload_dir) else {
+        "neuron_nemo": "paths.nemo_dir"}.get(spec.recipe.payload, "the payload's workdir")
+    needed = [Needed(posixpath.join(spec.payload_dir, lau.launcher), "launcher", payload_key),
+              Needed(posixpath.join(lau.workdir, lau.program), "trainer", workdir_key)]
+    if lau.prepare:
+        needed.append(Needed(posixpath.join(spec.payload_dir, lau.prepare[0]),
+                             "preparation script", payload_key))
+    if spec.smoke:
+        return needed
+    if spec.recipe.payload == "neuron_nemo":
+        config = next((a.split("=", 1)[1] for a in lau.train_args
+                       if a.startswith("--config-name=")), None)
+        if config:
+            needed.append(Needed(posixpath.join(lau.workdir, "conf", f"{config}.yaml"),
+                                 "NeMo config", "paths.nemo_dir"))
+    if spec.recipe.payload == "neuronx_distributed" and spec.site.paths.nxd_llama_dir:
+        example = spec.site.paths.nxd_llama_dir.rstrip("/") or "/"
+        needed.append(Needed(example, "NxD Llama example", "paths.nxd_llama_dir", folder=True))
+        for module in ("modeling_llama_nxd.py", "training_utils.py"):
+            needed.append(Needed(posixpath.join(posixpath.dirname(example), module),
+                                 "NxD example module", "paths.nxd_llama_dir"))
+    return needed
+
+
+def _visible(path: Path) -> bool:
+    """Whether this host sees the file system the path is on: its top folder (/fsx, /shared,
+    /opt, ...) exists here. Relative paths are under the submission directory: always."""
+    return not path.is_absolute() or len(path.parts) < 2 or \
+        Path(path.parts[0], path.parts[1]).exists()
+
+
+def partition_size(partition: Optional[str]) -> tuple[str, int]:
+    """(partition, its node count) from sinfo: the named partition, or the default one."""
+    sizes: dict[str, int] = {}
+    default = None
+    for line in _run(["sinfo", "-h", "-o", "%P %D"], timeout=30).splitlines():
+        fields = line.split()
+        if len(fields) != 2 or not fields[1].isdigit():
+            continue
+        name = fields[0].rstrip("*")
+        if fields[0].endswith("*"):
+            default = name
+        sizes[name] = sizes.get(name, 0) + int(fields[1])
+    if partition is None and default is None:
+        raise RemoteError("sinfo shows no default partition")
+    name = partition or default or ""
+    if name not in sizes:
+        raise ConfigError(f"slurm.partition: sinfo shows no partition {name!r} "
+                          f"(partitions: {', '.join(sorted(sizes)) or 'none'})")
+    return name, sizes[name]
+
+
+def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> list[str]:
+    """Check from this host what would otherwise fail on the nodes or in the queue: the files
+    in `needed_files` and the node count against the partition. Raises ConfigError at the
+    first failed check; returns what could not be checked here (one phrase each)."""
+    cwd = cwd or Path.cwd()
+    site = spec.site
+    unseen: dict[str, list[str]] = {}   # file system not mounted here -> what is on it
+    for need in needed_files(spec, lau):
+        path = Path(need.path)
+        if not _visible(path):
+            whats = unseen.setdefault(str(Path(path.parts[0], path.parts[1])), [])
+            whats.extend([] if need.what in whats else [need.what])
+            continue
+        found = (cwd / path).is_dir() if need.folder else (cwd / path).is_file()
+        if not found:
+            where = "" if path.is_absolute() else " (relative to the submission directory)"
+            raise ConfigError(f"site {site.name}: {need.key}: no {need.what} at "
+                              f"{need.path}{where}; pass --no-check to submit anyway")
+    unchecked = [f"{', '.join(whats)} (on {top}, not mounted here)"
+                 for top, whats in unseen.items()]
+    try:
+        partition, size = partition_size(site.slurm.partition)
+    except RemoteError as exc:
+        unchecked.append(f"the node count ({exc})")
+    except ConfigError as exc:
+        raise ConfigError(f"site {site.name}: {exc}") from None
+    else:
+        if spec.nodes > size:
+            raise ConfigError(f"{spec.nodes} nodes: partition {partition} has {size} (sinfo); "
+                              "ask for fewer, or pass --no-check to queue it anyway")
+    return unchecked
 
 
 @dataclass(frozen=True)

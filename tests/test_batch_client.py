@@ -306,7 +306,8 @@ def test_unreachable_endpoint_is_one_line_exit_1() -> None:
                                             AWS_SECRET_ACCESS_KEY="testing"))
     assert result.returncode == 1
     assert result.stderr == ("error: cannot reach AWS: Could not connect to the endpoint URL: "
-                             f'"http://127.0.0.1:{port}/v1/describejobs"\n')
+                             f'"http://127.0.0.1:{port}/v1/describejobs" '
+                             "(endpoint from --endpoint-url)\n")
 
 
 @pytest.mark.parametrize("args", [["render", "neox20b", "--nodes", "4"]])
@@ -522,3 +523,227 @@ def test_follow_gives_up_after_its_timeout(stubbed: tuple[Any, Any]) -> None:
         batch_client.logs(batch, None, "j1", node=0, echo=print, follow=True, poll_s=0.01,
                           timeout_s=0)
     assert str(info.value) == "job j1: still without a log stream after 0 s"
+
+
+# --- AWS set-up mistakes: one line, blaming what holds the mistake, no secret echoed ------------
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"   # the shape of a real secret access key
+PASSWORD = "pa55-w0rd-in-url"
+
+
+@pytest.fixture
+def aws_files(tmp_path: Path) -> Callable[..., dict[str, str]]:
+    """``aws_files(config=TEXT, credentials=TEXT, **env)``: a clean AWS environment (the real
+    files written under tmp_path, HOME there too, no AWS_* variable of the user's)."""
+    def make(config: str = "", credentials: str = "", **extra: str) -> dict[str, str]:
+        home = tmp_path / "home"
+        (home / ".aws").mkdir(parents=True, exist_ok=True)
+        (home / ".aws" / "config").write_text(config)
+        (home / ".aws" / "credentials").write_text(credentials)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(HOME=str(home), AWS_EC2_METADATA_DISABLED="true",
+                   AWS_CONFIG_FILE=str(home / ".aws" / "config"),
+                   AWS_SHARED_CREDENTIALS_FILE=str(home / ".aws" / "credentials"), **extra)
+        return env
+    return make
+
+
+def _one_line(result: subprocess.CompletedProcess[str], status: int) -> str:
+    assert (result.returncode, result.stdout) == (status, ""), result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert SECRET not in result.stderr and PASSWORD not in result.stderr
+    return result.stderr[len("error: "):-1]
+
+
+def test_mistyped_profile(aws_files: Callable[..., dict[str, str]]) -> None:
+    env = aws_files(config="[profile dev]\nregion = us-east-1\n",
+                    credentials=f"[dev]\naws_access_key_id = AKIAEXAMPLE\n"
+                                f"aws_secret_access_key = {SECRET}\n", AWS_PROFILE="deve")
+    said = _one_line(_jobgen_process("batch", "status", "abc", env=env), 1)
+    assert said == (f"AWS_PROFILE: no profile 'deve' in {env['AWS_CONFIG_FILE']} or "
+                    f"{env['AWS_SHARED_CREDENTIALS_FILE']}")
+
+
+@pytest.mark.parametrize("which", ["config", "credentials"])
+def test_malformed_aws_file(aws_files: Callable[..., dict[str, str]], which: str) -> None:
+    broken = f"[default\naws_access_key_id = AKIAEXAMPLE\naws_secret_access_key = {SECRET}\n"
+    env = aws_files(**{which: broken})
+    said = _one_line(_jobgen_process("batch", "cancel", "abc", env=env), 1)
+    path = env["AWS_CONFIG_FILE" if which == "config" else "AWS_SHARED_CREDENTIALS_FILE"]
+    assert said == (f"{path}: not a valid AWS config or credentials file (INI sections like "
+                    "[default] or [profile NAME], then key = value)")
+
+
+def test_key_id_without_secret_in_the_environment(aws_files: Callable[..., dict[str, str]]
+                                                  ) -> None:
+    env = aws_files(AWS_ACCESS_KEY_ID="AKIAEXAMPLE")
+    said = _one_line(_jobgen_process("batch", "status", "abc", env=env), 1)
+    assert said == ("incomplete AWS credentials in the environment: AWS_SECRET_ACCESS_KEY is "
+                    "missing (an access key id needs its secret access key)")
+
+
+def test_key_id_without_secret_in_the_credentials_file(
+        aws_files: Callable[..., dict[str, str]]) -> None:
+    env = aws_files(credentials="[default]\naws_access_key_id = AKIAEXAMPLE\n")
+    said = _one_line(_jobgen_process("batch", "logs", "abc", env=env), 1)
+    assert said == (f"incomplete AWS credentials in {env['AWS_SHARED_CREDENTIALS_FILE']}: "
+                    "aws_secret_access_key is missing (an access key id needs its secret "
+                    "access key)")
+
+
+KEYS = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET}
+
+
+def test_no_region_anywhere(aws_files: Callable[..., dict[str, str]], write_site: Any) -> None:
+    site = write_site("local", delete=["batch.region"])
+    said = _one_line(_jobgen_process("batch", "status", "abc", "--site", str(site),
+                                     env=aws_files(**KEYS)), 2)
+    assert said == ("site local: no AWS region: set batch.region in the site profile, "
+                    "or AWS_REGION")
+
+
+def test_region_from_aws_region_which_botocore_ignores(
+        monkeypatch: pytest.MonkeyPatch, write_site: Any) -> None:
+    _aws_env(monkeypatch, None)
+    no_region = sites.load(str(write_site("local", delete=["batch.region"])))
+    monkeypatch.setenv("AWS_REGION", "ap-south-2")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    assert batch_client.client(no_region).meta.region_name == "ap-south-2"
+    assert batch_client.client(sites.load("local")).meta.region_name == "us-east-1"  # site first
+
+
+@pytest.mark.parametrize("where,status,said", [
+    ("site", 2, "{site}: batch.region: 'us east 1' is not an AWS region name (like us-east-1)"),
+    ("AWS_REGION", 1, "AWS_REGION: 'us east 1' is not an AWS region name (like us-east-1)"),
+    ("AWS_DEFAULT_REGION", 1,
+     "AWS_DEFAULT_REGION: 'us east 1' is not an AWS region name (like us-east-1)"),
+    ("config", 1, "{config}: region 'us east 1' is not an AWS region name (like us-east-1)"),
+])
+def test_bad_region_is_blamed_on_where_it_was_set(
+        aws_files: Callable[..., dict[str, str]], write_site: Any, where: str, status: int,
+        said: str) -> None:
+    bad = "us east 1"
+    site = write_site("local", {"batch.region": bad} if where == "site" else {},
+                      delete=[] if where == "site" else ["batch.region"])
+    env = aws_files(config=f"[default]\nregion = {bad}\n" if where == "config" else "",
+                    **({where: bad} if where.startswith("AWS_") else {}), **KEYS)
+    result = _jobgen_process("batch", "status", "abc", "--site", str(site), env=env)
+    assert _one_line(result, status) == said.format(site=site, config=env["AWS_CONFIG_FILE"])
+    assert "--endpoint-url" not in result.stderr
+
+
+@pytest.mark.parametrize("where,status", [
+    ("--endpoint-url", 2), ("AWS_ENDPOINT_URL", 1), ("AWS_ENDPOINT_URL_BATCH", 1)])
+@pytest.mark.parametrize("url", ["not a url", f"ftp://user:{PASSWORD}@host",
+                                 f"http://user:{PASSWORD}@host:port"])
+def test_bad_endpoint_is_blamed_on_where_it_was_set(
+        aws_files: Callable[..., dict[str, str]], where: str, status: int, url: str) -> None:
+    args = ["--endpoint-url", url] if where == "--endpoint-url" else []
+    env = aws_files(**({where: url} if where.startswith("AWS_") else {}), **KEYS)
+    said = _one_line(_jobgen_process("batch", "status", "abc", *args, env=env), status)
+    shown = url.replace(f"user:{PASSWORD}", "***")
+    assert said == f"{where}: {shown!r} is not an endpoint URL (like https://host:port)"
+
+
+def test_bad_endpoint_in_the_config_file(aws_files: Callable[..., dict[str, str]]) -> None:
+    env = aws_files(config=f"[default]\nendpoint_url = htp:/user:{PASSWORD}@\n", **KEYS)
+    said = _one_line(_jobgen_process("batch", "status", "abc", env=env), 1)
+    assert said.startswith(f"{env['AWS_CONFIG_FILE']} (endpoint_url): ")
+
+
+def test_empty_endpoint_url_is_refused(aws_files: Callable[..., dict[str, str]]) -> None:
+    said = _one_line(_jobgen_process("batch", "status", "abc", "--endpoint-url", "",
+                                     env=aws_files(**KEYS)), 2)
+    assert said == "--endpoint-url: '' is not an endpoint URL (like https://host:port)"
+
+
+@pytest.mark.parametrize("where", ["--endpoint-url", "AWS_ENDPOINT_URL"])
+def test_password_in_an_unreachable_endpoint_is_not_shown(
+        aws_files: Callable[..., dict[str, str]], where: str) -> None:
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://jobgen:{PASSWORD}@127.0.0.1:{port}"
+    args = ["--endpoint-url", url] if where == "--endpoint-url" else []
+    env = aws_files(**({where: url} if where.startswith("AWS_") else {}), **KEYS)
+    said = _one_line(_jobgen_process("batch", "status", "abc", *args, env=env), 1)
+    assert said == ("cannot reach AWS: Could not connect to the endpoint URL: "
+                    f'"http://***@127.0.0.1:{port}/v1/describejobs" (endpoint from {where})')
+
+
+def test_redact(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "short")   # too short to be told from words
+    assert batch_client.redact(f"a https://u:{PASSWORD}@h/x and HTTP://u@h b {SECRET} short"
+                               ) == "a https://***@h/x and HTTP://***@h b *** short"
+    assert batch_client.redact(f"htp:/u:{PASSWORD}@h") == "htp:/***@h"
+    assert batch_client.redact("mailto me@example.com, s3://bucket/key@v") == \
+        "mailto me@example.com, s3://bucket/key@v"
+
+
+@pytest.mark.moto
+def test_profile_from_real_config_files(jobgen: Jobgen, moto_url: str, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same named profile works (against moto) and, mistyped, is one line."""
+    _aws_env(monkeypatch, moto_url)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    (tmp_path / "config").write_text("[profile dev]\nregion = us-east-1\n")
+    (tmp_path / "credentials").write_text(
+        f"[dev]\naws_access_key_id = testing\naws_secret_access_key = {SECRET}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "dev")
+    job_id, _ = submit(jobgen, "--run-name", run_name())
+    assert jobgen("batch", "status", job_id).exit_code == 0
+    monkeypatch.setenv("AWS_PROFILE", "Dev")
+    result = jobgen("batch", "status", job_id)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", f"error: AWS_PROFILE: no profile 'Dev' in {tmp_path / 'config'} or "
+               f"{tmp_path / 'credentials'}\n")
+
+
+# --- without the [batch] extra: one line naming it, nothing written ------------------------------
+
+_REFUSE_AWS_SDK = '''\
+"""Test stand-in for an installation without the [batch] extra: boto3 and botocore cannot be
+imported, as if they were not installed."""
+import sys
+
+
+class _NoAwsSdk:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("boto3", "botocore"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoAwsSdk())
+'''
+
+
+@pytest.mark.parametrize("args,needs", [
+    (["render", "bert-large", "-n", "2", "--backend", "batch"], "--backend batch needs botocore"),
+    (["render", "bert-large", "-n", "2", "--backend", "batch", "-o", "{tmp}/out"],
+     "--backend batch needs botocore"),
+    (["check", "--backend", "batch", "--recipe", "bert-large"], "--backend batch needs botocore"),
+    (["batch", "submit", "bert-large", "-n", "2"], "jobgen batch needs boto3"),
+    (["batch", "status", "abc"], "jobgen batch needs boto3"),
+    (["batch", "logs", "abc"], "jobgen batch needs boto3"),
+    (["batch", "cancel", "abc"], "jobgen batch needs boto3"),
+    (["batch", "validate", "{tmp}/jd.json"], "jobgen batch needs boto3"),
+])
+def test_without_the_batch_extra(tmp_path: Path, args: list[str], needs: str) -> None:
+    hook = tmp_path / "no-aws-sdk"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_REFUSE_AWS_SDK)
+    (tmp_path / "jd.json").write_text("{}")
+    env = _clean_env(PYTHONPATH=str(hook), AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
+    before = sorted(tmp_path.rglob("*"))
+    result = _jobgen_process(*[a.format(tmp=tmp_path) for a in args], env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", f"error: {needs}, which is not installed: pip install 'jobgen[batch]'\n")
+    assert sorted(tmp_path.rglob("*")) == before
+    # The stand-in hides exactly the SDK: with it, the Slurm backend still renders.
+    assert _jobgen_process("render", "bert-large", "-n", "2", env=env).returncode == 0

@@ -105,3 +105,147 @@ def test_check_failure_exits_1(jobgen: Callable) -> None:
     assert result.exit_code == 1
     assert "0 ok, 0 skipped, 8 failed" in result.stdout
     assert "unknown recipe 'nope'" in result.stdout
+
+
+# --- `jobgen submit` checks what it can before submitting -----------------------------------------
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+JOBGEN_EXE = Path(sys.executable).parent / "jobgen"
+
+
+def submit_proc(cwd: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`jobgen submit ...` from `cwd` (the submission directory); `path`: PATH instead of ours."""
+    env = dict(os.environ)
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run([str(JOBGEN_EXE), "submit", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=120, check=False)
+
+
+@pytest.fixture
+def no_slurm(tmp_path: Path) -> str:
+    """A PATH with bash and coreutils but none of Slurm's commands (as on a laptop)."""
+    folder = tmp_path / "bin-without-slurm"
+    folder.mkdir()
+    for tool in ("bash", "env", "sh"):
+        found = shutil.which(tool)
+        if found:
+            (folder / tool).symlink_to(found)
+    return str(folder)
+
+
+def test_submit_refuses_a_missing_trainer(tmp_path: Path) -> None:
+    """The local site's NeMo checkout is relative to the submission directory: not there."""
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", "2")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: site local: paths.nemo_dir: no trainer at neuronx-nemo-megatron/nemo/examples/"
+        "nlp/language_modeling/megatron_gpt_pretraining.py (relative to the submission "
+        "directory); pass --no-check to submit anyway\n")
+
+
+def _nemo_checkout(root: Path, config: bool = True) -> None:
+    workdir = root / "neuronx-nemo-megatron/nemo/examples/nlp/language_modeling"
+    (workdir / "conf").mkdir(parents=True)
+    (workdir / "megatron_gpt_pretraining.py").write_text("# stand-in\n")
+    if config:
+        (workdir / "conf" / "megatron_neox_config.yaml").write_text("name: x\n")
+
+
+def test_submit_refuses_a_missing_nemo_config(tmp_path: Path) -> None:
+    _nemo_checkout(tmp_path, config=False)
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", "2")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: site local: paths.nemo_dir: no NeMo config at neuronx-nemo-megatron/nemo/"
+        "examples/nlp/language_modeling/conf/megatron_neox_config.yaml (relative to the "
+        "submission directory); pass --no-check to submit anyway\n")
+
+
+@pytest.mark.parametrize("missing,what", [
+    ("tp_zero1_llama_hf_pretrain", "NxD Llama example"),
+    ("modeling_llama_nxd.py", "NxD example module"),
+    ("training_utils.py", "NxD example module")])
+def test_submit_refuses_a_missing_nxd_example(tmp_path: Path, write_site: Callable,
+                                              missing: str, what: str) -> None:
+    llama = tmp_path / "nxd" / "examples" / "training" / "llama"
+    (llama / "tp_zero1_llama_hf_pretrain").mkdir(parents=True)
+    for module in ("modeling_llama_nxd.py", "training_utils.py"):
+        (llama / module).write_text("# stand-in\n")
+    gone = llama / missing
+    shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
+    site = write_site("local", {"paths.nxd_llama_dir": str(llama / "tp_zero1_llama_hf_pretrain")})
+    proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", str(site))
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"error: site local: paths.nxd_llama_dir: no {what} at {gone}; "
+                           "pass --no-check to submit anyway\n")
+
+
+def test_submit_says_what_it_could_not_check(tmp_path: Path, no_slurm: str) -> None:
+    """trn1-pcluster's paths are on /fsx, which this host does not mount; without Slurm's
+    commands the node count cannot be checked either. Then sbatch itself is missing."""
+    if Path("/fsx").exists():
+        pytest.skip("this host mounts /fsx")
+    proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", "trn1-pcluster",
+                       path=no_slurm)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.splitlines() == [
+        "not checked from this host: launcher, trainer, NxD Llama example, NxD example module "
+        "(on /fsx, not mounted here); the node count (sinfo not found: is this a Slurm login "
+        "node?)",
+        "error: sbatch not found: is this a Slurm login node?"]
+
+
+def test_submit_no_check_skips_the_checks(tmp_path: Path, no_slurm: str) -> None:
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", "2", "--no-check", path=no_slurm)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        1, "", "error: sbatch not found: is this a Slurm login node?\n")
+
+
+def test_smoke_rehearsal_needs_only_jobgens_payload(tmp_path: Path, no_slurm: str) -> None:
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", "2", "--smoke", path=no_slurm)
+    assert proc.stderr.splitlines()[0] == (
+        "not checked from this host: the node count (sinfo not found: is this a Slurm login "
+        "node?)")
+
+
+# Against the real local cluster (tests/ci/slurm-up.sh: partition debug, 4 nodes).
+
+@pytest.mark.slurm
+def test_submit_refuses_more_nodes_than_the_partition(slurm_cluster: int, tmp_path: Path,
+                                                      write_site: Callable) -> None:
+    nodes = slurm_cluster * 2
+    site = write_site("local", {"slurm.partition": "debug"})
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", str(nodes), "--smoke", "--site", str(site))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", f"error: {nodes} nodes: partition debug has {slurm_cluster} (sinfo); ask for "
+               "fewer, or pass --no-check to queue it anyway\n")
+    # The default partition (none named) is the same one; --no-check leaves it to sbatch.
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", str(nodes), "--smoke")
+    assert proc.returncode == 2 and "partition debug has" in proc.stderr
+    # Unchecked, Slurm queues the job, and it would pend for ever (Reason=PartitionConfig).
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", str(nodes), "--smoke", "--no-check")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                               text=True, timeout=30, check=True).stdout
+        assert "JobState=PENDING" in shown and "Reason=PartitionConfig" in shown, shown
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
+
+
+@pytest.mark.slurm
+def test_submit_refuses_an_unknown_partition(slurm_cluster: int, tmp_path: Path,
+                                             write_site: Callable) -> None:
+    site = write_site("local", {"slurm.partition": "nosuch"})
+    proc = submit_proc(tmp_path, "neox20b", "--nodes", "2", "--smoke", "--site", str(site))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", "error: site local: slurm.partition: sinfo shows no partition 'nosuch' "
+               "(partitions: debug)\n")

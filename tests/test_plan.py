@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -129,3 +131,126 @@ def test_render_to_folder_with_bad_input_creates_nothing(jobgen: Callable, tmp_p
     result = jobgen("render", "neox20b", "--nodes", "3", "-o", str(out))
     assert result.exit_code == 2
     assert not out.exists()
+
+
+# --- modes follow the umask; scripts alone are executable ----------------------------------------
+
+@pytest.mark.parametrize("umask,script,other", [
+    (0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664), (0o000, 0o777, 0o666),
+    (0o027, 0o750, 0o640)])
+def test_modes_follow_the_umask(tmp_path: Path, umask: int, script: int, other: int) -> None:
+    plan = Plan(backend="test", primary="job.sbatch", submit_argv=(), files=(
+        PlannedFile("job.sbatch", "echo no shebang, but a job script\n"),
+        PlannedFile("prepare.sh", "echo a shell script\n"),
+        PlannedFile("tool", "#!/usr/bin/env python3\nprint(1)\n"),
+        PlannedFile("job.json", '{"a": 1}\n'),
+        PlannedFile("notes.txt", "a #! that does not start the file\n")))
+    previous = os.umask(umask)
+    try:
+        plan.write(tmp_path)
+    finally:
+        os.umask(previous)
+    modes = {p.name: mode(p) for p in tmp_path.iterdir()}
+    assert modes == {"job.sbatch": script, "prepare.sh": script, "tool": script,
+                     "job.json": other, "notes.txt": other}
+
+
+@pytest.mark.parametrize("umask,backend,name,expected", [
+    ("077", "slurm", "neox20b-4n.sbatch", 0o700),
+    ("002", "slurm", "neox20b-4n.sbatch", 0o775),
+    ("077", "batch", "neox20b-4n.job-definition.json", 0o600),
+    ("002", "batch", "neox20b-4n.job-definition.json", 0o664),
+])
+def test_render_honours_the_shells_umask(tmp_path: Path, umask: str, backend: str, name: str,
+                                         expected: int) -> None:
+    out = tmp_path / "jobs"
+    proc = subprocess.run(["bash", "-c", f'umask {umask} && exec "$@"', "bash", str(JOBGEN_EXE),
+                           "render", "neox20b", "--backend", backend, "-o", str(out)],
+                          capture_output=True, text=True, check=False)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert [p.name for p in out.iterdir()] == [name]
+    assert mode(out / name) == expected
+
+
+# --- SIGINT / SIGTERM while writing: no temporary file left, nothing half-replaced ----------------
+
+# A test stand-in that holds the writer at a real system call: when jobgen sets the mode of one of
+# its temporary files (the content is written, nothing renamed yet), it says so in a marker file
+# and sleeps, so that the test can send the signal exactly then.
+_PAUSE_AT_CHMOD = """\
+import os, sys, time
+
+_target = os.environ.get("JOBGEN_TEST_PAUSE_DIR", "")
+
+
+def _pause(event, args):
+    if event == "os.chmod" and _target and str(args[0]).startswith(_target + "/."):
+        with open(os.environ["JOBGEN_TEST_PAUSE_MARK"], "w") as mark:
+            mark.write(str(args[0]))
+        time.sleep(120)
+
+
+sys.addaudithook(_pause)
+"""
+
+
+@pytest.mark.parametrize("sig,status,stderr", [
+    (signal.SIGTERM, 143, ""), (signal.SIGINT, 130, "error: interrupted\n")])
+def test_signal_while_writing_leaves_no_temporary(tmp_path: Path, sig: int, status: int,
+                                                  stderr: str) -> None:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_PAUSE_AT_CHMOD)
+    out, mark = tmp_path / "jobs", tmp_path / "paused"
+    out.mkdir()
+    (out / "neox20b-4n.sbatch").write_text("previous\n")
+    env = dict(os.environ, PYTHONPATH=str(hook), JOBGEN_TEST_PAUSE_DIR=str(out),
+               JOBGEN_TEST_PAUSE_MARK=str(mark))
+    proc = subprocess.Popen([str(JOBGEN_EXE), "render", "neox20b", "-o", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):   # up to a minute for the writer to reach the pause
+            if mark.exists() and mark.read_text() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        temporary = Path(mark.read_text())
+        assert temporary.parent == out and temporary.exists()   # caught mid-write
+        proc.send_signal(sig)
+        stdout, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stdout, err) == (status, "", stderr)
+    assert [p.name for p in out.iterdir()] == ["neox20b-4n.sbatch"]   # no temporary left
+    assert (out / "neox20b-4n.sbatch").read_text() == "previous\n"   # not replaced
+
+
+def test_ignored_sigint_stays_ignored(tmp_path: Path) -> None:
+    """A writer started with SIGINT ignored (e.g. `nohup`, `cmd &` in a script) finishes."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_PAUSE_AT_CHMOD.replace("time.sleep(120)",
+                                                                   "time.sleep(1)"))
+    out, mark = tmp_path / "jobs", tmp_path / "paused"
+    env = dict(os.environ, PYTHONPATH=str(hook), JOBGEN_TEST_PAUSE_DIR=str(out),
+               JOBGEN_TEST_PAUSE_MARK=str(mark))
+    proc = subprocess.Popen([str(JOBGEN_EXE), "render", "neox20b", "-o", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        for _ in range(600):
+            if mark.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        stdout, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert mark.exists()
+    assert (proc.returncode, stdout, err) == (0, f"{out / 'neox20b-4n.sbatch'}\n", "")
+    assert [p.name for p in out.iterdir()] == ["neox20b-4n.sbatch"]

@@ -90,7 +90,10 @@ def efa_devices(spec: JobSpec) -> tuple[str, ...]:
 
 
 def job_definition(spec: JobSpec) -> dict[str, Any]:
-    """The RegisterJobDefinition request for this spec, validated offline."""
+    """The RegisterJobDefinition request for this spec, validated offline (with botocore:
+    without the [batch] extra, one line that names it)."""
+    from ..batch_client import require_sdk
+    require_sdk("--backend batch", ("botocore",))
     site, platform = spec.site, spec.platform
     if site.batch is None:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
