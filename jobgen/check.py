@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import api
 from . import recipe as recipe_module
-from .errors import JobgenError, RuleError
+from .errors import ConfigError, JobgenError, RuleError
 from .spec import Backend
 
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -77,6 +77,8 @@ def _shellcheck(rows: list[Row]) -> Optional[str]:
     if exe is None:
         return "shellcheck not found: scripts were not linted"
     todo = [r for r in rows if r.script is not None]
+    if not todo:
+        return None
     with tempfile.TemporaryDirectory(prefix="jobgen-check-") as tmp:
         paths = {}
         for i, row in enumerate(todo):
@@ -131,7 +133,17 @@ def _test_only(rows: list[Row]) -> str:
 
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
         test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm") -> Report:
+    from . import site as sites
+    profile = sites.load(site)   # an unknown site or recipe is one error, not a table of them
+    if backend == "slurm" and profile.slurm.max_nodes == 0:
+        raise ConfigError(f"site {profile.name} has no Slurm cluster (slurm.max_nodes: 0): "
+                          "check its AWS Batch job definitions with --backend batch")
+    if backend == "batch" and profile.batch is None:
+        raise ConfigError(f"site {profile.name} has no batch section: nothing to check with "
+                          "--backend batch")
     names = recipes or recipe_module.recipe_names()
+    for name in names:
+        recipe_module.locate(name)
     report = Report(_render_matrix(site, names, backend))
     if backend != "slurm":
         return report

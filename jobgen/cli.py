@@ -2,15 +2,62 @@
 status in `main`, the only place that catches them."""
 from __future__ import annotations
 
+import errno
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import click
 
-from .errors import ConfigError, JobgenError
+from .errors import ConfigError, JobgenError, printable
 
 F = Callable[..., Any]
+
+
+class _Text(click.ParamType):
+    """A string option that may not be empty (`--site ''` must not mean the default site)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("must not be empty", param, ctx)
+        return value
+
+
+class _Folder(click.Path):
+    """A folder path that may not be empty (click would read '' as the current folder)."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("must not be empty", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class _Seconds(click.ParamType):
+    """A finite number of seconds, more than 0 and at most a day."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(seconds) and 0 < seconds <= 86400):
+            self.fail(f"{value} must be more than 0 and at most 86400 seconds", param, ctx)
+        return seconds
+
+
+TEXT = _Text()
 
 
 def _spec_options(func: F) -> F:
@@ -19,13 +66,14 @@ def _spec_options(func: F) -> F:
         click.option("--nodes", "-n", type=int, help="Node count (default: the recipe's)."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                      help="Override a recipe value, e.g. --set optim.lr=1e-4 (repeatable)."),
-        click.option("--site", help="Site profile: a name in env/sites/ or a path "
-                                    "(default: local)."),
+        click.option("--site", type=TEXT, help="Site profile: a name in env/sites/ or a path "
+                                               "(default: local)."),
         click.option("--compile", "compile_mode", type=click.Choice(["auto", "always", "never"]),
                      default="auto", show_default=True,
                      help="Compile pass: skip it when the cache has this spec's graphs (auto)."),
-        click.option("--run-name", help="Run directory name (default: RECIPE-<N>n); a rerun "
-                                        "with the same name resumes from its checkpoints."),
+        click.option("--run-name", type=TEXT,
+                     help="Run directory name (default: RECIPE-<N>n); a rerun with the same "
+                          "name resumes from its checkpoints."),
         click.option("--smoke", is_flag=True,
                      help="Rehearse on CPU: the same job, a tiny model of the recipe's family."),
     )):
@@ -49,9 +97,8 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except JobgenError as exc:
-            # Always one line, even when a bad key or file name holds a line break.
-            message = str(exc).replace("\n", "\\n")
-            click.echo(f"error: {message}", err=True)
+            # Always one line, even when a bad key or file name holds a line break or an ESC.
+            click.echo(f"error: {printable(str(exc))}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             # Ctrl-C (SIGINT): 130 as a shell reports it, not click's "Aborted!" and 1.
@@ -101,7 +148,7 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
 @_spec_options
 @click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
               show_default=True)
-@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--output-dir", "-o", type=_Folder(),
               help="Write the job's files into this folder (atomically) instead of stdout.")
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
@@ -119,7 +166,7 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
 
 
 @cli.command()
-@click.option("--site", help="Site profile to render for (default: local).")
+@click.option("--site", type=TEXT, help="Site profile to render for (default: local).")
 @click.option("--recipe", "recipes", multiple=True, help="Only these recipes (repeatable).")
 @click.option("--test-only", is_flag=True,
               help="Also ask the Slurm controller with `sbatch --test-only` (node counts the "
@@ -232,14 +279,15 @@ def cancel(job_id: str) -> None:
 # --- AWS Batch ----------------------------------------------------------------------------------
 
 _endpoint_option = click.option(
-    "--endpoint-url", metavar="URL",
+    "--endpoint-url", metavar="URL", type=TEXT,
     help="AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or AWS's own.")
 
 
 def _aws_options(func: F) -> F:
     """--site (region, log group) and --endpoint-url, for the commands on a Batch job."""
     func = _endpoint_option(func)
-    return click.option("--site", help="Site profile (region, log group; default: local).")(func)
+    return click.option("--site", type=TEXT,
+                        help="Site profile (region, log group; default: local).")(func)
 
 
 def _batch_client(site: Optional[str], endpoint_url: Optional[str]) -> Any:
@@ -265,9 +313,9 @@ def batch_group() -> None:
 @batch_group.command("submit")
 @click.argument("recipe")
 @_spec_options
-@click.option("--queue", help="Job queue (default: the site's batch.job_queue).")
+@click.option("--queue", type=TEXT, help="Job queue (default: the site's batch.job_queue).")
 @click.option("--wait", is_flag=True, help="Follow the nodes' states; exit with the job's status.")
-@click.option("--poll", type=float, default=15.0, show_default=True, metavar="SECONDS",
+@click.option("--poll", type=_Seconds(), default=15.0, show_default=True, metavar="SECONDS",
               help="How often --wait asks Batch.")
 @_endpoint_option
 def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
@@ -350,14 +398,79 @@ def batch_validate(file: Path) -> None:
     click.echo("ok")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Console entry point."""
+def _fail(message: str, status: int) -> int:
+    """Print one `error:` line (control characters escaped) and return the exit status."""
     try:
-        cli.main(args=argv, prog_name="jobgen")
+        sys.stderr.write(f"error: {printable(message)}\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):   # no stderr either: the status must do
+        pass
+    return status
+
+
+def _usage(exc: click.UsageError) -> str:
+    """A click usage error as one line: the command, the problem, where help is."""
+    command = exc.ctx.command_path if exc.ctx else "jobgen"
+    return f"{command}: {exc.format_message().rstrip('.')} (see '{command} --help')"
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's own flush at exit cannot fail again
+    (and print an 'Exception ignored' traceback) after the error was reported."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+# A write to stdout that fails for these reasons is the output's fault, not jobgen's.
+_OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EBADF)
+
+
+_NO_ARGS: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: every outcome is an exit status and at most one `error:` line
+    (2: bad input or usage; 1: a refusing scheduler or cloud, or output that cannot be
+    written; 130: interrupted)."""
+    if sys.stdout is None:   # started with stdout closed (`>&-`): nothing could be delivered
+        return _fail("stdout is closed: nothing can be written (redirect it, or use -o)", 1)
+    try:
+        status = cli.main(args=argv, prog_name="jobgen", standalone_mode=False)
+        sys.stdout.flush()
+    except SystemExit as exc:   # a command's own exit status (check, submit --wait, run)
+        status = exc.code
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+        except OSError as err:
+            _silence_stdout()
+            return _fail(f"stdout: cannot write: {err.strerror}", 1)
     except BrokenPipeError:
         # `jobgen render ... | head`: the reader went away; not worth a traceback.
-        sys.stderr.close()
-    return 0
+        _silence_stdout()
+        return 0
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRORS:
+            raise
+        _silence_stdout()
+        return _fail(f"stdout: cannot write: {exc.strerror}", 1)
+    except _NO_ARGS as exc:   # `jobgen` alone: the help, as click (8.2 and later) does
+        click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+        return 2
+    except click.UsageError as exc:
+        return _fail(_usage(exc), 2)
+    except click.ClickException as exc:
+        return _fail(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        return _fail("interrupted", 130)
+    if status is None or isinstance(status, int):
+        return status or 0
+    return _fail(str(status), 1)   # SystemExit("message"), as Python would print it
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,15 @@
 """The one family of errors jobgen shows to users; the CLI maps them to exit codes in one place."""
+import re
+
+# C0 controls (line breaks, ESC, ...), DEL and C1 controls: what a terminal would act on.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as an escape (\\n, \\r, \\t, \\x1b, ...),
+    so that a key or file name cannot break the one-line message or drive the terminal."""
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    return _CONTROL.sub(lambda m: named.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
 class JobgenError(Exception):

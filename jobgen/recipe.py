@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
 from . import schema
-from .errors import ConfigError
+from .errors import ConfigError, printable
 from .platforms import PLATFORM_NAMES, PlatformName
 from .resources import RECIPES_DIR
 
@@ -172,7 +172,13 @@ def load_yaml(path: Path, shown: str) -> dict[str, Any]:
 
     from .yaml12 import YamlError, loads
     try:
-        data = loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = loads(text)
+    except yaml.reader.ReaderError as exc:   # a character YAML does not allow (ESC, NUL, ...)
+        line = text.count("\n", 0, exc.position) + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else str(exc.character)
+        raise ConfigError(f"{shown}: invalid YAML (line {line}): the character "
+                          f"{printable(char)} is not allowed") from None
     except YamlError as exc:
         where = f" (line {exc.line})" if exc.line else ""
         raise ConfigError(f"{shown}{where}: {exc}") from None

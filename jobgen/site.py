@@ -86,7 +86,10 @@ def site_names() -> list[str]:
 
 def load(ref: Optional[str] = None) -> Site:
     """Load a site profile by name (env/sites/NAME.yaml) or by path."""
-    ref = ref or DEFAULT_SITE
+    if ref is None:
+        ref = DEFAULT_SITE
+    elif not ref.strip():
+        raise ConfigError("--site: empty site name (leave it out for the default site)")
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         path, shown = Path(ref), ref
         if not path.is_file():
@@ -101,6 +104,15 @@ def load(ref: Optional[str] = None) -> Site:
         if value is not None and not schema.NAME_RE.fullmatch(value):
             raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
                               f"{schema.NAME_RE.pattern}")
+    numbers: list[tuple[str, int, int]] = [("slurm.cpus_per_task", site.slurm.cpus_per_task, 1),
+               ("slurm.max_nodes", site.slurm.max_nodes, 0)]
+    if site.batch is not None:
+        numbers += [("batch.timeout_hours", site.batch.timeout_hours, 1),
+                    ("batch.max_nodes", site.batch.max_nodes, 0),
+                    ("batch.rendezvous_timeout_s", site.batch.rendezvous_timeout_s, 1)]
+    for key, number, least in numbers:
+        if number < least:
+            raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
     region = site.batch.region if site.batch else None
     if region is not None and not REGION_RE.fullmatch(region):
         raise ConfigError(f"{shown}: batch.region: {schema.describe(region)} is not an AWS "

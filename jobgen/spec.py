@@ -202,6 +202,12 @@ def _check_values(recipe: Recipe, where: str) -> None:
             raise ConfigError(f"{where}: schedule.{key}: must be between 0 and 1, got {value}")
     if recipe.job.max_restarts < 0:
         raise ConfigError(f"{where}: job.max_restarts: must be 0 or more")
+    if m.num_kv_heads is not None and not (
+            0 < m.num_kv_heads <= m.num_attention_heads
+            and m.num_attention_heads % m.num_kv_heads == 0):
+        raise ConfigError(f"{where}: model.num_kv_heads: {m.num_kv_heads} must divide "
+                          f"model.num_attention_heads {m.num_attention_heads} (each key/value "
+                          "head serves a whole group of query heads)")
     if m.ffn_hidden_size <= 0 or m.max_position_embeddings < m.seq_length:
         raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
                           f"is shorter than model.seq_length {m.seq_length}")
@@ -265,6 +271,11 @@ def _check_arithmetic(spec: JobSpec) -> None:
     if spec.world_size % spec.model_parallel:
         raise RuleError(f"{where}: parallelism: tensor {p.tensor} x pipeline {p.pipeline} = "
                         f"{spec.model_parallel} does not divide the {spec.world_size} workers {at}")
+    if p.tensor > spec.workers_per_node:
+        # Tensor-parallel ranks exchange activations every layer: NeMo, NxD and DeepSpeed all
+        # keep a tensor-parallel group inside one node's interconnect.
+        raise RuleError(f"{where}: parallelism.tensor: {p.tensor} is wider than a node "
+                        f"({spec.workers_per_node} workers per {r.platform} node)")
     if m.num_attention_heads % p.tensor:
         raise RuleError(f"{where}: model.num_attention_heads: {m.num_attention_heads} is not "
                         f"divisible by parallelism.tensor {p.tensor}")
@@ -296,7 +307,14 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
         raise RuleError(f"--nodes {n}: {platform.name} jobs are limited to "
                         f"{platform.max_nodes} nodes")
     if backend in ("slurm", "local"):
+        if site.slurm.max_nodes == 0:
+            raise ConfigError(f"site {site.name} has no Slurm cluster (slurm.max_nodes: 0): "
+                              "render for AWS Batch with --backend batch, or submit with "
+                              "`jobgen batch submit`")
         limit, key = site.slurm.max_nodes, "slurm.max_nodes"
+    elif site.batch is None:
+        raise ConfigError(f"site {site.name} has no batch section (job queue, images, roles): "
+                          "use a site with one (like dl1-batch), or the Slurm backend")
     else:
         limit, key = (site.batch.max_nodes if site.batch else 0), "batch.max_nodes"
     if n > limit:

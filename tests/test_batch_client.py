@@ -655,7 +655,8 @@ def test_bad_endpoint_in_the_config_file(aws_files: Callable[..., dict[str, str]
 def test_empty_endpoint_url_is_refused(aws_files: Callable[..., dict[str, str]]) -> None:
     said = _one_line(_jobgen_process("batch", "status", "abc", "--endpoint-url", "",
                                      env=aws_files(**KEYS)), 2)
-    assert said == "--endpoint-url: '' is not an endpoint URL (like https://host:port)"
+    assert said == ("jobgen batch status: Invalid value for '--endpoint-url': must not be "
+                    "empty (see 'jobgen batch status --help')")
 
 
 @pytest.mark.parametrize("where", ["--endpoint-url", "AWS_ENDPOINT_URL"])

@@ -100,11 +100,27 @@ def test_check_command(jobgen: Callable) -> None:
         in result.stdout
 
 
-def test_check_failure_exits_1(jobgen: Callable) -> None:
-    result = jobgen("check", "--recipe", "nope", "--no-shellcheck")
+def test_check_failure_exits_1(jobgen: Callable, tmp_path: Path) -> None:
+    """A recipe that exists but does not render fails every row of the table (exit 1)."""
+    bad = tmp_path / "bad.yaml"
+    text = recipes.locate("pythia6.9b")[0].read_text(encoding="utf-8")
+    bad.write_text(text.replace("\n  lr: ", "\n  lr: -", 1), encoding="utf-8")
+    result = jobgen("check", "--recipe", str(bad), "--no-shellcheck")
     assert result.exit_code == 1
     assert "0 ok, 0 skipped, 8 failed" in result.stdout
-    assert "unknown recipe 'nope'" in result.stdout
+    assert "optim.lr: must be positive" in result.stdout
+
+
+def test_check_unknown_recipe_or_site_is_one_error(jobgen: Callable) -> None:
+    result = jobgen("check", "--recipe", "nope", "--no-shellcheck")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: unknown recipe 'nope' (built-in recipes:")
+    result = jobgen("check", "--site", "nowhere", "--no-shellcheck")
+    assert result.exit_code == 2 and result.stderr.startswith("error: unknown site 'nowhere'")
+    result = jobgen("check", "--site", "dl1-batch", "--no-shellcheck")
+    assert result.exit_code == 2
+    assert result.stderr == ("error: site dl1-batch has no Slurm cluster (slurm.max_nodes: 0): "
+                             "check its AWS Batch job definitions with --backend batch\n")
 
 
 # --- `jobgen submit` checks what it can before submitting -----------------------------------------

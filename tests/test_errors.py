@@ -180,10 +180,11 @@ def test_exit_codes_of_the_error_family() -> None:
 
 
 def test_usage_errors_are_clicks(jobgen_proc: Callable) -> None:
-    """Malformed options are click's business: exit 2 with a usage message, no traceback."""
+    """Malformed options: exit 2 with click's message as one `error:` line, no traceback."""
     proc = jobgen_proc("render", "neox20b", "--nodes", "four")
     assert proc.returncode == 2
-    assert "Invalid value for '--nodes' / '-n': 'four' is not a valid integer." in proc.stderr
+    assert proc.stderr == ("error: jobgen render: Invalid value for '--nodes' / '-n': 'four' is "
+                           "not a valid integer (see 'jobgen render --help')\n")
     assert "Traceback" not in proc.stderr
     proc = jobgen_proc("render", "neox20b", "--compile", "sometimes")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
