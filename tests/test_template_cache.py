@@ -1,0 +1,166 @@
+"""The compiled-template cache (~/.cache/jobgen/templates, or under XDG_CACHE_HOME) holds code
+that a render executes. A corrupt entry must never break rendering, and an entry someone else
+could have written must never run. Each test renders in a fresh process (the Jinja environment
+is built once per process), and compares with a render that used no cache at all."""
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RENDER = "from jobgen import api; print(api.plan(api.job_spec('neox20b', 4)).text, end='')"
+SHA = 32   # jobgen's digest in front of each entry
+
+
+def render(cache_home: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
+    return subprocess.run([sys.executable, "-c", RENDER], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The script rendered with an empty cache (compiled from the templates)."""
+    proc = render(tmp_path_factory.mktemp("fresh"))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def entries(cache_home: Path) -> list[Path]:
+    return sorted((cache_home / "jobgen" / "templates").glob("__jinja2_*.cache"))
+
+
+def filled(tmp_path: Path) -> Path:
+    """A cache home whose cache holds this checkout's compiled templates."""
+    home = tmp_path / "cache"
+    assert render(home).returncode == 0
+    assert entries(home), "the render wrote no cache entries"
+    return home
+
+
+def planted(entry: Path, marker: Path) -> bytes:
+    """An entry in Jinja's own format, digest included, whose code writes `marker` when loaded:
+    what an attacker with write access to the folder would put there."""
+    import jinja2.bccache
+    data = entry.read_bytes()[SHA:]
+    magic = jinja2.bccache.bc_magic
+    assert data.startswith(magic)
+    checksum = pickle.loads(data[len(magic):])   # pickle stops at its own end
+    code = compile(f"open({str(marker)!r}, 'w').write('ran')", "<planted>", "exec")
+    payload = magic + pickle.dumps(checksum, 2) + marshal.dumps(code)
+    return hashlib.sha256(payload).digest() + payload
+
+
+def test_cached_render_is_identical_and_entries_are_private(tmp_path: Path,
+                                                            expected: str) -> None:
+    home = filled(tmp_path)
+    proc = render(home)
+    assert proc.returncode == 0 and proc.stdout == expected
+    folder = home / "jobgen" / "templates"
+    assert folder.stat().st_mode & 0o077 == 0
+    for entry in entries(home):
+        assert entry.stat().st_mode & 0o077 == 0, entry
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "flipped byte",
+                                    "valid digest, unreadable code", "a folder"])
+def test_a_corrupt_entry_is_compiled_again(tmp_path: Path, expected: str, damage: str) -> None:
+    home = filled(tmp_path)
+    for entry in entries(home):
+        data = entry.read_bytes()
+        if damage == "garbage":
+            entry.write_bytes(os.urandom(len(data)))
+        elif damage == "truncated":
+            entry.write_bytes(data[:len(data) // 2])
+        elif damage == "empty":
+            entry.write_bytes(b"")
+        elif damage == "flipped byte":
+            entry.write_bytes(data[:-10] + bytes([data[-10] ^ 0xFF]) + data[-9:])
+        elif damage == "valid digest, unreadable code":
+            payload = data[SHA:-40] + b"\x00" * 40
+            entry.write_bytes(hashlib.sha256(payload).digest() + payload)
+        else:
+            entry.unlink()
+            entry.mkdir()
+    proc = render(home)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected and proc.stderr == ""
+    if damage != "a folder":   # rewritten whole: the next render uses the cache again
+        assert all(e.read_bytes() != b"" for e in entries(home))
+
+
+def test_a_planted_entry_runs_only_from_this_users_private_folder(tmp_path: Path) -> None:
+    """The control: the planted entry does run when it sits, owned by this user, in this user's
+    private folder (so the tests below would see it run if the checks were missing)."""
+    home = filled(tmp_path)
+    marker = tmp_path / "ran"
+    for entry in entries(home):
+        entry.write_bytes(planted(entry, marker))
+        entry.chmod(0o600)
+    render(home)
+    assert marker.exists()
+
+
+def test_a_folder_others_can_write_is_not_used(tmp_path: Path, expected: str) -> None:
+    home = filled(tmp_path)
+    marker = tmp_path / "ran"
+    folder = home / "jobgen" / "templates"
+    for entry in entries(home):
+        entry.write_bytes(planted(entry, marker))
+    folder.chmod(0o777)
+    proc = render(home)
+    assert proc.returncode == 0 and proc.stdout == expected
+    assert not marker.exists(), "code from a world-writable cache folder ran"
+
+
+def test_an_entry_others_can_write_is_not_used(tmp_path: Path, expected: str) -> None:
+    home = filled(tmp_path)
+    marker = tmp_path / "ran"
+    for entry in entries(home):
+        entry.write_bytes(planted(entry, marker))
+        entry.chmod(0o666)
+    proc = render(home)
+    assert proc.returncode == 0 and proc.stdout == expected
+    assert not marker.exists(), "code from a world-writable cache entry ran"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving files to another user needs root")
+@pytest.mark.parametrize("owned", ["folder", "entry"])
+def test_what_another_user_owns_is_not_used(tmp_path: Path, expected: str, owned: str) -> None:
+    home = filled(tmp_path)
+    marker = tmp_path / "ran"
+    folder = home / "jobgen" / "templates"
+    for entry in entries(home):
+        entry.write_bytes(planted(entry, marker))
+        entry.chmod(0o600)
+        if owned == "entry":
+            os.chown(entry, 65534, 65534)
+    if owned == "folder":
+        os.chown(folder, 65534, 65534)
+    proc = render(home)
+    assert proc.returncode == 0 and proc.stdout == expected
+    assert not marker.exists(), f"code from a cache {owned} owned by another user ran"
+
+
+def test_a_cache_folder_that_is_a_file_or_a_link_is_not_used(tmp_path: Path,
+                                                             expected: str) -> None:
+    home = tmp_path / "cache"
+    (home / "jobgen").mkdir(parents=True)
+    (home / "jobgen" / "templates").write_text("not a folder")
+    proc = render(home)
+    assert proc.returncode == 0 and proc.stdout == expected
+    other = filled(tmp_path / "other")
+    (home / "jobgen" / "templates").unlink()
+    (home / "jobgen" / "templates").symlink_to(other / "jobgen" / "templates")
+    marker = tmp_path / "ran"
+    for entry in entries(other):
+        entry.write_bytes(planted(entry, marker))
+    proc = render(home)
+    assert proc.returncode == 0 and proc.stdout == expected
+    assert not marker.exists(), "code from a cache reached through a symbolic link ran"
