@@ -51,6 +51,7 @@ def generated_values(script: str, tmp_path: Path) -> Values:
         'printf "%s\\0" "${COMPILE_ARGS[@]}" > "$2"',
         'printf "%s\\0" "${TRAIN_ARGS[@]}" > "$3"',
         'env -0 > "$4"',
+        "}",   # the script's one { ... } block (see test_a_script_cut_short_runs_nothing)
     ])
     proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", dump, "values", *map(str, out)],
                           env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
@@ -375,3 +376,33 @@ def test_llama_writes_its_model_config_before_training(jobgen: Callable) -> None
     assert writes[0].startswith('mkdir -p "$(dirname "$RUN_DIR"/model/config.json)"')
     assert writes[-1].endswith('> "$RUN_DIR"/model/config.json || exit 1')
     assert script.index("config.json") < script.index("srun ")
+
+
+# --- a script cut short runs nothing ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["neox20b", "bert-large"])
+def test_a_script_cut_short_runs_nothing(name: str, tmp_path: Path) -> None:
+    """`jobgen render ... | sbatch` where the render died half-way would hand sbatch half a
+    script. Everything after `set -uo pipefail` is one { ... } block, so bash refuses any prefix
+    that ends inside it and runs none of its commands (here: no `say` line, no file made)."""
+    import subprocess
+
+    text = api.plan(api.job_spec(name, 2)).text
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line == "{\n") + 1
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    cuts = sorted({start, len(lines) - 1, *range(start, len(lines) - 1, 7)})
+    for cut in cuts:
+        # Cut at the line, and inside it (but the last line is the closing brace itself).
+        fragment = lines[cut][:5] if cut < len(lines) - 1 else ""
+        for partial in {"".join(lines[:cut]), "".join(lines[:cut]) + fragment}:
+            script = tmp_path / "cut.sh"
+            script.write_text(partial)
+            proc = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                                  env=env, cwd=tmp_path, timeout=30, check=False)
+            assert proc.returncode != 0, cut
+            assert re.search(r"syntax error|unexpected EOF", proc.stderr), (cut, proc.stderr)
+            assert "jobgen:" not in proc.stderr, cut
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.sh"], cut
+    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
