@@ -19,11 +19,15 @@ MAX_NODES = 1000
 @functools.lru_cache(maxsize=1)
 def _input_shape() -> Any:
     try:
-        import botocore.session
+        import botocore.loaders
+        import botocore.model
     except ImportError:
         raise ConfigError("validating AWS Batch job definitions needs botocore: "
                           "pip install 'jobgen[batch]'") from None
-    model = botocore.session.get_session().get_service_model("batch")
+    # The API model shipped with botocore, read without a session: a session would read the
+    # user's AWS profile, and a mistyped AWS_PROFILE must not break rendering (nor validation).
+    data = botocore.loaders.create_loader().load_service_model("batch", "service-2")
+    model = botocore.model.ServiceModel(data, service_name="batch")
     return model.operation_model("RegisterJobDefinition").input_shape
 
 

@@ -386,16 +386,45 @@ def batch_validate(file: Path) -> None:
     import json
 
     from .batch_rules import validate
+    from .yaml12 import MAX_BYTES, MAX_DEPTH
     try:
-        jd = json.loads(file.read_text(encoding="utf-8"))
+        with file.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:   # RegisterJobDefinition requests are a few kB
+            raise ConfigError(f"{file}: larger than {MAX_BYTES >> 10} kB")
+        if _nesting(data) > MAX_DEPTH:   # before json walks it (its recursion has a limit)
+            raise ConfigError(f"{file}: nested more than {MAX_DEPTH} levels deep")
+        jd = json.loads(data.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
-    except ValueError as exc:
+    except ValueError as exc:   # JSON, or UTF-8, that does not decode
         raise ConfigError(f"{file}: not JSON: {exc}") from None
     if not isinstance(jd, dict):
         raise ConfigError(f"{file}: must be a JSON object (a RegisterJobDefinition request)")
     validate(jd, str(file))
     click.echo("ok")
+
+
+def _nesting(data: bytes) -> int:
+    """The deepest nesting of [ and { in a JSON text (outside strings), without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:   # backslash
+                escaped = True
+            elif byte == 0x22:   # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 def _fail(message: str, status: int) -> int:

@@ -28,6 +28,9 @@ class SlurmSite:
     # How the first node's name becomes an IP: `nslookup` asks DNS and so avoids the trn1
     # /etc/hosts mis-mapping (REFERENCE §1.9); `getent` also reads /etc/hosts (emulated nodes).
     master_resolver: Literal["nslookup", "getent"] = "nslookup"
+    # The instance types of the cluster's compute nodes: a recipe for another platform is
+    # refused here. Left out: any (a site whose nodes emulate every platform, like `local`).
+    platforms: Optional[tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,11 @@ def load(ref: Optional[str] = None) -> Site:
     for key, number, least in numbers:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
+    from .platforms import PLATFORMS
+    for name in site.slurm.platforms or ():
+        if name not in PLATFORMS:
+            raise ConfigError(f"{shown}: slurm.platforms: {schema.describe(name)} is not a "
+                              f"platform jobgen knows ({', '.join(sorted(PLATFORMS))})")
     region = site.batch.region if site.batch else None
     if region is not None and not REGION_RE.fullmatch(region):
         raise ConfigError(f"{shown}: batch.region: {schema.describe(region)} is not an AWS "

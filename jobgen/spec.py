@@ -311,6 +311,11 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
             raise ConfigError(f"site {site.name} has no Slurm cluster (slurm.max_nodes: 0): "
                               "render for AWS Batch with --backend batch, or submit with "
                               "`jobgen batch submit`")
+        if site.slurm.platforms is not None and recipe.platform not in site.slurm.platforms:
+            # A RuleError: `jobgen check --site` lists the other platform's recipes as skipped.
+            raise RuleError(f"{source}: platform: a {recipe.platform} recipe, but site "
+                              f"{site.name} has {', '.join(site.slurm.platforms)} nodes "
+                              "(slurm.platforms)")
         limit, key = site.slurm.max_nodes, "slurm.max_nodes"
     elif site.batch is None:
         raise ConfigError(f"site {site.name} has no batch section (job queue, images, roles): "
