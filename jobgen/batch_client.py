@@ -269,15 +269,34 @@ class Submitted:
     definition: Definition
 
 
+def submit_request(jd: dict[str, Any], definition_arn: str, *, queue: str, nodes: int,
+                   run_name: str) -> dict[str, Any]:
+    """The SubmitJob request for a registered revision of `jd`."""
+    return {"jobName": job_name(run_name), "jobQueue": queue, "jobDefinition": definition_arn,
+            "nodeOverrides": {"numNodes": nodes}, "tags": dict(jd.get("tags", {})),
+            "propagateTags": True}
+
+
 def submit(batch: Any, jd: dict[str, Any], *, queue: str, nodes: int,
            run_name: str) -> Submitted:
     """Register `jd` if its content is new, then submit it on `nodes` nodes to `queue`."""
     definition = ensure_definition(batch, jd)
-    name = job_name(run_name)
-    response = _call(batch.submit_job, jobName=name, jobQueue=queue,
-                     jobDefinition=definition.arn, nodeOverrides={"numNodes": nodes},
-                     tags=dict(jd.get("tags", {})), propagateTags=True)
-    return Submitted(response["jobId"], name, definition)
+    request = submit_request(jd, definition.arn, queue=queue, nodes=nodes, run_name=run_name)
+    response = _call(batch.submit_job, **request)
+    return Submitted(response["jobId"], request["jobName"], definition)
+
+
+def dry_run(jd: dict[str, Any], *, queue: str, nodes: int, run_name: str) -> dict[str, Any]:
+    """The requests `submit` makes, offline: which revision SubmitJob names is only known
+    once Batch answers, so it is written as `<the ACTIVE revision of NAME tagged HASH>`."""
+    name, digest = jd["jobDefinitionName"], jd.get("tags", {}).get("jobgen:hash", "")
+    arn = f"<the ACTIVE revision of {name} tagged jobgen:hash={digest}>"
+    return {"calls": [
+        {"operation": "RegisterJobDefinition",
+         "when": f"no ACTIVE revision of {name} carries the tag jobgen:hash={digest}",
+         "request": jd},
+        {"operation": "SubmitJob",
+         "request": submit_request(jd, arn, queue=queue, nodes=nodes, run_name=run_name)}]}
 
 
 # --- following jobs ------------------------------------------------------------------------------

@@ -198,13 +198,32 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
 @click.option("--no-check", is_flag=True,
               help="Submit without first checking, from this host, that the launcher and the "
                    "trainer are where the site says and that the partition has the nodes.")
+@click.option("--dry-run", is_flag=True,
+              help="Print what would run instead of running it: the sbatch commands with their "
+                   "scripts, as a bash script that submits them (submitit: its parameters and "
+                   "each node's command). Checks nothing, submits nothing.")
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, chain: bool, via: str,
-           wait: bool, no_check: bool) -> None:
+           wait: bool, no_check: bool, dry_run: bool) -> None:
     """Submit RECIPE to Slurm (exactly the script `jobgen render` prints); prints the job id."""
     from . import api, slurm_client
     from .backends import slurm
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke)
+    if chain and via == "submitit":
+        raise click.UsageError("--chain is for --via sbatch (submitit runs both passes in "
+                               "one job)")
+    if dry_run:
+        if via == "submitit":
+            import json
+
+            from . import submitit_runner
+            click.echo(json.dumps(submitit_runner.dry_run(spec), indent=2))
+        elif chain:
+            click.echo(slurm_client.dry_run([slurm.plan(spec, "compile"),
+                                             slurm.plan(spec, "train")]), nl=False)
+        else:
+            click.echo(slurm_client.dry_run([api.plan(spec)]), nl=False)
+        return
     if not no_check:
         from . import launch
         unchecked = slurm_client.preflight(spec, launch.for_spec(spec, "slurm"))
@@ -318,10 +337,14 @@ def batch_group() -> None:
 @click.option("--poll", type=_Seconds(), default=15.0, show_default=True, metavar="SECONDS",
               help="How often --wait asks Batch.")
 @_endpoint_option
+@click.option("--dry-run", is_flag=True,
+              help="Print the AWS Batch requests that would be made (RegisterJobDefinition "
+                   "unless an ACTIVE revision has the same content, then SubmitJob) as JSON; "
+                   "calls nothing.")
 def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                  site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
                  queue: Optional[str], wait: bool, poll: float,
-                 endpoint_url: Optional[str]) -> None:
+                 endpoint_url: Optional[str], dry_run: bool) -> None:
     """Register RECIPE's job definition (only if it changed) and submit it; prints the job id."""
     import json
 
@@ -331,6 +354,10 @@ def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     queue = queue or (spec.site.batch.job_queue if spec.site.batch else None)
     if not queue:
         raise ConfigError(f"site {spec.site.name}: no batch.job_queue; pass --queue")
+    if dry_run:
+        click.echo(json.dumps(batch_client.dry_run(jd, queue=queue, nodes=spec.nodes,
+                                                   run_name=spec.run_name), indent=2))
+        return
     batch = batch_client.client(spec.site, endpoint_url)
     job = batch_client.submit(batch, jd, queue=queue, nodes=spec.nodes, run_name=spec.run_name)
     how = "registered" if job.definition.registered else "reusing unchanged"

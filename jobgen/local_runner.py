@@ -1,7 +1,8 @@
 """`jobgen run`: the job on this machine, no scheduler. Each emulated node is its own process
-group running the AWS Batch entrypoint (env/containers/entrypoint.sh) with the multi-node
-variables Batch would set, so the rehearsal exercises the same two passes, rendezvous, node ranks,
-checkpoints and exit-status rules as a real multi-node job; the main node's status is the job's."""
+group running the one two-pass flow (payload/common/job_flow.sh) with the node contract and the
+facts a scheduler would give it, so the rehearsal exercises the same two passes, rendezvous, node
+ranks, checkpoints and exit-status rules as a real multi-node job; the main node's status is the
+job's."""
 from __future__ import annotations
 
 import os
@@ -10,33 +11,32 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Optional, TextIO
 
-from . import launch
-from .backends.batch import entrypoint_args, node_environment
-from .resources import ROOT
+from . import launch, node
 from .spec import JobSpec
 
-ENTRYPOINT = ROOT / "env" / "containers" / "entrypoint.sh"
+# How long the emulated nodes wait for each other (Batch's default).
+RDZV_TIMEOUT_S = 900
 
 
 def node_commands(spec: JobSpec, job_id: str) -> list[tuple[list[str], dict[str, str]]]:
     """(argv, environment) for each emulated node; node 0 is the main node."""
     lau = launch.for_spec(spec, "local")
-    key = launch.compile_key(spec, lau)
-    base = {e["name"]: e["value"] for e in node_environment(spec, lau, key)}
-    argv = ["bash", str(ENTRYPOINT), *entrypoint_args(lau)]
+    contract = node.contract(spec, lau, "local", rdzv_timeout_s=RDZV_TIMEOUT_S)
+    base = node.environment(spec, lau, contract)
+    # The nodes share this machine's folders: the main node writes the files, once.
+    base["JOBGEN_SETUP_ON"] = "main"
+    flow = Path.cwd() / contract.JOBGEN_PAYLOAD_DIR / "common" / "job_flow.sh"
+    argv = ["bash", str(flow), "node", *node.flow_args(lau)]
+    log_dir = Path.cwd() / contract.JOBGEN_RUN_DIR / "logs" / job_id
     out = []
     for index in range(spec.nodes):
         env = dict(base)
-        env.update({"AWS_BATCH_JOB_ID": f"{job_id}#{index}" if spec.nodes > 1 else job_id,
-                    "AWS_BATCH_JOB_NODE_INDEX": str(index),
-                    "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
-                    "AWS_BATCH_JOB_NUM_NODES": str(spec.nodes),
-                    # every emulated node shares this machine's loopback interface
-                    "JOBGEN_NET_IFACE": "lo"})
-        if index > 0:
-            env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.1"
+        env.update({"MASTER_ADDR": "127.0.0.1", "JOBGEN_NODE_RANK": str(index),
+                    "JOBGEN_NNODES": str(spec.nodes), "JOBGEN_IS_MAIN": str(int(index == 0)),
+                    "JOBGEN_LOG_DIR": str(log_dir), "FLOW_WHO": f"jobgen[local node {index}]"})
         out.append((argv, env))
     return out
 

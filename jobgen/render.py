@@ -63,12 +63,6 @@ def sbatch_value(value: Any) -> Verbatim:
     return Verbatim(text)
 
 
-def _json_finalize(value: Any) -> str:
-    if isinstance(value, Verbatim):
-        return str(value)
-    return json.dumps(value, sort_keys=True)
-
-
 _DIGEST = 32   # bytes of SHA-256 in front of each cached entry
 
 
@@ -140,7 +134,9 @@ def _bytecode_cache() -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _environment(kind: str) -> Any:
+def _environment() -> Any:
+    """The templates are shell scripts: every value goes through `shell_quote` (Batch job
+    definitions are built as data in Python and serialised by json)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -151,7 +147,7 @@ def _environment(kind: str) -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
-        finalize=shell_quote if kind == "shell" else _json_finalize,
+        finalize=shell_quote,
     )
     env.filters["ident"] = ident
     env.filters["sbatch"] = sbatch_value
@@ -163,9 +159,8 @@ def render(template: str, **context: Any) -> str:
     """Render a template by name; errors name the template and line."""
     import jinja2
 
-    kind = "json" if template.endswith(".json.j2") else "shell"
     try:
-        return str(_environment(kind).get_template(template).render(**context))
+        return str(_environment().get_template(template).render(**context))
     except jinja2.UndefinedError as exc:
         raise RenderError(f"templates/{template}: {exc.message}") from None
     except jinja2.TemplateSyntaxError as exc:

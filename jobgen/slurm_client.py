@@ -47,17 +47,50 @@ def parse_job_id(text: str) -> str:
     return match.group(1)
 
 
+def sbatch_argv(extra: Sequence[str] = ()) -> list[str]:
+    """The sbatch command of a submission; the script goes on its stdin."""
+    return ["sbatch", "--parsable", *extra]
+
+
+def after(first: str) -> list[str]:
+    """The second job of a chain starts only if the first succeeded, and is cancelled (not
+    left pending forever) if it failed."""
+    return [f"--dependency=afterok:{first}", "--kill-on-invalid-dep=yes"]
+
+
 def submit(plan: Plan, extra: Sequence[str] = ()) -> str:
     """Submit the plan's script exactly as `jobgen render` prints it (on sbatch's stdin)."""
-    return parse_job_id(_run(["sbatch", "--parsable", *extra], stdin=plan.text))
+    return parse_job_id(_run(sbatch_argv(extra), stdin=plan.text))
 
 
 def submit_chain(compile_plan: Plan, train_plan: Plan) -> tuple[str, str]:
-    """Compile and training as two jobs; training starts only if compiling succeeded, and is
-    cancelled (not left pending forever) if it failed."""
+    """Compile and training as two jobs (see `after`)."""
     first = submit(compile_plan)
-    second = submit(train_plan, [f"--dependency=afterok:{first}", "--kill-on-invalid-dep=yes"])
-    return first, second
+    return first, submit(train_plan, after(first))
+
+
+def dry_run(plans: Sequence[Plan]) -> str:
+    """What `jobgen submit` runs for `plans` (one job, or the two of a chain), as a bash script
+    that does exactly that: each sbatch command with its script on stdin, printing the job ids
+    as `jobgen submit` does."""
+    import hashlib
+    import shlex
+
+    lines = ["#!/bin/bash",
+             "# What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).",
+             "set -euo pipefail"]
+    ids: list[str] = []
+    for i, plan in enumerate(plans, 1):
+        # A here-document delimiter that the script cannot contain: its own hash.
+        end = "JOBGEN_SCRIPT_" + hashlib.sha256(plan.text.encode()).hexdigest()[:16]
+        extra = after("${job_%d%%%%;*}" % (i - 1)) if ids else []
+        argv = " ".join(shlex.quote(a) for a in sbatch_argv()) + "".join(
+            f' "{a}"' if "$" in a else f" {shlex.quote(a)}" for a in extra)
+        text = plan.text if plan.text.endswith("\n") else plan.text + "\n"
+        lines += [f"job_{i}=$({argv} <<'{end}'", text + end, ")"]
+        ids.append(f"${{job_{i}%%;*}}")
+    lines.append(f'echo "{" ".join(ids)}"')
+    return "\n".join(lines) + "\n"
 
 
 # --- what can be checked from the submission host before submitting ----------------------------

@@ -6,6 +6,7 @@ The generated-values block of a script is read back by running it through bash, 
 see what the job will see, after shell quoting."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,7 +17,6 @@ from typing import Callable
 import pytest
 
 from jobgen import api, launch
-from jobgen.backends import slurm
 
 GOLDEN = [("neox20b", 4), ("neox20b", 16), ("pythia6.9b", 1), ("pythia6.9b", 4),
           ("llama2-7b", 4), ("llama2-7b", 128)]
@@ -192,15 +192,18 @@ def test_sbatch_lines_come_before_the_first_command(jobgen: Callable, recipe: st
 def test_generated_values_as_bash_sees_them(jobgen: Callable, tmp_path: Path) -> None:
     values = generated_values(
         render(jobgen, "neox20b", "--nodes", "4", "--site", "trn1-pcluster"), tmp_path)
-    assert values.shell["RUN_DIR"] == "/fsx/jobgen/runs/neox20b-4n"
-    assert values.shell["PAYLOAD_DIR"] == "/fsx/jobgen/payload"
-    assert values.shell["LAUNCHER"] == "neuron_nemo/launch.sh"
-    assert values.shell["ACTIVATE"] == "/fsx/aws_neuron_venv_pytorch/bin/activate"
-    assert values.shell["MAX_RESTARTS"] == "10"
-    assert values.shell["COMPILE_CACHE"] == "/fsx/neuron-compile-cache"
-    assert values.shell["LOCAL_COMPILE_CACHE"] == "/local_storage/neuron-compile-cache"
-    assert values.shell["MASTER_RESOLVER"] == "nslookup"
-    assert re.fullmatch(r"neox20b-4n-[0-9a-f]{16}", values.shell["COMPILE_KEY"])
+    # The node contract (jobgen/node.py), exported for the flow and the nodes.
+    assert values.env["JOBGEN_RUN_DIR"] == "/fsx/jobgen/runs/neox20b-4n"
+    assert values.env["JOBGEN_PAYLOAD_DIR"] == "/fsx/jobgen/payload"
+    assert values.env["JOBGEN_LAUNCHER"] == "neuron_nemo/launch.sh"
+    assert values.env["JOBGEN_ACTIVATE"] == "/fsx/aws_neuron_venv_pytorch/bin/activate"
+    assert values.env["JOBGEN_MAX_RESTARTS"] == "10"
+    assert values.env["JOBGEN_COMPILE_CACHE"] == "/fsx/neuron-compile-cache"
+    assert values.env["JOBGEN_LOCAL_COMPILE_CACHE"] == "/local_storage/neuron-compile-cache"
+    assert values.env["JOBGEN_MASTER_RESOLVER"] == "nslookup"
+    assert values.env["JOBGEN_CACHE_VAR"] == "NEURON_COMPILE_CACHE_URL"
+    assert values.env["JOBGEN_COMPILE_STEPS"] == "3"
+    assert re.fullmatch(r"neox20b-4n-[0-9a-f]{16}", values.env["JOBGEN_COMPILE_KEY"])
     assert values.env["MASTER_PORT"] == "41000"
     assert values.env["JOBGEN_WORKERS_PER_NODE"] == "32"
     assert values.env["JOBGEN_WORKDIR"] == \
@@ -336,28 +339,29 @@ def test_neuron_parallel_compile_wraps_only_the_compile_pass(jobgen: Callable, t
     values = generated_values(script, tmp_path)
     assert values.env["JOBGEN_COMPILE_WRAPPER"] == "neuron_parallel_compile"
     assert "neuron_parallel_compile" not in values.compile_args + values.train_args
-    # The launcher gets the pass name; it applies the wrapper for `compile` only
-    # (payload/common/node_launch.sh; executed in test_hostile.py).
-    srun = [line.strip() for line in script.splitlines() if line.strip().startswith("srun ")]
-    assert srun[0].endswith(
-        '"$PAYLOAD_DIR/$LAUNCHER" compile ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"}')
-    assert srun[-1].endswith(
-        '"$PAYLOAD_DIR/$LAUNCHER" train ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}')
+    # The flow hands the launcher the pass name; it applies the wrapper for `compile` only
+    # (payload/common/node_launch.sh; executed in test_hostile.py). The script only passes
+    # both argument lists to the flow, the compile pass's first, with their count.
+    call = [line for line in script.splitlines() if line.startswith("flow_slurm_job ")]
+    assert call == [f"flow_slurm_job {len(values.compile_args)} "
+                    '${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}']
     assert script.count("neuron_parallel_compile") == 1
 
 
 @pytest.mark.parametrize("mode", ["auto", "always", "never"])
 def test_compile_mode_reaches_the_script(jobgen: Callable, tmp_path: Path, mode: str) -> None:
     script = render(jobgen, "neox20b", "--compile", mode)
-    assert generated_values(script, tmp_path).shell["COMPILE_MODE"] == mode
+    assert generated_values(script, tmp_path).env["JOBGEN_COMPILE_MODE"] == mode
     default = render(jobgen, "neox20b")
     # Nothing else changes: the same graphs, so the same compile key.
-    assert script.replace(f"COMPILE_MODE={mode}\n", "COMPILE_MODE=auto\n") == default
+    assert script.replace(f"JOBGEN_COMPILE_MODE={mode}\n", "JOBGEN_COMPILE_MODE=auto\n") \
+        == default
 
 
 def test_compile_key_identifies_the_graphs(jobgen: Callable, tmp_path: Path) -> None:
     def key(*args: str) -> str:
-        return generated_values(render(jobgen, "neox20b", *args), tmp_path).shell["COMPILE_KEY"]
+        return generated_values(render(jobgen, "neox20b", *args),
+                                tmp_path).env["JOBGEN_COMPILE_KEY"]
 
     base = key("--nodes", "4")
     assert base == key("--nodes", "4", "--compile", "always")
@@ -366,16 +370,17 @@ def test_compile_key_identifies_the_graphs(jobgen: Callable, tmp_path: Path) -> 
     assert base != key("--nodes", "4", "--set", "model.num_layers=40")
     assert base != key("--nodes", "4", "--set", "env.NEURON_RT_EXEC_TIMEOUT=20")
     spec = api.job_spec("neox20b", 4)
-    assert base == slurm.compile_key(spec, launch.for_spec(spec))
+    assert base == launch.compile_key(spec, launch.for_spec(spec))
 
 
-def test_llama_writes_its_model_config_before_training(jobgen: Callable) -> None:
-    script = render(jobgen, "llama2-7b", "--nodes", "4")
-    writes = [line for line in script.splitlines()
-              if "config.json" in line and "$RUN_DIR" in line]
-    assert writes[0].startswith('mkdir -p "$(dirname "$RUN_DIR"/model/config.json)"')
-    assert writes[-1].endswith('> "$RUN_DIR"/model/config.json || exit 1')
-    assert script.index("config.json") < script.index("srun ")
+def test_llama_writes_its_model_config_before_training(jobgen: Callable,
+                                                       tmp_path: Path) -> None:
+    """The model's config travels as JOBGEN_FILES_JSON; the flow writes it once, before the
+    passes (executed in test_hostile.py)."""
+    env = generated_values(render(jobgen, "llama2-7b", "--nodes", "4"), tmp_path).env
+    files = json.loads(env["JOBGEN_FILES_JSON"])
+    assert list(files) == ["model/config.json"]
+    assert json.loads(files["model/config.json"])["hidden_size"] == 4096
 
 
 # --- a script cut short runs nothing ------------------------------------------------------------

@@ -41,8 +41,9 @@ def node_scripts() -> list[tuple[str, str]]:
                               ROOT / "env" / "containers" / "entrypoint.sh"])]
     for name in recipes.recipe_names():
         for smoke in (False, True):
+            trn1 = recipes.load(name)[0].platform == "trn1.32xlarge"
             spec = api.job_spec(name, 2 if smoke else None, site="trn1-pcluster"
-                                if not smoke else "local", smoke=smoke)
+                                if trn1 and not smoke else "local", smoke=smoke)
             found.append((f"rendered {name}{' --smoke' if smoke else ''}", api.plan(spec).text))
     return found
 

@@ -428,7 +428,7 @@ def test_compile_pass_then_training_pass(run_job: Callable, submit: Path,
     assert "torchrun stand-in: call 0" in (logs / "compile.log").read_text()
     assert "torchrun stand-in: call 1" in (logs / "train.log").read_text()
     assert proc.stderr.index("compile pass (3 steps) on 1 nodes") < \
-        proc.stderr.index("jobgen: training pass")
+        proc.stderr.index("jobgen[node 0]: training pass on 1 nodes")
 
 
 def test_llama_job_writes_its_model_config_and_compiles_first(run_job: Callable,

@@ -828,7 +828,7 @@ def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
         folder = job.run_dir / "submitit"
         assert list(folder.glob(f"{job.job_id}_*")), \
             explain(job, f"no submitit files of the job in {folder}")
-        logs = job.run_dir / "logs" / job.job_id
+        logs = job.run_dir / "logs" / job.job_id / "restart-0"
         events = read_events((logs / "node-0" / "compile.log").read_text())
         assert steps_of(events, "compile") == [1, 2, 3], explain(job, "compile steps")
         events = read_events((logs / "node-0" / "train.log").read_text())
@@ -836,6 +836,37 @@ def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
         assert steps_of(events, "train") == list(range(1, MAX_STEPS + 1)), explain(job, "steps")
         assert (logs / "node-1" / "train.log").is_file()
         assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
+
+
+def test_submitit_killed_trainer_requeues_and_resumes(cluster: int, tmp_path: Path) -> None:
+    """The same kill -> requeue -> resume rehearsal as the sbatch script's, through submitit:
+    the main node's flow requeues (restart 1 of 10) and the second run resumes."""
+    run_name, port = unique("submitit-kill"), free_port()
+    started = time.time()
+    proc = run_cli(tmp_path, "submit", "pythia6.9b", "--nodes", "2", "--smoke", "--via",
+                   "submitit", "--run-name", run_name, "--set", f"job.master_port={port}",
+                   env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"))
+    assert proc.returncode == 0, proc.stderr
+    job = Job(proc.stdout.strip(), tmp_path, run_name, port, started, "submitit kill")
+    SUBMITTED.append(job.job_id)
+    before = wait_mid_interval(job)
+    pids = trainer_pids(job, node=1)
+    assert len(pids) == 1, explain(job, f"node 1's trainer processes: {pids}")
+    os.kill(pids[0], signal.SIGKILL)
+    release_when_pending(job)
+    newest = complete_checkpoints(job.run_dir)[-1]
+    assert before[-1] <= newest <= before[-1] + EVERY
+    fields = wait_finished(job)
+    assert_state(job, fields, "COMPLETED")
+    assert fields.get("Restarts") == "1", explain(job, f"Restarts={fields.get('Restarts')}")
+    # The second run: no compile pass (the marker), training resumes from `newest`.
+    assert not job.node_log(1, 0, "compile").exists()
+    train_again = job.events(1, "train")
+    assert [e["step"] for e in only(train_again, "resume")] == [newest], explain(job, "resume")
+    assert steps_of(train_again, "train") == list(range(newest + 1, MAX_STEPS + 1))
+    assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
+    FIGURES["kill -> requeue -> resume through submitit"] = (
+        f"resumed from {newest}; {time.time() - started:.1f} s from submission to the end")
 
 
 # --- 7. jobgen run: the job on this machine, no Slurm -------------------------------------------

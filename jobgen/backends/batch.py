@@ -11,13 +11,10 @@ import json
 import re
 from typing import Any
 
-from .. import launch
+from .. import launch, node
 from ..errors import ConfigError
 from ..plan import Plan, PlannedFile
-from ..render import render
 from ..spec import JobSpec
-
-TEMPLATE = "batch/job-definition.json.j2"
 
 # Retry what the infrastructure broke (a host that went away, an image that could not be pulled
 # or started); exit on everything else, which is the training's own failure. First match wins.
@@ -42,34 +39,13 @@ def definition_name(spec: JobSpec) -> str:
     return "jobgen-" + re.sub(r"[^A-Za-z0-9_-]", "-", spec.recipe.name)
 
 
-def node_environment(spec: JobSpec, lau: launch.Launch,
-                     compile_key: str) -> list[dict[str, str]]:
-    """What every node's entrypoint reads (also used by `jobgen run` on this machine)."""
+def node_environment(spec: JobSpec, lau: launch.Launch) -> list[dict[str, str]]:
+    """What every node's entrypoint reads: the node contract (jobgen/node.py) for Batch, with
+    the platform's and the recipe's environment (also used by `jobgen run` on this machine)."""
     site = spec.site
     timeout = site.batch.rendezvous_timeout_s if site.batch else DEFAULT_RDZV_TIMEOUT_S
-    env = dict(launch.env_block(spec))
-    env.update(launch.compile_cache_env(spec, site.paths.compile_cache))
-    env.update({
-        "MASTER_PORT": str(spec.recipe.job.master_port),
-        "JOBGEN_RUN_DIR": spec.run_dir,
-        "JOBGEN_PAYLOAD_DIR": spec.payload_dir,
-        "JOBGEN_WORKERS_PER_NODE": str(spec.workers_per_node),
-        "JOBGEN_WORKDIR": lau.workdir,
-        "JOBGEN_PROGRAM": lau.program,
-        "JOBGEN_COMPILE_WRAPPER": lau.compile_wrapper,
-        "JOBGEN_COMPILE_MODE": spec.compile_mode,
-        "JOBGEN_COMPILE_CACHE": site.paths.compile_cache,
-        "JOBGEN_COMPILE_KEY": compile_key,
-        "JOBGEN_RDZV_TIMEOUT": str(timeout),
-        # The node count the trainer's flags were computed for; the entrypoint refuses another.
-        "JOBGEN_NODES": str(spec.nodes),
-    })
-    if lau.files:
-        env["JOBGEN_FILES_JSON"] = json.dumps(dict(lau.files), sort_keys=True)
-    if lau.prepare:
-        # [script under payload/, its arguments...]: every node runs it before the compile pass
-        # (node filesystems are separate on Batch).
-        env["JOBGEN_PREPARE_JSON"] = json.dumps(list(lau.prepare))
+    contract = node.contract(spec, lau, "batch", rdzv_timeout_s=timeout)
+    env = node.environment(spec, lau, contract)
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
@@ -101,41 +77,51 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     if not image:
         raise ConfigError(f"site {site.name}: batch.images has no image for {platform.name}")
     lau = launch.for_spec(spec, "batch")
-    key = launch.compile_key(spec, lau)
-    command = [site.batch.entrypoint, *entrypoint_args(lau)]
     efa = efa_devices(spec)
     devices = [{"hostPath": p, "containerPath": p, "permissions": ["READ", "WRITE", "MKNOD"]}
                for p in efa + platform.device_paths]
-    volumes, mounts = [], []
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
     if site.batch.shared_volume:
         volumes = [{"name": "shared", "host": {"sourcePath": site.batch.shared_volume}}]
         mounts = [{"sourceVolume": "shared", "containerPath": site.batch.shared_volume,
                    "readOnly": False}]
-    text = render(
-        TEMPLATE,
-        name=definition_name(spec),
-        nodes=spec.nodes,
-        image=image,
-        command=command,
-        job_role_arn=site.batch.job_role_arn,
-        execution_role_arn=site.batch.execution_role_arn,
-        instance_type=platform.name,
-        vcpus=str(platform.batch_vcpus),
-        memory_mib=str(platform.batch_memory_mib),
+    container: dict[str, Any] = {
+        "image": image,
+        "command": [site.batch.entrypoint, *entrypoint_args(lau)],
+    }
+    if site.batch.job_role_arn:
+        container["jobRoleArn"] = site.batch.job_role_arn
+    if site.batch.execution_role_arn:
+        container["executionRoleArn"] = site.batch.execution_role_arn
+    container.update({
+        "instanceType": platform.name,
+        "resourceRequirements": [{"type": "VCPU", "value": str(platform.batch_vcpus)},
+                                 {"type": "MEMORY", "value": str(platform.batch_memory_mib)}],
         # Gaudi cards are not mappable devices on Batch; the container must be privileged.
-        privileged=platform.accelerator == "hpu",
-        devices=devices,
-        shm_mib=platform.batch_shm_mib,
-        environment=node_environment(spec, lau, key),
-        volumes=volumes,
-        mount_points=mounts,
-        log_group=site.batch.log_group,
-        attempts=max(1, min(10, spec.recipe.job.max_restarts + 1)),
-        evaluate_on_exit=list(EVALUATE_ON_EXIT),
-        timeout_s=site.batch.timeout_hours * 3600,
-        tags={"jobgen:recipe": spec.recipe.name, "jobgen:run": spec.run_name},
-    )
-    jd = json.loads(text)
+        "privileged": platform.accelerator == "hpu",
+        "linuxParameters": {"devices": devices, "sharedMemorySize": platform.batch_shm_mib,
+                            "initProcessEnabled": True},
+        "ulimits": [{"name": "memlock", "softLimit": -1, "hardLimit": -1},
+                    {"name": "nofile", "softLimit": 65535, "hardLimit": 65535}],
+        "environment": node_environment(spec, lau),
+        "volumes": volumes,
+        "mountPoints": mounts,
+        "logConfiguration": {"logDriver": "awslogs",
+                             "options": {"awslogs-group": site.batch.log_group}},
+    })
+    jd: dict[str, Any] = {
+        "jobDefinitionName": definition_name(spec),
+        "type": "multinode",
+        "platformCapabilities": ["EC2"],
+        "nodeProperties": {"numNodes": spec.nodes, "mainNode": 0, "nodeRangeProperties": [
+            {"targetNodes": "0:", "container": container}]},
+        "retryStrategy": {"attempts": max(1, min(10, spec.recipe.job.max_restarts + 1)),
+                          "evaluateOnExit": [dict(e) for e in EVALUATE_ON_EXIT]},
+        "timeout": {"attemptDurationSeconds": site.batch.timeout_hours * 3600},
+        "tags": {"jobgen:recipe": spec.recipe.name, "jobgen:run": spec.run_name},
+        "propagateTags": True,
+    }
     # The content hash covers everything above, so an unchanged definition is never registered
     # twice (`jobgen batch submit` looks for an ACTIVE revision carrying this tag).
     digest = hashlib.sha256(json.dumps(jd, sort_keys=True).encode()).hexdigest()[:16]

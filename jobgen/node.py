@@ -1,0 +1,140 @@
+"""The node contract: every variable a job's nodes receive, defined once.
+
+payload/common/job_flow.sh (the one two-pass flow: compile marker, compile pass, node-local cache
+copy, training pass, status, restarts) reads them, and so do the payload launchers. Every
+executor produces them: the sbatch script exports them, the Batch job definition carries them
+as its environment, submitit and `jobgen run` put them in the node's environment. The facts that
+only the scheduler knows (which node this is, the main node's address, where this attempt logs)
+are added on the node by the executor; they are listed in ``NODE_FACTS``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Literal, Optional
+
+from .payloads import Launch, compile_cache_env, compile_key, env_block
+from .spec import JobSpec
+
+Executor = Literal["slurm", "batch", "submitit", "local"]
+Passes = Literal["both", "compile", "train"]
+
+# What the executor sets on each node, at run time.
+NODE_FACTS = {
+    "MASTER_ADDR": "IPv4 address of the main node (torchrun's node rank 0)",
+    "JOBGEN_NODE_RANK": "this node's torchrun node rank (0 on the main node)",
+    "JOBGEN_NNODES": "nodes in the job",
+    "JOBGEN_IS_MAIN": "1 on the main node (it writes the compile marker), else 0",
+    "JOBGEN_LOG_DIR": "this attempt's log folder (node-R/PASS.log, PASS.status, job.status)",
+    "JOBGEN_RUN_COMPILE": "1 or 0 where a controller decided the compile pass for all nodes",
+}
+
+
+@dataclass(frozen=True)
+class NodeContract:
+    """The job-wide variables (name: the environment variable; doc: the field's comment)."""
+    MASTER_PORT: str                  # the rendezvous port (recipe job.master_port)
+    JOBGEN_RUN_DIR: str               # checkpoints, logs, the job's files (relative: from the cwd)
+    JOBGEN_PAYLOAD_DIR: str           # jobgen's payload/ (launchers, job_flow.sh)
+    JOBGEN_LAUNCHER: str              # the payload's launcher, under JOBGEN_PAYLOAD_DIR
+    JOBGEN_WORKERS_PER_NODE: str      # torchrun --nproc_per_node
+    JOBGEN_WORKDIR: str               # the folder the trainer runs from
+    JOBGEN_PROGRAM: str               # the trainer, relative to JOBGEN_WORKDIR
+    JOBGEN_COMPILE_WRAPPER: str       # the compile pass's prefix (neuron_parallel_compile), or ""
+    JOBGEN_COMPILE_STEPS: str         # steps of the compile pass (recipe compile.steps)
+    JOBGEN_PASSES: str                # both | compile | train (one job of a --chain)
+    JOBGEN_COMPILE_MODE: str          # auto | always | never
+    JOBGEN_COMPILE_CACHE: str         # the shared compile cache (and its .jobgen/ markers)
+    JOBGEN_LOCAL_COMPILE_CACHE: str   # node-local copy the training pass reads, or ""
+    JOBGEN_COMPILE_KEY: str           # the marker's name: a hash of what shapes the graphs
+    JOBGEN_CACHE_VAR: str             # the accelerator's cache variable
+    JOBGEN_CACHE_SUFFIX: str          # what follows the folder in it (Habana's options)
+    JOBGEN_NODES: str                 # the node count the arguments were computed for
+    JOBGEN_MAX_RESTARTS: str          # requeues allowed after a failure (recipe job.max_restarts)
+    JOBGEN_RDZV_TIMEOUT: str          # seconds the nodes wait for each other, or "" (torch's)
+    JOBGEN_SHARED_FS: str             # 1 where the nodes share the run and cache folders
+    JOBGEN_SETUP_ON: str              # where files and prepare run: every | main | none
+    JOBGEN_MASTER_RESOLVER: str       # nslookup | getent (Slurm: the first node's name -> IPv4)
+    JOBGEN_ACTIVATE: str              # a script to source first (site setup.activate), or ""
+    JOBGEN_FILES_JSON: str            # {path under the run dir: content}, or ""
+    JOBGEN_PREPARE_JSON: str          # [script under payload/, args...] run before the passes
+
+    def variables(self) -> dict[str, str]:
+        """Name -> value, empty values left out (the flow treats unset and empty alike)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in out.items() if v != ""}
+
+
+def documentation() -> dict[str, str]:
+    """Every variable of the contract with what it means, job-wide ones first."""
+    import inspect
+    import re
+
+    doc: dict[str, str] = {}
+    for line in inspect.getsource(NodeContract).splitlines():
+        m = re.match(r"\s+([A-Z_]+): str\s+# (.*)", line)
+        if m:
+            doc[m.group(1)] = m.group(2)
+    doc.update(NODE_FACTS)
+    return doc
+
+
+def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
+             passes: Passes = "both", base: str = "",
+             rdzv_timeout_s: Optional[int] = None) -> NodeContract:
+    """The job-wide variables for `spec` run by `executor`. `base` is prefixed to relative site
+    paths where the executor resolves them on the submitting machine (submitit)."""
+    site, recipe = spec.site, spec.recipe
+
+    def path(p: str) -> str:
+        return p if not base or p.startswith("/") else f"{base}/{p}"
+
+    ((cache_var, cache_value),) = compile_cache_env(spec, "DIR").items()
+    shared = executor != "batch"   # Slurm and submitit nodes share the submission folder
+    return NodeContract(
+        MASTER_PORT=str(recipe.job.master_port),
+        JOBGEN_RUN_DIR=path(spec.run_dir),
+        JOBGEN_PAYLOAD_DIR=path(spec.payload_dir),
+        JOBGEN_LAUNCHER=lau.launcher,
+        JOBGEN_WORKERS_PER_NODE=str(spec.workers_per_node),
+        JOBGEN_WORKDIR=path(lau.workdir),
+        JOBGEN_PROGRAM=lau.program,
+        JOBGEN_COMPILE_WRAPPER=lau.compile_wrapper,
+        JOBGEN_COMPILE_STEPS=str(recipe.compile.steps),
+        JOBGEN_PASSES="" if passes == "both" else passes,
+        JOBGEN_COMPILE_MODE=spec.compile_mode,
+        JOBGEN_COMPILE_CACHE=path(site.paths.compile_cache),
+        # Batch nodes have no node-local cache step (the site's shared volume is the cache).
+        JOBGEN_LOCAL_COMPILE_CACHE=(site.paths.local_compile_cache or "")
+        if executor != "batch" else "",
+        JOBGEN_COMPILE_KEY=compile_key(spec, lau),
+        JOBGEN_CACHE_VAR=cache_var,
+        JOBGEN_CACHE_SUFFIX=cache_value[len("DIR"):],
+        JOBGEN_NODES=str(spec.nodes),
+        JOBGEN_MAX_RESTARTS=str(recipe.job.max_restarts) if executor != "batch" else "",
+        JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
+        JOBGEN_SHARED_FS="1" if shared else "",
+        # submitit's nodes share the folder: the main node writes, the others' trainers start
+        # once it has reached the rendezvous. Slurm's controller does it once itself.
+        JOBGEN_SETUP_ON={"submitit": "main", "slurm": "", "batch": "", "local": ""}[executor],
+        JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if executor in ("slurm", "submitit")
+        else "",
+        JOBGEN_ACTIVATE=(site.setup.activate or "") if executor != "batch" else "",
+        JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",
+        JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
+    )
+
+
+def environment(spec: JobSpec, lau: Launch, node: NodeContract) -> dict[str, str]:
+    """Everything a node's environment gets from the job: the platform's and the recipe's
+    variables, the compile cache variable (the flow points it at the node-local copy when there
+    is one), then the contract."""
+    env = dict(env_block(spec))
+    env.update(compile_cache_env(spec, node.JOBGEN_COMPILE_CACHE))
+    env.update(node.variables())
+    return env
+
+
+def flow_args(lau: Launch) -> list[str]:
+    """COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the arguments of `job_flow.sh node`."""
+    return [str(len(lau.compile_args)), *lau.compile_args, *lau.train_args]

@@ -1,0 +1,421 @@
+#!/usr/bin/env bash
+# jobgen's job lifecycle on the nodes: the one two-pass flow that every executor runs.
+#
+#   compile marker -> compile pass -> marker -> node-local cache copy -> training pass
+#   -> the job's status (a configuration error, 78, wins) -> restart accounting
+#
+# Who calls it (each only wires its scheduler's facts into the node contract):
+#   sbatch script        sources it and calls `flow_slurm_job` (the job's controller: decides the
+#                        compile pass once, then one `srun` of `job_flow.sh node` on every node)
+#   AWS Batch entrypoint sources it and calls `flow_node` on every node
+#   submitit, jobgen run `bash job_flow.sh node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...`
+#
+# The node contract (the variables read here) is defined once, in jobgen/node.py, which also
+# documents each one. Job-wide: MASTER_PORT JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR JOBGEN_LAUNCHER
+# JOBGEN_WORKERS_PER_NODE JOBGEN_WORKDIR JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER JOBGEN_PASSES
+# JOBGEN_COMPILE_MODE JOBGEN_COMPILE_CACHE JOBGEN_LOCAL_COMPILE_CACHE JOBGEN_COMPILE_KEY
+# JOBGEN_CACHE_VAR JOBGEN_CACHE_SUFFIX JOBGEN_NODES JOBGEN_MAX_RESTARTS JOBGEN_RDZV_TIMEOUT
+# JOBGEN_SHARED_FS JOBGEN_SETUP_ON JOBGEN_FILES_JSON JOBGEN_PREPARE_JSON JOBGEN_ACTIVATE.
+# Per node (the executor's facts): MASTER_ADDR JOBGEN_NODE_RANK JOBGEN_NNODES JOBGEN_IS_MAIN
+# JOBGEN_LOG_DIR, and JOBGEN_RUN_COMPILE where a controller has decided the compile pass.
+#
+# Exit statuses: the trainer's; 78 (EX_CONFIG) for a failure that no restart can cure (the
+# launcher classifies it: a missing command or trainer, an import error, refused arguments).
+# Works on bash 4.2 (Amazon Linux 2): no mapfile -d, empty arrays as ${a[@]+"${a[@]}"}.
+
+FLOW_CONFIG_ERROR=78
+FLOW_WHO=${FLOW_WHO:-jobgen}
+
+flow_say() { printf '%s: %s\n' "$FLOW_WHO" "$*" >&2; }
+flow_is_count() { case $1 in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
+flow_absolute() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$1" ;; esac; }
+
+# flow_init: check the job-wide contract and make its paths absolute (relative ones are taken
+# from the current directory: the submission directory, or the container's working directory).
+flow_init() {
+  local var missing=()
+  for var in MASTER_PORT JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR JOBGEN_LAUNCHER \
+    JOBGEN_WORKERS_PER_NODE JOBGEN_WORKDIR JOBGEN_PROGRAM JOBGEN_COMPILE_CACHE \
+    JOBGEN_COMPILE_KEY JOBGEN_CACHE_VAR; do
+    [ -n "${!var:-}" ] || missing+=("$var")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    flow_say "not set by ${FLOW_CONTRACT_FROM:-the job}: ${missing[*]} (run a job rendered by jobgen)"
+    return 1
+  fi
+  flow_is_count "$MASTER_PORT" || { flow_say "MASTER_PORT='$MASTER_PORT' is not a port number"; return 1; }
+  case ${JOBGEN_COMPILE_MODE:=auto} in
+    auto | always | never) ;;
+    *) flow_say "JOBGEN_COMPILE_MODE='$JOBGEN_COMPILE_MODE' must be auto, always or never"; return 1 ;;
+  esac
+  case ${JOBGEN_PASSES:=both} in
+    both | compile | train) ;;
+    *) flow_say "JOBGEN_PASSES='$JOBGEN_PASSES' must be both, compile or train"; return 1 ;;
+  esac
+  case $JOBGEN_CACHE_VAR in
+    [A-Za-z_]*[!A-Za-z0-9_]* | [!A-Za-z_]*) flow_say "JOBGEN_CACHE_VAR='$JOBGEN_CACHE_VAR' is not a variable name"; return 1 ;;
+  esac
+  if [ -n "${JOBGEN_RDZV_TIMEOUT:-}" ]; then
+    { flow_is_count "$JOBGEN_RDZV_TIMEOUT" && [ "$JOBGEN_RDZV_TIMEOUT" -gt 0 ]; } || {
+      flow_say "JOBGEN_RDZV_TIMEOUT='$JOBGEN_RDZV_TIMEOUT' must be a positive number of seconds"
+      return 1
+    }
+  fi
+  JOBGEN_RUN_DIR=$(flow_absolute "$JOBGEN_RUN_DIR")
+  JOBGEN_PAYLOAD_DIR=$(flow_absolute "$JOBGEN_PAYLOAD_DIR")
+  JOBGEN_WORKDIR=$(flow_absolute "$JOBGEN_WORKDIR")
+  JOBGEN_COMPILE_CACHE=$(flow_absolute "$JOBGEN_COMPILE_CACHE")
+  export JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR JOBGEN_WORKDIR JOBGEN_COMPILE_CACHE JOBGEN_COMPILE_MODE \
+    JOBGEN_PASSES MASTER_PORT
+  FLOW_PYTHON=${JOBGEN_PYTHON:-python3}
+  if [ ! -f "$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER" ]; then
+    flow_say "no launcher $JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER (is payload/ at JOBGEN_PAYLOAD_DIR?)"
+    return "$FLOW_CONFIG_ERROR"
+  fi
+}
+
+# flow_activate: the site's environment (setup.activate), where it has one.
+flow_activate() {
+  [ -n "${JOBGEN_ACTIVATE:-}" ] || return 0
+  # shellcheck disable=SC1090
+  source "$JOBGEN_ACTIVATE" || { flow_say "cannot source $JOBGEN_ACTIVATE"; return 1; }
+}
+
+# flow_setup: write the job's files under the run directory and run its prepare command.
+flow_setup() {
+  local written item status argv_file
+  local -a prepare=()
+  if [ -n "${JOBGEN_FILES_JSON:-}" ]; then
+    written=$("$FLOW_PYTHON" "$JOBGEN_PAYLOAD_DIR/common/batch_setup.py" write-files "$JOBGEN_RUN_DIR") || {
+      flow_say "could not write the job's files under $JOBGEN_RUN_DIR (JOBGEN_FILES_JSON)"
+      return 1
+    }
+    while IFS= read -r item; do [ -z "$item" ] || flow_say "wrote $item"; done <<<"$written"
+  fi
+  [ -n "${JOBGEN_PREPARE_JSON:-}" ] || return 0
+  argv_file=$(mktemp) || { flow_say "cannot create a temporary file"; return 1; }
+  if ! "$FLOW_PYTHON" "$JOBGEN_PAYLOAD_DIR/common/batch_setup.py" argv JOBGEN_PREPARE_JSON >"$argv_file"; then
+    rm -f "$argv_file"
+    flow_say "JOBGEN_PREPARE_JSON is not a JSON list of strings"
+    return 1
+  fi
+  while IFS= read -r -d '' item; do prepare+=("$item"); done <"$argv_file"
+  rm -f "$argv_file"
+  flow_say "preparing: ${prepare[*]}"
+  "$FLOW_PYTHON" "$JOBGEN_PAYLOAD_DIR/${prepare[0]}" "${prepare[@]:1}"
+  status=$?
+  [ "$status" -eq 0 ] || flow_say "the prepare step failed with status $status; no pass started"
+  return "$status"
+}
+
+# flow_decide_compile: sets FLOW_RUN_COMPILE (1: run the compile pass) and FLOW_MARKER, the
+# file that says this spec's graphs are in the cache (its name is the spec's compile key).
+flow_decide_compile() {
+  FLOW_MARKER="$JOBGEN_COMPILE_CACHE/.jobgen/$JOBGEN_COMPILE_KEY.done"
+  if [ "$JOBGEN_PASSES" = train ]; then
+    FLOW_RUN_COMPILE=0
+  elif [ -n "${JOBGEN_RUN_COMPILE:-}" ]; then
+    FLOW_RUN_COMPILE=$JOBGEN_RUN_COMPILE   # decided once for the whole job by its controller
+  else
+    case $JOBGEN_COMPILE_MODE in
+      always) FLOW_RUN_COMPILE=1 ;;
+      never) FLOW_RUN_COMPILE=0 ;;
+      *) if [ -e "$FLOW_MARKER" ]; then FLOW_RUN_COMPILE=0; else FLOW_RUN_COMPILE=1; fi ;;
+    esac
+  fi
+}
+
+# flow_mark_compiled: the marker, written under a private name and renamed, so that no node ever
+# sees half of it.
+flow_mark_compiled() {
+  local tmp="$FLOW_MARKER.$$.tmp"
+  if mkdir -p "${FLOW_MARKER%/*}" && date -u +%FT%TZ >"$tmp" && mv -f "$tmp" "$FLOW_MARKER"; then
+    flow_say "compile cache marker written: $FLOW_MARKER"
+  else
+    rm -f "$tmp"
+    flow_say "could not write the compile cache marker $FLOW_MARKER; the next job compiles again"
+  fi
+}
+
+# flow_use_cache DIR: point the accelerator's cache variable at DIR (Neuron's cache URL, or
+# Habana's recipe cache with its options after the directory).
+flow_use_cache() { export "$JOBGEN_CACHE_VAR=$1${JOBGEN_CACHE_SUFFIX:-}"; }
+
+# flow_wait_for_nodes PASS: on a shared filesystem, wait until every node has recorded the end of
+# PASS in the job's log directory; fails if one failed or they do not all arrive in time.
+flow_wait_for_nodes() {
+  local pass=$1 waited=0 limit=${JOBGEN_RDZV_TIMEOUT:-900} node code
+  while :; do
+    local arrived=0
+    for ((node = 0; node < JOBGEN_NNODES; node++)); do
+      code=""
+      [ -f "$JOBGEN_LOG_DIR/node-$node/$pass.status" ] && read -r code <"$JOBGEN_LOG_DIR/node-$node/$pass.status"
+      [ -n "$code" ] || continue
+      if [ "$code" != 0 ]; then
+        flow_say "node $node's $pass pass failed with status $code"
+        return 1
+      fi
+      arrived=$((arrived + 1))
+    done
+    [ "$arrived" -lt "$JOBGEN_NNODES" ] || return 0
+    if [ "$waited" -ge "$limit" ]; then
+      flow_say "only $arrived of $JOBGEN_NNODES nodes finished the $pass pass within $limit s"
+      return 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+}
+
+# flow_node_pass PASS ARG...: this node's launcher for one pass, in a session of its own so that
+# a stop request (flow_on_signal) reaches torchrun and its workers too; returns its status.
+FLOW_PASS_PID=""
+FLOW_STOPPING=""
+flow_node_pass() {
+  local pass=$1 status log before=0
+  shift
+  log="$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$pass.log"
+  [ -f "$log" ] && before=$(wc -c <"$log")
+  if command -v setsid >/dev/null 2>&1; then
+    setsid -w bash "$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER" "$pass" "$@" &
+  else
+    bash "$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER" "$pass" "$@" &
+  fi
+  FLOW_PASS_PID=$!
+  wait "$FLOW_PASS_PID"
+  status=$?
+  # A trapped signal interrupts `wait`; wait again for the pass's own status.
+  while kill -0 "$FLOW_PASS_PID" 2>/dev/null; do
+    wait "$FLOW_PASS_PID"
+    status=$?
+  done
+  FLOW_PASS_PID=""
+  if [ "$status" -ne 0 ] && [ -f "$log" ] &&
+    tail -c "+$((before + 1))" "$log" |
+    grep -qE 'waiting for clients|client socket has timed out|torchelastic/(role_info|assigned_ranks)'; then
+    flow_say "the $pass pass could not bring the $JOBGEN_NNODES nodes together within ${JOBGEN_RDZV_TIMEOUT:-torch default} s at $MASTER_ADDR:$MASTER_PORT: a node never started, died, or cannot reach that address (security group, interface), or the nodes disagree about the compile pass"
+  fi
+  return "$status"
+}
+
+# shellcheck disable=SC2329  # invoked through the traps of flow_node
+flow_on_signal() {
+  FLOW_STOPPING=$1
+  flow_say "received SIG$1; stopping the running pass"
+  if [ -n "$FLOW_PASS_PID" ]; then
+    kill -TERM -- "-$FLOW_PASS_PID" 2>/dev/null || kill -TERM "$FLOW_PASS_PID" 2>/dev/null
+  fi
+}
+
+# flow_node_end STATUS PASS: record how this node's flow ended (for the controller), return STATUS.
+flow_node_end() {
+  printf '%s %s\n' "$1" "$2" >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/job.status" 2>/dev/null ||
+    flow_say "cannot record the node's status in $JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK"
+  return "$1"
+}
+
+# flow_node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the two passes on this node.
+flow_node() {
+  local compile_argc=${1:-} status
+  shift || true
+  if ! flow_is_count "$compile_argc" || [ "$compile_argc" -gt $# ]; then
+    flow_say "COMPILE_ARGC '$compile_argc' is not a count of the $# trainer arguments that follow it"
+    return 2
+  fi
+  local -a compile_args=("${@:1:compile_argc}") train_args=("${@:compile_argc+1}")
+  : "${JOBGEN_NODE_RANK:?}" "${JOBGEN_NNODES:?}" "${JOBGEN_LOG_DIR:?}" "${MASTER_ADDR:?}"
+  export JOBGEN_NODE_RANK JOBGEN_NNODES JOBGEN_LOG_DIR MASTER_ADDR
+  local is_main=${JOBGEN_IS_MAIN:-0} shared=${JOBGEN_SHARED_FS:-0}
+  mkdir -p "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK" "$JOBGEN_COMPILE_CACHE" || {
+    flow_say "cannot create $JOBGEN_LOG_DIR and $JOBGEN_COMPILE_CACHE"
+    return 1
+  }
+  trap 'flow_on_signal TERM' TERM
+  trap 'flow_on_signal INT' INT
+
+  # Files and the prepare command: on every node (separate filesystems), on the main node only
+  # (a shared filesystem: the others' trainers start once the main node is at the rendezvous),
+  # or already done by the job's controller.
+  case ${JOBGEN_SETUP_ON:-every} in
+    every) flow_setup || return "$?" ;;
+    main) if [ "$is_main" = 1 ]; then flow_setup || return "$?"; fi ;;
+  esac
+  if [ -n "$FLOW_STOPPING" ]; then flow_say "stopped (SIG$FLOW_STOPPING) before the compile pass"; return 143; fi
+
+  flow_decide_compile
+  flow_use_cache "$JOBGEN_COMPILE_CACHE"
+  if [ "$FLOW_RUN_COMPILE" = 1 ]; then
+    flow_say "compile pass (${#compile_args[@]} trainer arguments) on $JOBGEN_NNODES nodes"
+    flow_node_pass compile ${compile_args[@]+"${compile_args[@]}"}
+    status=$?
+    if [ "$status" -ne 0 ]; then
+      flow_say "compile pass failed with status $status; the training pass is skipped"
+      flow_node_end "$status" compile
+      return
+    fi
+    if [ -n "$FLOW_STOPPING" ]; then flow_say "stopped (SIG$FLOW_STOPPING) after the compile pass"; return 143; fi
+    # The graphs are complete once every node's compile pass has ended (each compiles its own):
+    # on a shared filesystem the main node waits for the others before it writes the marker.
+    if [ "$is_main" = 1 ]; then
+      if [ "$shared" != 1 ] || flow_wait_for_nodes compile; then flow_mark_compiled; fi
+    fi
+  elif [ "$JOBGEN_PASSES" != train ] && [ -z "${JOBGEN_RUN_COMPILE:-}" ]; then
+    flow_say "compile pass skipped (compile mode $JOBGEN_COMPILE_MODE; cache marker ${FLOW_MARKER##*/})"
+  fi
+  if [ "$JOBGEN_PASSES" = compile ]; then
+    flow_say "compile-only job done"
+    flow_node_end 0 compile
+    return
+  fi
+
+  if [ -n "${JOBGEN_LOCAL_COMPILE_CACHE:-}" ] && [ "$JOBGEN_COMPILE_MODE" != never ]; then
+    # Training reads a node-local copy of the cache: a shared cache read by every worker of a
+    # large job is slow and can time out. Every node's graphs must be in it first.
+    if [ "$FLOW_RUN_COMPILE" = 1 ] && [ "$shared" = 1 ] && ! flow_wait_for_nodes compile; then
+      flow_node_end 1 "compile cache copy"
+      return
+    fi
+    bash "$JOBGEN_PAYLOAD_DIR/common/sync_cache.sh" "$JOBGEN_COMPILE_CACHE" "$JOBGEN_LOCAL_COMPILE_CACHE"
+    status=$?
+    if [ "$status" -ne 0 ]; then
+      flow_node_end "$status" "compile cache copy"
+      return
+    fi
+    flow_use_cache "$JOBGEN_LOCAL_COMPILE_CACHE"
+  fi
+
+  flow_say "training pass on $JOBGEN_NNODES nodes"
+  flow_node_pass train ${train_args[@]+"${train_args[@]}"}
+  status=$?
+  if [ "$status" -eq 0 ]; then
+    flow_say "training pass finished"
+  else
+    flow_say "training pass failed with status $status"
+  fi
+  flow_node_end "$status" train
+}
+
+# flow_job_status SRUN_STATUS: "STATUS WHAT" for a job whose nodes ran flow_node under srun. srun
+# reports the highest status of the nodes, and once one node fails it stops the others (143):
+# each node records its own, and a configuration error (78) or else the first real exit (below
+# 128) wins.
+flow_job_status() {
+  local file code what rank best=-1 found="" found_what=""
+  for file in "$JOBGEN_LOG_DIR"/node-*/job.status; do
+    [ -f "$file" ] || continue
+    read -r code what <"$file" || continue
+    flow_is_count "$code" || continue
+    # What explains the job best: a configuration error, a real exit, a signal, success.
+    if [ "$code" -eq "$FLOW_CONFIG_ERROR" ]; then rank=3
+    elif [ "$code" -gt 0 ] && [ "$code" -lt 128 ]; then rank=2
+    elif [ "$code" -ne 0 ]; then rank=1
+    else rank=0
+    fi
+    if [ "$rank" -gt "$best" ]; then best=$rank found=$code found_what=$what; fi
+  done
+  # No node said why (srun could not start them, or they died unrecorded): srun's own status.
+  if [ "$1" -ne 0 ] && [ "$best" -le 0 ]; then found=$1 found_what="job step"; fi
+  [ -n "$found" ] || found=$1
+  case $found_what in
+    compile) found_what="compile pass" ;;
+    train | "") found_what="training pass" ;;
+  esac
+  printf '%s %s\n' "$found" "$found_what"
+}
+
+# flow_restart_decision STATUS RESTART: what to do after a failure: prints "stop" (a
+# configuration error: a fresh allocation would fail the same way), "requeue" or "give-up".
+flow_restart_decision() {
+  if [ "$1" -eq "$FLOW_CONFIG_ERROR" ]; then
+    echo stop
+  elif [ "$2" -lt "${JOBGEN_MAX_RESTARTS:-0}" ]; then
+    echo requeue
+  else
+    echo give-up
+  fi
+}
+
+# flow_finish STATUS WHAT RESTART REQUEUE_COMMAND...: restart accounting, then exit with STATUS.
+# The requeue command is the scheduler's (`scontrol requeue JOBID`).
+flow_finish() {
+  local status=$1 what=$2 restart=$3
+  shift 3
+  if [ "$status" -ne 0 ]; then
+    case $(flow_restart_decision "$status" "$restart") in
+      stop) flow_say "$what failed with a configuration error (status 78, see the node lines above); not requeueing: fix it and resubmit" ;;
+      requeue)
+        flow_say "$what failed with status $status; requeueing (restart $((restart + 1)) of $JOBGEN_MAX_RESTARTS)"
+        "$@" || flow_say "$1 $2 failed" ;;
+      *) flow_say "$what failed with status $status and the job has used all $JOBGEN_MAX_RESTARTS restarts; giving up" ;;
+    esac
+  fi
+  exit "$status"
+}
+
+# flow_resolve_master NODE RESOLVER: the node's IPv4 address. nslookup asks DNS (trn1's
+# /etc/hosts can map a host to the wrong interface); getent also reads /etc/hosts. Never falls
+# back to localhost: the other nodes would wait for a master that does not exist.
+flow_resolve_master() {
+  case $2 in
+    nslookup) nslookup "$1" 2>/dev/null | awk '/^Address: / { print $2; exit }' ;;
+    *) getent ahostsv4 "$1" | awk '{ print $1; exit }' ;;
+  esac
+}
+
+# flow_slurm_job COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the sbatch script's controller.
+flow_slurm_job() {
+  local restart=${SLURM_RESTART_COUNT:-0} first_node status_line status what
+  flow_init || exit "$?"
+  flow_activate || exit 1
+  export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$SLURM_JOB_ID/restart-$restart"
+  mkdir -p "$JOBGEN_LOG_DIR" "$JOBGEN_COMPILE_CACHE" || exit 1
+  flow_say "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart $restart of at most ${JOBGEN_MAX_RESTARTS:-0}, logs in $JOBGEN_LOG_DIR"
+  flow_setup || exit 1
+  first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+  MASTER_ADDR=$(flow_resolve_master "$first_node" "${JOBGEN_MASTER_RESOLVER:-nslookup}")
+  if [ -z "$MASTER_ADDR" ]; then
+    flow_say "cannot resolve the first node '$first_node' to an IPv4 address with ${JOBGEN_MASTER_RESOLVER:-nslookup}; stopping"
+    exit 1
+  fi
+  export MASTER_ADDR
+  flow_say "master $first_node = $MASTER_ADDR:$MASTER_PORT"
+  # One decision for every node, so that they cannot disagree about the compile pass.
+  flow_decide_compile
+  export JOBGEN_RUN_COMPILE=$FLOW_RUN_COMPILE JOBGEN_SETUP_ON=none JOBGEN_SHARED_FS=1
+  case $JOBGEN_PASSES in
+    train) flow_say "training pass only: the compile pass ran in its own job, which this one depends on" ;;
+    *) if [ "$FLOW_RUN_COMPILE" = 1 ]; then
+         flow_say "compile pass (${JOBGEN_COMPILE_STEPS:-?} steps) on $SLURM_JOB_NUM_NODES nodes"
+       else
+         flow_say "compile pass skipped (compile mode $JOBGEN_COMPILE_MODE; cache marker ${FLOW_MARKER##*/})"
+       fi ;;
+  esac
+  # The node's rank and the main node come from srun (SLURM_NODEID; node 0 hosts the rendezvous).
+  # shellcheck disable=SC2016  # expanded by the node's bash, not here
+  srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c \
+    'export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
+    "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@"
+  status_line=$(flow_job_status "$?")
+  status=${status_line%% *}
+  what=${status_line#* }
+  [ "$status" -ne 0 ] || flow_say "job done"
+  flow_finish "$status" "$what" "$restart" scontrol requeue "$SLURM_JOB_ID"
+}
+
+# Run as a script: `job_flow.sh node ARGS...` (the node tasks of srun, submitit, jobgen run).
+# (`return` works only in a sourced file.)
+if ! (return 0 2>/dev/null); then
+  set -uo pipefail
+  case ${1:-} in
+    node)
+      shift
+      flow_init || exit "$?"
+      flow_node "$@"
+      exit "$?"
+      ;;
+    *)
+      flow_say "usage: job_flow.sh node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG..."
+      exit 2
+      ;;
+  esac
+fi

@@ -1,0 +1,75 @@
+"""Functions of the one two-pass flow (payload/common/job_flow.sh), run in bash: which status
+explains a job, what a failure leads to, and the wait for every node's compile pass. The whole
+flow runs under every executor in test_hostile.py (sbatch script, stand-in srun),
+test_entrypoint.py (Batch entrypoint) and test_slurm_e2e.py (real Slurm, submitit, jobgen run)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+FLOW = Path(__file__).resolve().parent.parent / "payload" / "common" / "job_flow.sh"
+
+
+def call(*words: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", 'source "$0" && "$@"', str(FLOW), *words],
+                          env={"PATH": "/usr/bin:/bin", **(env or {})}, capture_output=True,
+                          text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("nodes,srun,expected", [
+    ({0: "0 train", 1: "0 train"}, 0, "0 training pass"),
+    # srun stopped node 0 (143) after node 1's trainer exited with 7: the 7 explains the job.
+    ({0: "143 train", 1: "7 train"}, 143, "7 training pass"),
+    # A configuration error on any node explains everything else.
+    ({0: "1 compile", 1: "78 compile"}, 1, "78 compile pass"),
+    ({0: "143 compile", 1: "143 compile"}, 143, "143 compile pass"),
+    # No node recorded anything: srun's own status.
+    ({}, 127, "127 job step"),
+    ({0: "0 train"}, 9, "9 job step"),
+])
+def test_the_job_status_is_the_one_that_explains_it(tmp_path: Path, nodes: dict[int, str],
+                                                    srun: int, expected: str) -> None:
+    for rank, line in nodes.items():
+        (tmp_path / f"node-{rank}").mkdir()
+        (tmp_path / f"node-{rank}" / "job.status").write_text(line + "\n")
+    proc = call("flow_job_status", str(srun), env={"JOBGEN_LOG_DIR": str(tmp_path)})
+    assert proc.stdout == expected + "\n", proc.stderr
+
+
+@pytest.mark.parametrize("status,restart,limit,decision", [
+    (78, 0, 10, "stop"), (7, 0, 10, "requeue"), (7, 9, 10, "requeue"), (7, 10, 10, "give-up"),
+    (143, 0, 0, "give-up")])
+def test_restart_decision(status: int, restart: int, limit: int, decision: str) -> None:
+    proc = call("flow_restart_decision", str(status), str(restart),
+                env={"JOBGEN_MAX_RESTARTS": str(limit)})
+    assert proc.stdout == decision + "\n"
+
+
+def test_requeue_runs_the_scheduler_command_and_keeps_the_status(tmp_path: Path) -> None:
+    marker = tmp_path / "requeued"
+    proc = call("flow_finish", "7", "training pass", "2", "touch", str(marker),
+                env={"JOBGEN_MAX_RESTARTS": "3"})
+    assert proc.returncode == 7 and marker.exists()
+    assert "training pass failed with status 7; requeueing (restart 3 of 3)" in proc.stderr
+
+
+def test_wait_for_nodes_needs_every_node_and_stops_at_a_failure(tmp_path: Path) -> None:
+    env = {"JOBGEN_LOG_DIR": str(tmp_path), "JOBGEN_NNODES": "2", "JOBGEN_RDZV_TIMEOUT": "2"}
+    (tmp_path / "node-0").mkdir()
+    (tmp_path / "node-0" / "compile.status").write_text("0\n")
+    proc = call("flow_wait_for_nodes", "compile", env=env)
+    assert proc.returncode == 1
+    assert "only 1 of 2 nodes finished the compile pass within 2 s" in proc.stderr
+    (tmp_path / "node-1").mkdir()
+    (tmp_path / "node-1" / "compile.status").write_text("0\n")
+    assert call("flow_wait_for_nodes", "compile", env=env).returncode == 0
+    (tmp_path / "node-1" / "compile.status").write_text("9\n")
+    proc = call("flow_wait_for_nodes", "compile", env=env)
+    assert proc.returncode == 1 and "node 1's compile pass failed with status 9" in proc.stderr
+
+
+def test_script_use_needs_the_node_command() -> None:
+    proc = subprocess.run(["bash", str(FLOW)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "usage: job_flow.sh node" in proc.stderr
