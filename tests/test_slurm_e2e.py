@@ -748,7 +748,7 @@ def test_cli_chain_and_wait(cluster: int, tmp_path: Path) -> None:
     assert_state(train_job, wait_finished(train_job), "COMPLETED")
     # The compile job ran only the compile pass, the training job only the training pass.
     compile_out, train_out = compile_job.output(), train_job.output()
-    assert "jobgen: compile-only job done" in compile_out
+    assert "jobgen[node 0]: compile-only job done" in compile_out
     assert "jobgen: training pass" not in compile_out
     assert {e.get("phase") for e in read_events(compile_out) if "phase" in e} == {"compile"}
     assert steps_of(compile_job.events(0, "compile"), "compile") == [1, 2, 3]
