@@ -73,3 +73,37 @@ def test_wait_for_nodes_needs_every_node_and_stops_at_a_failure(tmp_path: Path) 
 def test_script_use_needs_the_node_command() -> None:
     proc = subprocess.run(["bash", str(FLOW)], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "usage: job_flow.sh node" in proc.stderr
+
+
+FAKE_LAUNCHER = """#!/usr/bin/env bash
+# Records the pass it was asked for and ends it with status 0, as node_launch.sh would record.
+echo "$1" >> "$RECORD"
+mkdir -p "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK"
+echo 0 > "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$1.status"
+"""
+
+
+def test_main_node_does_not_train_when_another_node_failed_to_compile(tmp_path: Path) -> None:
+    """On a shared filesystem without a controller (submitit), the main node waits for every
+    node's compile pass: a failed one means no marker and no training pass."""
+    payload = tmp_path / "payload"
+    (payload / "fake").mkdir(parents=True)
+    (payload / "fake" / "launch.sh").write_text(FAKE_LAUNCHER)
+    logs = tmp_path / "logs"
+    (logs / "node-1").mkdir(parents=True)
+    (logs / "node-1" / "compile.status").write_text("9\n")
+    env = {"MASTER_PORT": "29500", "MASTER_ADDR": "127.0.0.1", "JOBGEN_RUN_DIR": str(tmp_path),
+           "JOBGEN_PAYLOAD_DIR": str(payload), "JOBGEN_LAUNCHER": "fake/launch.sh",
+           "JOBGEN_WORKERS_PER_NODE": "1", "JOBGEN_WORKDIR": str(tmp_path),
+           "JOBGEN_PROGRAM": "train.py", "JOBGEN_COMPILE_CACHE": str(tmp_path / "cache"),
+           "JOBGEN_COMPILE_KEY": "k", "JOBGEN_CACHE_VAR": "NEURON_COMPILE_CACHE_URL",
+           "JOBGEN_SHARED_FS": "1", "JOBGEN_SETUP_ON": "main", "JOBGEN_NODE_RANK": "0",
+           "JOBGEN_NNODES": "2", "JOBGEN_IS_MAIN": "1", "JOBGEN_LOG_DIR": str(logs),
+           "RECORD": str(tmp_path / "calls")}
+    proc = subprocess.run(["bash", str(FLOW), "node", "0"], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert (tmp_path / "calls").read_text().split() == ["compile"]
+    assert "node 1's compile pass failed with status 9" in proc.stderr
+    assert not (tmp_path / "cache" / ".jobgen" / "k.done").exists()
+    assert (logs / "node-0" / "job.status").read_text() == "1 compile\n"

@@ -257,7 +257,14 @@ flow_node() {
     # The graphs are complete once every node's compile pass has ended (each compiles its own):
     # on a shared filesystem the main node waits for the others before it writes the marker.
     if [ "$is_main" = 1 ]; then
-      if [ "$shared" != 1 ] || flow_wait_for_nodes compile; then flow_mark_compiled; fi
+      if [ "$shared" != 1 ] || flow_wait_for_nodes compile; then
+        flow_mark_compiled
+      else
+        # Another node's compile pass failed or never ended: training would wait for it.
+        flow_say "not every node finished the compile pass; the training pass is skipped"
+        flow_node_end 1 compile
+        return
+      fi
     fi
   elif [ "$JOBGEN_PASSES" != train ] && [ -z "${JOBGEN_RUN_COMPILE:-}" ]; then
     flow_say "compile pass skipped (compile mode $JOBGEN_COMPILE_MODE; cache marker ${FLOW_MARKER##*/})"
