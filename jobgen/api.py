@@ -20,6 +20,7 @@ def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] 
                    compile_mode=compile_mode, smoke=smoke, run_name=run_name)
 
 
-def plan(spec: JobSpec) -> Plan:
-    """The backend's plan for a spec (pure: no clock, no network)."""
-    return backends.get(spec.backend).plan(spec)
+def plan(spec: JobSpec, backend: Optional[str] = None) -> Plan:
+    """The backend's plan for a spec (pure: no clock, no network); `backend` where it is not
+    the one the spec was resolved for (submitit resolves as Slurm)."""
+    return backends.get(backend or spec.backend).plan(spec)

@@ -29,7 +29,9 @@ STARTED = ("STARTING", "RUNNING")               # only terminate_job stops these
 DONE = ("SUCCEEDED", "FAILED")
 THROTTLED = ("Throttling", "ThrottlingException", "TooManyRequestsException",
              "RequestLimitExceeded", "SlowDown")
-RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)   # backoff after each throttled attempt, then give up
+# botocore retries throttling and transient errors itself ("standard" mode: exponential backoff
+# with jitter); these are jobgen's defaults where the user's AWS config sets neither.
+RETRY_MODE, MAX_ATTEMPTS = "standard", 5
 NO_CREDENTIALS = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`")
 BATCH_EXTRA = "pip install 'jobgen[batch]'"
@@ -163,12 +165,11 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
     if url is not None and not _valid_url(url):
         error = _config if url_from == "--endpoint-url" else _remote
         raise error(f"{url_from}: {url!r} is not an endpoint URL (like https://host:port)")
-    # botocore's own retries are off: `_call` retries throttling, with a message at the end.
-    config = botocore.config.Config(retries={"mode": "standard", "max_attempts": 1})
     try:
+        session = boto3.session.Session(region_name=region)
+        config = botocore.config.Config(retries=_retries(session))
         # A fresh session per client: the default one caches credentials across calls.
-        made = boto3.session.Session(region_name=region).client(
-            service, endpoint_url=endpoint_url, config=config)
+        made = session.client(service, endpoint_url=endpoint_url, config=config)
     except bce.NoRegionError:
         raise _config(f"site {site.name}: no AWS region: set batch.region in the site profile, "
                       "or AWS_REGION") from None
@@ -182,36 +183,42 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
     return made
 
 
-def _call(method: Callable[..., Any], **params: Any) -> Any:
-    """`method(**params)` (a boto3 client method), with throttling retried after RETRY_DELAYS
-    and every AWS failure turned into one line (with no password or secret in it)."""
+def _retries(session: Any) -> dict[str, Any]:
+    """botocore's retry settings: the user's (AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, or retry_mode /
+    max_attempts in the AWS config file) where set, else RETRY_MODE and MAX_ATTEMPTS."""
+    core = session._session   # boto3's botocore session: its config store reads env and files
+    retries: dict[str, Any] = {"mode": core.get_config_variable("retry_mode") or RETRY_MODE}
+    if core.get_config_variable("max_attempts") is None:
+        retries["total_max_attempts"] = MAX_ATTEMPTS
+    return retries
+
+
+def _call(method: Callable[..., Any], *, client: Any = None, **params: Any) -> Any:
+    """`method(**params)` (a boto3 client method, or a paginator's of `client`; botocore
+    retries throttling itself), with every AWS failure turned into one line (with no password
+    or secret in it)."""
     from botocore import exceptions as bce
 
-    owner = getattr(method, "__self__", None)
+    owner = client if client is not None else getattr(method, "__self__", None)
     meta = getattr(owner, "meta", None)
     where = f"AWS {meta.service_model.service_id}" if meta else "AWS"
-    for attempt in range(len(RETRY_DELAYS) + 1):
-        try:
-            return method(**params)
-        except bce.ClientError as exc:
-            error = exc.response.get("Error", {})
-            code, message = error.get("Code", "?"), error.get("Message", str(exc))
-            if code in THROTTLED and attempt < len(RETRY_DELAYS):
-                time.sleep(RETRY_DELAYS[attempt])
-                continue
-            if code in THROTTLED:
-                raise _remote(f"{where} {exc.operation_name}: throttled ({code}) after "
-                              f"{attempt + 1} attempts; try again later") from None
-            raise _remote(f"{where} {exc.operation_name}: {message} ({code})") from None
-        except bce.ParamValidationError as exc:
-            raise _config(f"{where} request: {_first_line(str(exc))}") from None
-        except bce.EndpointConnectionError as exc:
-            origin = _ORIGINS.get(owner) if owner is not None else None
-            raise _remote(f"cannot reach AWS: {exc}" + (f" ({origin})" if origin else "")
-                          ) from None
-        except bce.BotoCoreError as exc:
-            raise _setup_error(exc) or _remote(f"{where}: {_first_line(str(exc))}") from None
-    raise AssertionError("unreachable")
+    try:
+        return method(**params)
+    except bce.ClientError as exc:
+        error = exc.response.get("Error", {})
+        code, message = error.get("Code", "?"), error.get("Message", str(exc))
+        if code in THROTTLED:
+            tries = int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) + 1
+            raise _remote(f"{where} {exc.operation_name}: throttled ({code}) after {tries} "
+                          f"attempt{'s' if tries > 1 else ''}; try again later") from None
+        raise _remote(f"{where} {exc.operation_name}: {message} ({code})") from None
+    except bce.ParamValidationError as exc:
+        raise _config(f"{where} request: {_first_line(str(exc))}") from None
+    except bce.EndpointConnectionError as exc:
+        origin = _ORIGINS.get(owner) if owner is not None else None
+        raise _remote(f"cannot reach AWS: {exc}" + (f" ({origin})" if origin else "")) from None
+    except bce.BotoCoreError as exc:
+        raise _setup_error(exc) or _remote(f"{where}: {_first_line(str(exc))}") from None
 
 
 def _first_line(text: str) -> str:
@@ -231,13 +238,10 @@ class Definition:
 
 
 def _active_revisions(batch: Any, name: str) -> Iterator[dict[str, Any]]:
-    params: dict[str, Any] = {"jobDefinitionName": name, "status": "ACTIVE"}
-    while True:
-        page = _call(batch.describe_job_definitions, **params)
-        yield from page.get("jobDefinitions", [])
-        if not page.get("nextToken"):
-            return
-        params["nextToken"] = page["nextToken"]
+    """Every ACTIVE revision of the definition `name`, through botocore's paginator."""
+    pages = batch.get_paginator("describe_job_definitions").paginate(
+        jobDefinitionName=name, status="ACTIVE")
+    yield from _call(pages.build_full_result, client=batch).get("jobDefinitions", [])
 
 
 def ensure_definition(batch: Any, jd: dict[str, Any]) -> Definition:
@@ -359,27 +363,47 @@ def wait(batch: Any, job_id: str, *, echo: Echo, poll_s: float = 15.0,
         time.sleep(poll_s)
 
 
-def status(batch: Any, job_id: str) -> list[str]:
-    """One summary line, then one line per node: status, exit code, log stream, reason."""
+def status(batch: Any, job_id: str) -> dict[str, Any]:
+    """The job and each of its nodes as data (`jobgen status --json`)."""
     job = describe(batch, job_id)
     nodes = node_jobs(batch, job)
     num = int((job.get("nodeProperties") or {}).get("numNodes", 0))
-    head = f"{job['jobId']}  {job.get('jobName', '')}  {job.get('status', '?')}"
-    if num:
-        head += f"  {num} nodes"
-    lines = [head + (f"  ({_reason(job)})" if _reason(job) else "")]
+    state = job.get("status", "?")
+    shown: list[dict[str, Any]] = []
     for i in range(num):
-        role = " (main)" if i == _main_node(job) else ""
-        node = _node(job, nodes, i)
-        if node is None:
-            lines.append(f"  node {i}{role}: " + ("no details from Batch" if job.get("status")
-                                                  in DONE else "not started"))
+        described = _node(job, nodes, i)
+        entry: dict[str, Any] = {"index": i, "main": i == _main_node(job)}
+        if described is None:
+            entry["state"] = "UNKNOWN" if state in DONE else "NOT_STARTED"
+        else:
+            container = described.get("container") or {}
+            entry.update({"state": described.get("status", "?"),
+                          "exit_code": container.get("exitCode"),
+                          "log_stream": container.get("logStreamName") or "",
+                          "reason": _reason(described) if described is not job else ""})
+        shown.append(entry)
+    return {"backend": "batch", "job_id": job["jobId"], "name": job.get("jobName", ""),
+            "state": state, "finished": state in DONE, "reason": _reason(job),
+            "nodes": shown}
+
+
+def status_lines(batch: Any, job_id: str) -> list[str]:
+    """One summary line, then one line per node: status, exit code, log stream, reason."""
+    st = status(batch, job_id)
+    head = f"{st['job_id']}  {st['name']}  {st['state']}"
+    if st["nodes"]:
+        head += f"  {len(st['nodes'])} nodes"
+    lines = [head + (f"  ({st['reason']})" if st["reason"] else "")]
+    for entry in st["nodes"]:
+        role = " (main)" if entry["main"] else ""
+        if "exit_code" not in entry:
+            lines.append(f"  node {entry['index']}{role}: " + (
+                "no details from Batch" if entry["state"] == "UNKNOWN" else "not started"))
             continue
-        container = node.get("container") or {}
-        exit_code = container.get("exitCode", "-")
-        line = (f"  node {i}{role}: {node.get('status', '?')}  exit {exit_code}  "
-                f"log {container.get('logStreamName') or '-'}")
-        lines.append(line + (f"  ({_reason(node)})" if node is not job and _reason(node) else ""))
+        code = "-" if entry["exit_code"] is None else entry["exit_code"]
+        line = (f"  node {entry['index']}{role}: {entry['state']}  exit {code}  "
+                f"log {entry['log_stream'] or '-'}")
+        lines.append(line + (f"  ({entry['reason']})" if entry["reason"] else ""))
     return lines
 
 

@@ -41,6 +41,14 @@ class Report:
     def failed(self) -> list[Row]:
         return [r for r in self.rows if r.status == "FAILED"]
 
+    def as_dict(self) -> dict[str, object]:
+        counts = {s: sum(r.status == s for r in self.rows) for s in ("ok", "skipped", "FAILED")}
+        return {"rows": [{"recipe": r.recipe, "nodes": r.nodes, "status": r.status,
+                          "detail": r.detail} for r in self.rows],
+                "notes": list(self.notes),
+                "counts": {"ok": counts["ok"], "skipped": counts["skipped"],
+                           "failed": counts["FAILED"]}}
+
     def table(self) -> str:
         width = max([len(r.recipe) for r in self.rows] + [6])
         lines = [f"{'recipe':<{width}}  nodes  status   detail"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import click
 
+from .backends import BACKENDS, SUBMITTED, spec_backend
 from .errors import ConfigError, JobgenError, printable
 
 F = Callable[..., Any]
@@ -85,7 +87,8 @@ def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: O
           compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = "slurm") -> Any:
     from . import api
     return api.job_spec(recipe, nodes, overrides=overrides, site=site,
-                        backend=backend, compile_mode=compile_mode,  # type: ignore[arg-type]
+                        backend=spec_backend(backend),  # type: ignore[arg-type]
+                        compile_mode=compile_mode,  # type: ignore[arg-type]
                         run_name=run_name, smoke=smoke)
 
 
@@ -125,20 +128,39 @@ def list_cmd() -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])
 
 
+def _backend_option(choices: tuple[str, ...], help: str) -> Callable[[F], F]:
+    return click.option("--backend", type=click.Choice(choices), default="slurm",
+                        show_default=True, help=help)
+
+
+_json_option = click.option("--json", "as_json", is_flag=True,
+                            help="Print JSON (for programs) instead of text.")
+
+
+def _echo_json(data: Any) -> None:
+    import json
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
 @cli.command()
 @click.argument("recipe")
 @_spec_options
-@click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
-              show_default=True)
+@_backend_option(BACKENDS, "Resolve for this backend (paths differ on Batch).")
+@_json_option
 def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-         compile_mode: str, run_name: Optional[str], smoke: bool, backend: str) -> None:
-    """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step)."""
-    import yaml
+         compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
+         as_json: bool) -> None:
+    """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step);
+    with --smoke, what the rehearsal trains instead."""
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
     from .payloads import key_report
     shown = spec.as_dict()
     # Which values reach the trainer: the rest must stay at their defaults (or are refused).
     shown["payload_keys"] = key_report(spec.recipe)
+    if as_json:
+        _echo_json(shown)
+        return
+    import yaml
     click.echo(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False,
                               width=100), nl=False)
 
@@ -146,8 +168,8 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
 @cli.command()
 @click.argument("recipe")
 @_spec_options
-@click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
-              show_default=True)
+@_backend_option(BACKENDS, "An sbatch script, a Batch job definition, what submitit is "
+                           "handed, or the local run's node commands.")
 @click.option("--output-dir", "-o", type=_Folder(),
               help="Write the job's files into this folder (atomically) instead of stdout.")
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
@@ -157,7 +179,7 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     from . import api
     _need_aws_sdk(backend)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
-    plan = api.plan(spec)
+    plan = api.plan(spec, backend)
     if output_dir is None:
         click.echo(plan.text, nl=False)
         return
@@ -174,146 +196,258 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
 @click.option("--no-shellcheck", is_flag=True, help="Skip shellcheck even where it is installed.")
 @click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
               show_default=True, help="Check sbatch scripts, or Batch job definitions.")
+@_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
-          no_shellcheck: bool, backend: str) -> None:
+          no_shellcheck: bool, backend: str, as_json: bool) -> None:
     """Dry-run every recipe at 1, 2, 4, ... 128 nodes: render, shellcheck, optionally
     `sbatch --test-only`. Exits 1 if anything failed."""
     from . import check as checking
     _need_aws_sdk(backend)
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
                           shellcheck=not no_shellcheck, backend=backend)  # type: ignore[arg-type]
-    click.echo(report.table())
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        click.echo(report.table())
     if report.failed:
         raise SystemExit(1)
 
 
+_endpoint_option = click.option(
+    "--endpoint-url", metavar="URL", type=TEXT,
+    help="Batch: an AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or AWS's own.")
+
+
+def _submit_options(func: F) -> F:
+    """The options of a submission (defined once: `submit` and its alias `batch submit`)."""
+    for option in reversed((
+        click.option("--wait", is_flag=True,
+                     help="Follow the job until it ends; exit with its status."),
+        click.option("--poll", type=_Seconds(), metavar="SECONDS",
+                     help="How often --wait asks the scheduler (default: 2 s Slurm, 15 s "
+                          "Batch)."),
+        click.option("--queue", type=TEXT,
+                     help="Batch: the job queue (default: the site's batch.job_queue)."),
+        _endpoint_option,
+        click.option("--dry-run", is_flag=True,
+                     help="Print what would run instead of running it: Slurm, a bash script of "
+                          "the sbatch commands with their scripts (`| bash` submits it); Batch, "
+                          "the RegisterJobDefinition and SubmitJob requests; submitit, its "
+                          "parameters and each node's command. Checks and submits nothing."),
+    )):
+        func = option(func)
+    return func
+
+
 @cli.command()
 @click.argument("recipe")
 @_spec_options
+@_backend_option(SUBMITTED, "Where the job goes: sbatch, an AWS Batch multi-node job, or "
+                            "Slurm through submitit.")
+@click.option("--via", type=click.Choice(["sbatch", "submitit"]), hidden=True,
+              help="Old spelling of --backend slurm|submitit.")
 @click.option("--chain", is_flag=True,
-              help="Compile and train as two jobs; training depends on the compile job (afterok).")
-@click.option("--via", type=click.Choice(["sbatch", "submitit"]), default="sbatch",
-              show_default=True, help="Submit the rendered script, or the same job via submitit.")
-@click.option("--wait", is_flag=True, help="Follow the job until it ends; exit with its status.")
+              help="Slurm: compile and train as two jobs; training depends on the compile job "
+                   "(afterok).")
 @click.option("--no-check", is_flag=True,
-              help="Submit without first checking, from this host, that the launcher and the "
-                   "trainer are where the site says and that the partition has the nodes.")
-@click.option("--dry-run", is_flag=True,
-              help="Print what would run instead of running it: the sbatch commands with their "
-                   "scripts, as a bash script that submits them (submitit: its parameters and "
-                   "each node's command). Checks nothing, submits nothing.")
+              help="Slurm: submit without first checking, from this host, that the launcher "
+                   "and the trainer are where the site says and that the partition has the "
+                   "nodes.")
+@_submit_options
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-           compile_mode: str, run_name: Optional[str], smoke: bool, chain: bool, via: str,
-           wait: bool, no_check: bool, dry_run: bool) -> None:
-    """Submit RECIPE to Slurm (exactly the script `jobgen render` prints); prints the job id."""
-    from . import api, slurm_client
-    from .backends import slurm
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke)
-    if chain and via == "submitit":
-        raise click.UsageError("--chain is for --via sbatch (submitit runs both passes in "
-                               "one job)")
-    if dry_run:
-        if via == "submitit":
-            import json
+           compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
+           via: Optional[str], chain: bool, no_check: bool, wait: bool, poll: Optional[float],
+           queue: Optional[str], endpoint_url: Optional[str], dry_run: bool) -> None:
+    """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
+    (two for --chain) and records the run for `jobgen runs`."""
+    if via is not None:
+        backend = "submitit" if via == "submitit" else "slurm"
+    _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
+            not no_check, wait, poll, queue, endpoint_url, dry_run)
 
-            from . import submitit_runner
-            click.echo(json.dumps(submitit_runner.dry_run(spec), indent=2))
-        elif chain:
-            click.echo(slurm_client.dry_run([slurm.plan(spec, "compile"),
-                                             slurm.plan(spec, "train")]), nl=False)
-        else:
-            click.echo(slurm_client.dry_run([api.plan(spec)]), nl=False)
+
+def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
+            site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
+            backend: str, chain: bool, check: bool, wait: bool, poll: Optional[float],
+            queue: Optional[str], endpoint_url: Optional[str], dry_run: bool) -> None:
+    import os
+
+    from . import backends, runs
+    if backend != "batch":
+        for given, option in ((queue, "--queue"), (endpoint_url, "--endpoint-url")):
+            if given is not None:
+                raise click.UsageError(f"{option} is for --backend batch")
+    if chain and backend != "slurm":
+        raise click.UsageError(f"--chain is for --backend slurm ({backend} runs both passes in "
+                               "one job)")
+    if backend == "batch":
+        _need_aws_sdk()
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
+    impl = backends.get(backend)
+    options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
+                                     endpoint_url=endpoint_url,
+                                     say=lambda note: click.echo(note, err=True))
+    if dry_run:
+        click.echo(impl.dry_run(spec, options), nl=False)
         return
-    if not no_check:
-        from . import launch
-        unchecked = slurm_client.preflight(spec, launch.for_spec(spec, "slurm"))
-        if unchecked:
-            click.echo(f"not checked from this host: {'; '.join(unchecked)}", err=True)
-    if via == "submitit":
-        from . import submitit_runner
-        job = submitit_runner.submit(spec)
-        click.echo(job.job_id)
-        if wait:
-            results = job.results()
-            click.echo(f"job {job.job_id}: {len(results)} nodes finished: {results}")
-        return
-    if chain:
-        first, second = slurm_client.submit_chain(slurm.plan(spec, "compile"),
-                                                  slurm.plan(spec, "train"))
-        click.echo(f"{first} {second}")
-        job_id = second
-    else:
-        job_id = slurm_client.submit(api.plan(spec))
-        click.echo(job_id)
+    done = impl.submit(spec, options)
+    for note in done.notes:
+        click.echo(note, err=True)
+    click.echo(" ".join(done.job_ids))
+    run_dir = spec.run_dir if backend == "batch" else os.path.abspath(spec.run_dir)
+    site_ref = site if site is None or not ("/" in site or site.endswith((".yaml", ".yml"))) \
+        else os.path.abspath(site)
+    record = runs.Run(name=spec.run_name, backend=backend, job_id=done.job_id,
+                      recipe=spec.recipe.name, nodes=spec.nodes, site=site_ref or "",
+                      run_dir=run_dir, submitted=runs.now(), jobs=done.job_ids,
+                      smoke=spec.smoke, endpoint_url=endpoint_url, queue=done.queue)
+    warning = runs.record(record)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
     if wait:
-        final = slurm_client.wait(job_id, on_change=lambda m: click.echo(m, err=True))
-        raise SystemExit(0 if final.state == "COMPLETED" else 1)
+        ref = backends.JobRef(done.job_id, record, site, endpoint_url)
+        default_poll = 15.0 if backend == "batch" else 2.0
+        raise SystemExit(impl.wait(ref, lambda m: click.echo(m, err=True),
+                                   poll if poll is not None else default_poll))
 
 
 @cli.command()
 @click.argument("recipe")
 @_spec_options
+@click.option("--dry-run", is_flag=True,
+              help="Print each emulated node's command and environment; run nothing.")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-        compile_mode: str, run_name: Optional[str], smoke: bool) -> None:
+        compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from . import local_runner
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "local")
+    if dry_run:
+        from . import backends
+        click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
+        return
     raise SystemExit(local_runner.run(spec, emit=click.echo))
 
 
+def _job_options(func: F) -> F:
+    """How a submitted job is named and where to ask about it (status, logs, cancel, and their
+    `jobgen batch` aliases)."""
+    func = _endpoint_option(func)
+    return click.option("--site", type=TEXT,
+                        help="Batch: site profile (region, log group; default: the run's, "
+                             "else local).")(func)
+
+
+def _job(ref: str, backend: Optional[str], site: Optional[str],
+         endpoint_url: Optional[str]) -> tuple[Any, Any]:
+    """(the backend, the job) for REF: a run name or a job id jobgen recorded (its backend comes
+    from the record), else a job id of `backend` (default slurm)."""
+    from . import backends, runs
+    if not ref.strip():
+        raise click.UsageError("the job must not be empty (a run name or a job id)")
+    found = runs.find(ref)
+    if found is not None:
+        if backend is not None and backend != found.scheduler:
+            raise ConfigError(f"{ref}: recorded as a {found.backend} job, not {backend}")
+        name = found.scheduler
+        job_id = found.job_id if ref == found.name else ref
+    else:   # Batch job ids are UUIDs; Slurm's are numbers
+        uuid = re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}(#\d+)?", ref)
+        name, job_id = backend or ("batch" if uuid else "slurm"), ref
+    if name == "batch":
+        _need_aws_sdk()
+    elif endpoint_url is not None:
+        raise click.UsageError("--endpoint-url is for Batch jobs")
+    return backends.get(name), backends.JobRef(job_id, found, site, endpoint_url)
+
+
+_job_backend = click.option("--backend", type=click.Choice(["slurm", "batch"]),
+                            help="Whose job id this is, for ids jobgen did not record "
+                                 "(default: slurm).")
+
+
 @cli.command()
-@click.argument("job_id")
-def status(job_id: str) -> None:
-    """The state of a Slurm job (from the controller, or from accounting once it ended)."""
-    from . import slurm_client
-    for line in slurm_client.status_lines(job_id):
+@click.argument("job")
+@_job_backend
+@_job_options
+@_json_option
+def status(job: str, backend: Optional[str], site: Optional[str],
+           endpoint_url: Optional[str], as_json: bool) -> None:
+    """The state of JOB (a run name or a job id): Slurm's from the controller, or from
+    accounting once it ended; Batch's for the job and each node."""
+    impl, ref = _job(job, backend, site, endpoint_url)
+    if as_json:
+        data = impl.status(ref)
+        data["run"] = ref.run.as_dict() if ref.run else None
+        _echo_json(data)
+        return
+    for line in impl.status_lines(ref):
         click.echo(line)
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job")
+@click.option("--node", type=click.IntRange(min=0),
+              help="One node's logs: Slurm, its compile and training logs of every restart "
+                   "(from the run folder); Batch, its CloudWatch stream. Default: the job's "
+                   "output (Slurm), the main node (Batch).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-def logs(job_id: str, follow: bool) -> None:
-    """The job's output file (all nodes' launchers write through it; per-node logs are under
-    RUN_DIR/logs/JOB_ID/)."""
-    from . import slurm_client
-    path = slurm_client.log_path(job_id)
-    if follow:
-        slurm_client.follow(path, job_id, lambda text: click.echo(text, nl=False))
-        return
-    if not path.exists():
-        raise click.ClickException(f"{path}: not written yet")
-    click.echo(path.read_text(encoding="utf-8", errors="replace"), nl=False)
+@_job_backend
+@_job_options
+def logs(job: str, node: Optional[int], follow: bool, backend: Optional[str],
+         site: Optional[str], endpoint_url: Optional[str]) -> None:
+    """The logs of JOB (a run name or a job id)."""
+    impl, ref = _job(job, backend, site, endpoint_url)
+    impl.logs(ref, node, follow, lambda text: click.echo(text, nl=False))
 
 
 @cli.command()
-@click.argument("job_id")
-def cancel(job_id: str) -> None:
-    """Cancel a Slurm job (scancel); a job that already ended is left alone."""
-    from . import slurm_client
-    click.echo(slurm_client.cancel(job_id))
+@click.argument("job")
+@_job_backend
+@_job_options
+def cancel(job: str, backend: Optional[str], site: Optional[str],
+           endpoint_url: Optional[str]) -> None:
+    """Cancel JOB (a run name or a job id); a job that already ended is left alone."""
+    impl, ref = _job(job, backend, site, endpoint_url)
+    click.echo(impl.cancel(ref))
 
 
-# --- AWS Batch ----------------------------------------------------------------------------------
+@cli.command("runs")
+@click.option("--last", type=click.IntRange(min=1), default=20, show_default=True,
+              help="How many of the newest submissions.")
+@click.option("--no-state", is_flag=True, help="Do not ask the schedulers for the states.")
+@_json_option
+def runs_cmd(last: int, no_state: bool, as_json: bool) -> None:
+    """The jobs jobgen submitted from this account (newest last): run name, backend, job id,
+    recipe, nodes, state (asked of the scheduler now), run folder."""
+    from . import backends, runs
+    rows = []
+    for run in runs.load()[-last:]:
+        row = run.as_dict()
+        if not no_state:
+            try:
+                impl = backends.get(run.scheduler)
+                row["state"] = impl.status(backends.JobRef(run.job_id, run))["state"]
+            except JobgenError as exc:
+                row["state"], row["state_error"] = "?", printable(str(exc))
+        rows.append(row)
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        from .runs import RECORD, state_dir
+        click.echo(f"no runs recorded in {state_dir() / RECORD}", err=True)
+        return
+    columns = ["name", "backend", "job_id", "recipe", "nodes", "state", "submitted", "run_dir"]
+    if no_state:
+        columns.remove("state")
+    table = [columns] + [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    for line in table:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
 
-_endpoint_option = click.option(
-    "--endpoint-url", metavar="URL", type=TEXT,
-    help="AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or AWS's own.")
 
-
-def _aws_options(func: F) -> F:
-    """--site (region, log group) and --endpoint-url, for the commands on a Batch job."""
-    func = _endpoint_option(func)
-    return click.option("--site", type=TEXT,
-                        help="Site profile (region, log group; default: local).")(func)
-
-
-def _batch_client(site: Optional[str], endpoint_url: Optional[str]) -> Any:
-    from . import batch_client
-    from . import site as sites
-    return batch_client.client(sites.load(site), endpoint_url)
-
+# --- AWS Batch: `jobgen batch ...` are aliases of the commands above with --backend batch ----
 
 def _need_aws_sdk(backend: str = "batch") -> None:
     """Without the [batch] extra, one line naming it (exit 2) before anything is written."""
@@ -324,7 +458,8 @@ def _need_aws_sdk(backend: str = "batch") -> None:
 
 @cli.group("batch")
 def batch_group() -> None:
-    """AWS Batch multi-node jobs: submit, follow, inspect, cancel; validate job definitions."""
+    """AWS Batch multi-node jobs (aliases of submit/status/logs/cancel with --backend batch);
+    validate job definitions."""
     from .batch_client import require_sdk
     require_sdk("jobgen batch")
 
@@ -332,77 +467,51 @@ def batch_group() -> None:
 @batch_group.command("submit")
 @click.argument("recipe")
 @_spec_options
-@click.option("--queue", type=TEXT, help="Job queue (default: the site's batch.job_queue).")
-@click.option("--wait", is_flag=True, help="Follow the nodes' states; exit with the job's status.")
-@click.option("--poll", type=_Seconds(), default=15.0, show_default=True, metavar="SECONDS",
-              help="How often --wait asks Batch.")
-@_endpoint_option
-@click.option("--dry-run", is_flag=True,
-              help="Print the AWS Batch requests that would be made (RegisterJobDefinition "
-                   "unless an ACTIVE revision has the same content, then SubmitJob) as JSON; "
-                   "calls nothing.")
+@_submit_options
 def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                  site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
-                 queue: Optional[str], wait: bool, poll: float,
+                 wait: bool, poll: Optional[float], queue: Optional[str],
                  endpoint_url: Optional[str], dry_run: bool) -> None:
-    """Register RECIPE's job definition (only if it changed) and submit it; prints the job id."""
-    import json
-
-    from . import api, batch_client
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "batch")
-    jd = json.loads(api.plan(spec).text)   # exactly what `jobgen render --backend batch` prints
-    queue = queue or (spec.site.batch.job_queue if spec.site.batch else None)
-    if not queue:
-        raise ConfigError(f"site {spec.site.name}: no batch.job_queue; pass --queue")
-    if dry_run:
-        click.echo(json.dumps(batch_client.dry_run(jd, queue=queue, nodes=spec.nodes,
-                                                   run_name=spec.run_name), indent=2))
-        return
-    batch = batch_client.client(spec.site, endpoint_url)
-    job = batch_client.submit(batch, jd, queue=queue, nodes=spec.nodes, run_name=spec.run_name)
-    how = "registered" if job.definition.registered else "reusing unchanged"
-    click.echo(f"{how} {job.definition.arn}; submitted {job.job_name} to {queue}", err=True)
-    click.echo(job.job_id)
-    if wait:
-        raise SystemExit(batch_client.wait(batch, job.job_id, poll_s=poll,
-                                           echo=lambda m: click.echo(m, err=True)))
+    """`jobgen submit --backend batch`: register RECIPE's job definition (only if it changed)
+    and submit it; prints the job id."""
+    _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "batch", False,
+            True, wait, poll, queue, endpoint_url, dry_run)
 
 
 @batch_group.command("status")
-@click.argument("job_id")
-@_aws_options
-def batch_status(job_id: str, site: Optional[str], endpoint_url: Optional[str]) -> None:
-    """The job's state, then each node's: state, exit code, log stream, reason."""
-    from . import batch_client
-    for line in batch_client.status(_batch_client(site, endpoint_url), job_id):
-        click.echo(line)
+@click.argument("job")
+@_job_options
+@_json_option
+@click.pass_context
+def batch_status(ctx: click.Context, job: str, site: Optional[str],
+                 endpoint_url: Optional[str], as_json: bool) -> None:
+    """`jobgen status --backend batch`: the job's state, then each node's."""
+    ctx.invoke(status, job=job, backend="batch", site=site, endpoint_url=endpoint_url,
+               as_json=as_json)
 
 
 @batch_group.command("logs")
-@click.argument("job_id")
+@click.argument("job")
 @click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
               help="Node index (0 is the main node).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-@_aws_options
-def batch_logs(job_id: str, node: int, follow: bool, site: Optional[str],
+@_job_options
+@click.pass_context
+def batch_logs(ctx: click.Context, job: str, node: int, follow: bool, site: Optional[str],
                endpoint_url: Optional[str]) -> None:
-    """A node's CloudWatch log events."""
-    from . import batch_client
-    from . import site as sites
-    profile = sites.load(site)
-    batch_client.logs(batch_client.client(profile, endpoint_url),
-                      batch_client.client(profile, endpoint_url, "logs"), job_id, node=node,
-                      follow=follow, echo=click.echo,
-                      default_group=profile.batch.log_group if profile.batch else "/aws/batch/job")
+    """`jobgen logs --backend batch`: a node's CloudWatch log events."""
+    ctx.invoke(logs, job=job, node=node, follow=follow, backend="batch", site=site,
+               endpoint_url=endpoint_url)
 
 
 @batch_group.command("cancel")
-@click.argument("job_id")
-@_aws_options
-def batch_cancel(job_id: str, site: Optional[str], endpoint_url: Optional[str]) -> None:
-    """Cancel a queued job, terminate a started one; a finished job is left alone."""
-    from . import batch_client
-    click.echo(batch_client.cancel(_batch_client(site, endpoint_url), job_id))
+@click.argument("job")
+@_job_options
+@click.pass_context
+def batch_cancel(ctx: click.Context, job: str, site: Optional[str],
+                 endpoint_url: Optional[str]) -> None:
+    """`jobgen cancel --backend batch`: cancel a queued job, terminate a started one."""
+    ctx.invoke(cancel, job=job, backend="batch", site=site, endpoint_url=endpoint_url)
 
 
 @batch_group.command("validate")

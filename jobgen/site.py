@@ -50,6 +50,15 @@ class Setup:
 
 
 @dataclass(frozen=True)
+class CpuInstance:
+    """The CPU instance type that runs `--smoke` rehearsals on Batch (a site fact: it must be
+    in one of the queue's compute environments), and what a container may take of it."""
+    instance_type: str
+    vcpus: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
 class BatchSite:
     job_queue: Optional[str] = None
     images: Optional[dict[str, str]] = None  # platform name -> image URI
@@ -67,6 +76,7 @@ class BatchSite:
     payload_dir: Optional[str] = None    # payload/ inside the image (default /opt/jobgen/payload)
     entrypoint: str = "/opt/jobgen/entrypoint.sh"
     rendezvous_timeout_s: int = 900      # how long nodes wait for each other before failing
+    smoke: Optional[CpuInstance] = None  # where `--smoke` jobs run (no accelerators needed)
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,9 @@ def load(ref: Optional[str] = None) -> Site:
         numbers += [("batch.timeout_hours", site.batch.timeout_hours, 1),
                     ("batch.max_nodes", site.batch.max_nodes, 0),
                     ("batch.rendezvous_timeout_s", site.batch.rendezvous_timeout_s, 1)]
+        if site.batch.smoke is not None:
+            numbers += [("batch.smoke.vcpus", site.batch.smoke.vcpus, 1),
+                        ("batch.smoke.memory_mib", site.batch.smoke.memory_mib, 512)]
     for key, number, least in numbers:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")

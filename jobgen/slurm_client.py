@@ -2,6 +2,7 @@
 cancel by job id. Everything here runs Slurm's own commands; nothing is rendered here."""
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shutil
@@ -9,7 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from .errors import ConfigError, RemoteError
 from .plan import Plan
@@ -208,49 +209,159 @@ class JobState:
         return self.state in FINISHED
 
 
+def _text(value: Any) -> str:
+    """A field of Slurm's JSON as text: v0.0.38 gives strings and numbers; later versions give
+    lists of flags (job_state) and {"set", "number"} objects for numbers."""
+    if isinstance(value, list):
+        return ",".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        if "number" in value:
+            return "" if value.get("set") is False else _text(value["number"])
+        if "return_code" in value or "signal" in value:   # an exit code object
+            code = _text(value.get("return_code", ""))
+            sig = value.get("signal") or {}
+            number = _text(sig.get("id", sig.get("signal_id", 0)) if isinstance(sig, dict)
+                           else sig) or "0"
+            return f"{code or 0}:{number}"
+        return ""
+    return "" if value is None else str(value)
+
+
+def _exit_code(value: Any) -> str:
+    """EXIT:SIGNAL as scontrol and sacct print it: squeue's v0.0.38 JSON gives the wait status
+    as a number (exit << 8 | signal); accounting and later versions give an object."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value >> 8}:{value & 0x7F}"
+    return _text(value)
+
+
+def _json(argv: Sequence[str]) -> Optional[list[dict[str, Any]]]:
+    """The `jobs` of a Slurm command's --json output; None where this Slurm has no --json (then
+    the text output is parsed instead)."""
+    try:
+        out = _run([*argv, "--json"])
+    except RemoteError as exc:
+        if any(w in str(exc) for w in ("unrecognized option", "invalid option", "--json")):
+            return None
+        raise
+    try:
+        jobs = json.loads(out).get("jobs")
+    except (ValueError, AttributeError):
+        return None
+    return jobs if isinstance(jobs, list) else None
+
+
+def _squeue(job_id: str) -> Optional[JobState]:
+    """The job as the controller knows it, from `squeue --json` (all of the job's fields, paths
+    with spaces included); None when the controller no longer knows it."""
+    jobs = _json(["squeue", "--jobs", job_id.split("_")[0], "--states", "all"])
+    if jobs is None:
+        fields = _scontrol_fields(job_id)
+        if fields is None:
+            return None
+        return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""),
+                        fields.get("ExitCode", ""), fields.get("NodeList", ""),
+                        fields.get("Restarts", ""), fields.get("StdOut", ""))
+    for job in jobs:
+        if _text(job.get("job_id")) == job_id.split("_")[0]:
+            out = _text(job.get("standard_output"))
+            workdir = _text(job.get("current_working_directory"))
+            return JobState(job_id, _text(job.get("job_state")) or "UNKNOWN",
+                            _text(job.get("state_reason")), _exit_code(job.get("exit_code")),
+                            _text(job.get("nodes")), _text(job.get("restart_cnt")),
+                            _expand_output(out, job, workdir))
+    return None
+
+
+def _expand_output(path: str, job: dict[str, Any], workdir: str) -> str:
+    """squeue shows the --output pattern (%x-%j.out); scontrol showed the file: expand the
+    patterns jobgen's scripts use, relative to the job's working directory."""
+    if not path:
+        return ""
+    path = path.replace("%x", _text(job.get("name"))).replace("%j", _text(job.get("job_id")))
+    return path if path.startswith("/") or not workdir else posixpath.join(workdir, path)
+
+
+_SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9:/_]*)=")
+
+
 def _scontrol_fields(job_id: str) -> Optional[dict[str, str]]:
+    """`scontrol show job -o` (Slurm without --json): a value runs up to the next ` Key=`, so
+    that a path with spaces is read whole."""
     try:
         text = _run(["scontrol", "show", "job", "-o", job_id])
     except RemoteError as exc:
         if "Invalid job id" in str(exc):
             return None
         raise
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    marks = list(_SCONTROL_KEY.finditer(line))
     fields: dict[str, str] = {}
-    for token in re.findall(r"(\w+)=(\S*)", text):
-        fields.setdefault(token[0], token[1])
+    for mark, following in zip(marks, marks[1:] + [None]):
+        end = following.start() if following is not None else len(line)
+        fields.setdefault(mark.group(1), line[mark.end():end].strip())
     return fields
 
 
-def state(job_id: str) -> JobState:
-    """The job's state from the controller, or from accounting once the controller forgot it."""
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise RemoteError(f"{job_id!r} is not a Slurm job id")
-    fields = _scontrol_fields(job_id)
-    if fields is not None:
-        return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""),
-                        fields.get("ExitCode", ""), fields.get("NodeList", ""),
-                        fields.get("Restarts", ""), fields.get("StdOut", ""))
-    try:
+def _sacct(job_id: str) -> Optional[JobState]:
+    jobs = _json(["sacct", "-j", job_id, "-X"])
+    if jobs is None:
         rows = _run(["sacct", "-j", job_id, "-X", "-P", "-n", "-o",
                      "JobID,State,ExitCode,NodeList"]).strip().splitlines()
+        if not rows:
+            return None
+        _, st, code, nodes = (rows[-1].split("|") + ["", "", "", ""])[:4]
+        return JobState(job_id, st.split()[0], "", code, nodes)
+    found = [j for j in jobs if _text(j.get("job_id")) == job_id.split("_")[0]]
+    if not found:
+        return None
+    job = found[-1]
+    state_field = job.get("state") or {}
+    st = _text(state_field.get("current") if isinstance(state_field, dict) else state_field)
+    reason = _text(state_field.get("reason")) if isinstance(state_field, dict) else ""
+    return JobState(job_id, st.split()[0] if st else "UNKNOWN",
+                    "" if reason == "None" else reason, _exit_code(job.get("exit_code")),
+                    _text(job.get("nodes")))
+
+
+def state(job_id: str) -> JobState:
+    """The job's state from the controller, or from accounting once the controller forgot it
+    (Slurm's JSON output where it has one)."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise RemoteError(f"{job_id!r} is not a Slurm job id")
+    live = _squeue(job_id)
+    if live is not None:
+        return live
+    try:
+        ended = _sacct(job_id)
     except RemoteError:
-        rows = []
-    if not rows:
+        ended = None
+    if ended is None:
         raise RemoteError(f"job {job_id} is unknown to the controller and to accounting")
-    _, st, code, nodes = (rows[-1].split("|") + ["", "", "", ""])[:4]
-    return JobState(job_id, st.split()[0], "", code, nodes)
+    return ended
+
+
+def status(job_id: str) -> dict[str, Any]:
+    """The job's state as data (`jobgen status --json`)."""
+    st = state(job_id)
+    return {"backend": "slurm", "job_id": st.job_id, "state": st.state,
+            "finished": st.finished, "reason": "" if st.reason == "None" else st.reason,
+            "exit_code": st.exit_code if st.finished else "",
+            "nodes": "" if st.nodes == "(null)" else st.nodes,
+            "restarts": int(st.restarts) if st.restarts.isdigit() else 0,
+            "output": st.stdout}
 
 
 def status_lines(job_id: str) -> list[str]:
-    st = state(job_id)
-    line = f"job {st.job_id}: {st.state}"
-    extras = [f"reason {st.reason}" if st.reason and st.reason != "None" else "",
-              # scontrol shows ExitCode=0:0 for a job still pending or running: not an exit yet
-              f"exit {st.exit_code}" if st.exit_code and st.finished else "",
-              f"nodes {st.nodes}" if st.nodes and st.nodes != "(null)" else "",
-              f"restarts {st.restarts}" if st.restarts and st.restarts != "0" else ""]
+    st = status(job_id)
+    line = f"job {st['job_id']}: {st['state']}"
+    # scontrol shows ExitCode=0:0 for a job still pending or running: not an exit yet
+    extras = [f"reason {st['reason']}" if st["reason"] else "",
+              f"exit {st['exit_code']}" if st["exit_code"] else "",
+              f"nodes {st['nodes']}" if st["nodes"] else "",
+              f"restarts {st['restarts']}" if st["restarts"] else ""]
     return [line + "".join(f", {e}" for e in extras if e)] + (
-        [f"output {st.stdout}"] if st.stdout else [])
+        [f"output {st['output']}"] if st["output"] else [])
 
 
 def cancel(job_id: str) -> str:
@@ -285,16 +396,33 @@ def log_path(job_id: str) -> Path:
     return Path(st.stdout)
 
 
-def follow(path: Path, job_id: str, emit: Callable[[str], None], poll: float = 1.0) -> None:
-    """Print the file as it grows until the job ends (like `tail -f` that knows when to stop)."""
-    offset = 0
+def node_logs(folder: Path, node: int) -> list[Path]:
+    """Node `node`'s logs of one job (`RUN_DIR/logs/JOB_ID/restart-N/node-K/{compile,train}.log`,
+    written by payload/common/job_flow.sh): every restart's, oldest first."""
+    def restart(path: Path) -> int:
+        number = path.name.partition("-")[2]
+        return int(number) if number.isdigit() else -1
+    found = []
+    for attempt in sorted(folder.glob("restart-*"), key=restart):
+        found += [f for f in (attempt / f"node-{node}" / "compile.log",
+                              attempt / f"node-{node}" / "train.log") if f.is_file()]
+    return found
+
+
+def follow(files: Callable[[], list[Path]], job_id: str, emit: Callable[[str], None],
+           poll: float = 1.0) -> None:
+    """Print the files as they grow (and as new ones appear) until the job ends, like
+    `tail -f` that knows when to stop."""
+    offsets: dict[Path, int] = {}
     while True:
         done = state(job_id).finished
-        if path.exists():
+        for path in files():
+            if not path.exists():
+                continue
             with path.open("r", encoding="utf-8", errors="replace") as fh:
-                fh.seek(offset)
+                fh.seek(offsets.get(path, 0))
                 chunk = fh.read()
-                offset = fh.tell()
+                offsets[path] = fh.tell()
             if chunk:
                 emit(chunk)
         if done:

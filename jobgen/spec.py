@@ -18,12 +18,62 @@ from .recipe import Recipe
 from .site import Site
 
 IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
-SMOKE_WORKERS_PER_NODE = 1
 # The smoke model and run (`--smoke`): small enough that a 2-node rehearsal on a laptop finishes
 # in seconds; long enough to show warmup, several checkpoints and a resume.
 SMOKE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 256,
          "seq_length": 32, "vocab_size": 512, "micro_batch_size": 2, "max_steps": 24,
          "checkpoint_every": 4, "max_predictions": 5, "samples": 256}
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """What a `--smoke` job trains instead of the recipe's model, resolved once (`rehearsal`):
+    one CPU process per node, a tiny model of the recipe's family, unsharded; the recipe's
+    optimizer and schedule shape on the rehearsal's scale. Everything that differs from the
+    real job reads it from here."""
+    family: str
+    trainer: str                 # the program, relative to payload/
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    seq_length: int
+    vocab_size: int
+    micro_batch_size: int
+    max_steps: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    lr: float
+    min_lr: float
+    warmup_steps: int            # GPT rehearsals (BERT's program takes fractions of the run:)
+    warmup_fraction: float
+    constant_fraction: float
+    decay_steps: int             # the decay ends where the recipe's does, as a fraction
+    max_predictions: int         # BERT: masked positions per sequence
+    samples: int                 # BERT: the generated shard's sequences
+    gradient_accumulation: int = 1
+    workers_per_node: int = 1    # one CPU process per node
+    model_parallel: int = 1      # the tiny model is not sharded
+    device: str = "cpu"
+
+
+def rehearsal(recipe: Recipe) -> Rehearsal:
+    s, steps = recipe.schedule, SMOKE["max_steps"]
+    bert = recipe.model.family == "bert"
+    return Rehearsal(
+        family=recipe.model.family,
+        trainer="habana_deepspeed/pretrain_bert.py" if bert else "smoke/train.py",
+        num_layers=SMOKE["num_layers"], hidden_size=SMOKE["hidden_size"],
+        num_heads=SMOKE["num_heads"], intermediate_size=SMOKE["intermediate_size"],
+        seq_length=SMOKE["seq_length"], vocab_size=SMOKE["vocab_size"],
+        micro_batch_size=SMOKE["micro_batch_size"], max_steps=steps,
+        checkpoint_every=SMOKE["checkpoint_every"],
+        keep_checkpoints=min(recipe.checkpoint.keep, 3),
+        lr=0.001 if bert else 0.003, min_lr=0.0 if bert else 0.0003,
+        warmup_steps=round(0.1 * steps) if bert else 2,
+        warmup_fraction=0.1 if bert else 2 / steps, constant_fraction=0.2 if bert else 0.0,
+        decay_steps=max(2, round(steps * (s.decay_steps or s.max_steps) / s.max_steps)),
+        max_predictions=SMOKE["max_predictions"], samples=SMOKE["samples"])
 CompileMode = Literal["auto", "always", "never"]
 Backend = Literal["slurm", "batch", "local"]
 
@@ -38,6 +88,11 @@ class JobSpec:
     compile_mode: CompileMode = "auto"
     smoke: bool = False
     run_name: str = ""
+    # Set from `smoke` (never by hand): what the rehearsal trains, or None for the real job.
+    rehearsal: Optional[Rehearsal] = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rehearsal", rehearsal(self.recipe) if self.smoke else None)
 
     # --- sizes ---------------------------------------------------------------------------------
     @property
@@ -46,8 +101,10 @@ class JobSpec:
 
     @property
     def workers_per_node(self) -> int:
-        """Ranks per node: the platform's accelerators, or one CPU process in a smoke run."""
-        return SMOKE_WORKERS_PER_NODE if self.smoke else self.platform.workers_per_node
+        """Ranks per node: the platform's accelerators, or the rehearsal's CPU processes."""
+        if self.rehearsal:
+            return self.rehearsal.workers_per_node
+        return self.platform.workers_per_node
 
     @property
     def world_size(self) -> int:
@@ -55,8 +112,8 @@ class JobSpec:
 
     @property
     def model_parallel(self) -> int:
-        if self.smoke:  # the tiny stand-in model is not sharded
-            return 1
+        if self.rehearsal:
+            return self.rehearsal.model_parallel
         return self.recipe.parallelism.tensor * self.recipe.parallelism.pipeline
 
     @property
@@ -65,13 +122,15 @@ class JobSpec:
 
     @property
     def micro_batch_size(self) -> int:
-        return SMOKE["micro_batch_size"] if self.smoke else self.recipe.parallelism.micro_batch_size
+        if self.rehearsal:
+            return self.rehearsal.micro_batch_size
+        return self.recipe.parallelism.micro_batch_size
 
     @property
     def gradient_accumulation(self) -> int:
         par = self.recipe.parallelism
-        if self.smoke:
-            return 1
+        if self.rehearsal:
+            return self.rehearsal.gradient_accumulation
         if par.gradient_accumulation is not None:
             return par.gradient_accumulation
         assert par.global_batch_size is not None
@@ -83,8 +142,20 @@ class JobSpec:
 
     @property
     def tokens_per_step(self) -> int:
-        seq = SMOKE["seq_length"] if self.smoke else self.recipe.model.seq_length
+        seq = self.rehearsal.seq_length if self.rehearsal else self.recipe.model.seq_length
         return self.global_batch_size * seq
+
+    # --- how the scheduler sees it --------------------------------------------------------------
+    @property
+    def job_name(self) -> str:
+        """The scheduler's job name: a rehearsal is told apart in squeue and the Batch console."""
+        return self.recipe.name + ("-smoke" if self.rehearsal else "")
+
+    @property
+    def exclusive(self) -> bool:
+        """Whole nodes for the real job where the site asks for them; a rehearsal's CPU
+        processes share the nodes."""
+        return self.site.slurm.exclusive and self.rehearsal is None
 
     # --- schedule ------------------------------------------------------------------------------
     @property
@@ -154,6 +225,8 @@ class JobSpec:
                 "constant_steps": self.constant_steps,
             },
             "spec": schema.to_plain(self.recipe),
+            # What a --smoke job trains instead of the model above (absent for the real job).
+            **({"rehearsal": dataclasses.asdict(self.rehearsal)} if self.rehearsal else {}),
         }
 
     def content_hash(self) -> str:

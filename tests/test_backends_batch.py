@@ -149,3 +149,23 @@ def test_efa_devices_are_the_site_s_not_the_platform_s(write_site: Callable) -> 
     with pytest.raises(JobgenError, match=r"batch\.efa_interfaces\.dl1\.24xlarge: 5 is not "
                                           r"between 0 and 4"):
         api.plan(api.job_spec("bert1.5b", 8, site=str(site), backend="batch"))
+
+
+def test_smoke_job_runs_on_the_sites_cpu_instance(write_site: Callable) -> None:
+    """A rehearsal needs no accelerator: the site's CPU instance type, no devices, not
+    privileged, a name of its own (so it never replaces the real job's definition)."""
+    spec = api.job_spec("bert1.5b", 2, site="dl1-batch", backend="batch", smoke=True)
+    jd = batch.job_definition(spec)
+    c = container(jd)
+    assert jd["jobDefinitionName"] == "jobgen-bert1-5b-smoke"
+    assert c["instanceType"] == "c5.2xlarge"
+    assert c["resourceRequirements"] == [{"type": "VCPU", "value": "8"},
+                                         {"type": "MEMORY", "value": "15000"}]
+    assert c["privileged"] is False and c["linuxParameters"]["devices"] == []
+    assert c["linuxParameters"]["sharedMemorySize"] == 3750
+    env = {e["name"]: e["value"] for e in c["environment"]}
+    assert env["JOBGEN_SMOKE"] == "1"
+    no_cpu = write_site("dl1-batch", delete=["batch.smoke"])
+    with pytest.raises(JobgenError, match=r"batch\.smoke: no CPU instance type for --smoke"):
+        batch.job_definition(api.job_spec("bert1.5b", 2, site=str(no_cpu), backend="batch",
+                                          smoke=True))

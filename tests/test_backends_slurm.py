@@ -411,3 +411,33 @@ def test_a_script_cut_short_runs_nothing(name: str, tmp_path: Path) -> None:
             assert "jobgen:" not in proc.stderr, cut
             assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.sh"], cut
     assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("name,args", [
+    # BERT on a Slurm cluster of Gaudi nodes (the local site with its payload where an image
+    # would put it, so that no path of this machine is in the file).
+    ("bert-large-2n.sbatch", ("bert-large", "--nodes", "2")),
+    # The rehearsal: a job named apart, sharing its nodes, the tiny model's arguments.
+    ("neox20b-2n-smoke.sbatch", ("neox20b", "--nodes", "2", "--smoke")),
+], ids=["bert-large-2n", "neox20b-2n-smoke"])
+def test_matches_golden_more(jobgen: Callable, golden: Callable, write_site: Callable,
+                             name: str, args: tuple[str, ...]) -> None:
+    site = write_site("local", {"paths.payload_dir": "/opt/jobgen/payload",
+                                "paths.work_dir": "/shared/runs"})
+    golden(Path("slurm") / name, render(jobgen, *args, "--site", str(site)))
+
+
+def test_chain_dry_run_matches_golden(jobgen: Callable, golden: Callable) -> None:
+    """--chain: the two sbatch commands with their scripts, the second after the first."""
+    result = jobgen("submit", "pythia6.9b", "--nodes", "4", "--chain", "--dry-run",
+                    "--site", "trn1-pcluster")
+    assert result.exit_code == 0, result.stderr
+    golden(Path("slurm") / "pythia6.9b-4n-chain.dry-run.sh", result.stdout)
+
+
+def test_smoke_job_is_named_apart_and_shares_its_nodes(jobgen: Callable) -> None:
+    real = render(jobgen, "neox20b", "--nodes", "2")
+    smoke = render(jobgen, "neox20b", "--nodes", "2", "--smoke")
+    assert "#SBATCH --job-name=neox20b\n" in real and "#SBATCH --exclusive\n" in real
+    assert "#SBATCH --job-name=neox20b-smoke\n" in smoke
+    assert "--exclusive" not in smoke

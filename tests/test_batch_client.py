@@ -9,11 +9,13 @@ read at submit time, so the failing-job test uses the in-process server and sets
 """
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -362,7 +364,6 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
     from botocore.stub import Stubber
     _aws_env(monkeypatch, None)
     client = boto3.session.Session(region_name=REGION, **FAKE_KEYS).client("batch")
-    monkeypatch.setattr(batch_client, "RETRY_DELAYS", (0.0, 0.0, 0.0, 0.0))
     with Stubber(client) as stub:
         yield client, stub
         stub.assert_no_pending_responses()
@@ -428,7 +429,7 @@ def test_status_lists_every_node(stubbed: tuple[Any, Any]) -> None:
         node("j1", 1, "FAILED", exitCode=137, logStreamName="jd/default/t1",
              reason="OutOfMemoryError: Container killed due to memory usage")]},
         {"jobs": ["j1#0", "j1#1", "j1#2"]})
-    assert batch_client.status(client, "j1") == [
+    assert batch_client.status_lines(client, "j1") == [
         "j1  bert-large-2n  RUNNING  3 nodes",
         "  node 0 (main): RUNNING  exit -  log jd/default/t0",
         ("  node 1: FAILED  exit 137  log jd/default/t1  "
@@ -437,20 +438,75 @@ def test_status_lists_every_node(stubbed: tuple[Any, Any]) -> None:
     ]
 
 
-def test_throttling_is_retried_then_reported(stubbed: tuple[Any, Any]) -> None:
-    client, stub = stubbed
-    for _ in range(2):
-        stub.add_client_error("describe_jobs", "TooManyRequestsException", "Too Many Requests",
-                              http_status_code=429)
-    stub.add_response("describe_jobs", {"jobs": [job("j1", "RUNNING")]})
-    assert batch_client.describe(client, "j1")["status"] == "RUNNING"
-    for _ in range(5):
-        stub.add_client_error("describe_jobs", "TooManyRequestsException", "Too Many Requests",
-                              http_status_code=429)
+class _Throttling(http.server.BaseHTTPRequestHandler):
+    """A Batch endpoint that answers 429 TooManyRequests `throttle` times, then a job."""
+
+    throttle = 0
+    seen: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).seen.append(self.path)
+        if type(self).throttle > 0:
+            type(self).throttle -= 1
+            body, code = {"message": "Too Many Requests"}, 429
+            extra = {"x-amzn-ErrorType": "TooManyRequestsException"}
+        else:
+            body, code, extra = {"jobs": [job("j1", "RUNNING")]}, 200, {}
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        for key, value in {"Content-Type": "application/json", **extra}.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def throttling(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Throttling)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _aws_env(monkeypatch, None)
+    _Throttling.seen = []
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_throttling_is_retried_by_botocore_then_reported(
+        throttling: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore's own retries (standard mode) over real HTTP: two 429s, then the answer; a
+    user's AWS_MAX_ATTEMPTS is honoured, and running out of attempts is one line."""
+    local = sites.load("local")
+    _Throttling.throttle = 2
+    assert batch_client.describe(batch_client.client(local, throttling), "j1")["status"] \
+        == "RUNNING"
+    assert _Throttling.seen == ["/v1/describejobs"] * 3
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    _Throttling.throttle, _Throttling.seen = 5, []
     with pytest.raises(RemoteError) as info:
-        batch_client.describe(client, "j1")
+        batch_client.describe(batch_client.client(local, throttling), "j1")
     assert str(info.value) == ("AWS Batch DescribeJobs: throttled (TooManyRequestsException) "
-                               "after 5 attempts; try again later")
+                               "after 2 attempts; try again later")
+    assert len(_Throttling.seen) == 2
+
+
+def test_retry_settings_default_and_from_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    _aws_env(monkeypatch, None)
+    local = sites.load("local")
+    made = batch_client.client(local, "http://127.0.0.1:9")
+    assert made.meta.config.retries == {"mode": "standard",
+                                        "total_max_attempts": batch_client.MAX_ATTEMPTS}
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    made = batch_client.client(local, "http://127.0.0.1:9")
+    assert made.meta.config.retries == {"mode": "adaptive", "total_max_attempts": 3}
 
 
 def test_bad_request_parameters_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -711,6 +767,7 @@ _REFUSE_AWS_SDK = '''\
 """Test stand-in for an installation without the [batch] extra: boto3 and botocore cannot be
 imported, as if they were not installed."""
 import sys
+import threading
 
 
 class _NoAwsSdk:

@@ -2,6 +2,7 @@
 in test_errors.py; the scripts' content in test_backends_slurm.py."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -265,3 +266,94 @@ def test_submit_refuses_an_unknown_partition(slurm_cluster: int, tmp_path: Path,
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2, "", "error: site local: slurm.partition: sinfo shows no partition 'nosuch' "
                "(partitions: debug)\n")
+
+
+# --- one command tree: submit/status/logs/cancel --backend, aliases, --json ---------------------
+
+def test_show_json_is_the_same_spec(jobgen: Callable) -> None:
+    as_yaml = yaml.safe_load(jobgen("show", "llama2-7b", "-n", "4").stdout)
+    result = jobgen("show", "llama2-7b", "-n", "4", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == as_yaml
+    assert "rehearsal" not in as_yaml
+
+
+def test_show_smoke_says_what_the_rehearsal_trains(jobgen: Callable) -> None:
+    shown = json.loads(jobgen("show", "llama2-7b", "-n", "2", "--smoke", "--json").stdout)
+    rehearsal = shown["rehearsal"]
+    assert (rehearsal["family"], rehearsal["trainer"], rehearsal["device"]) == (
+        "llama", "smoke/train.py", "cpu")
+    assert (rehearsal["num_layers"], rehearsal["hidden_size"], rehearsal["max_steps"]) == (
+        2, 64, 24)
+    # The derived sizes are the rehearsal's: one CPU process per node, unsharded.
+    derived = shown["derived"]
+    assert (derived["workers_per_node"], derived["model_parallel"], derived["world_size"],
+            derived["global_batch_size"]) == (1, 1, 2, 4)
+    bert = json.loads(jobgen("show", "bert1.5b", "-n", "2", "--smoke", "--json").stdout)
+    assert bert["rehearsal"]["trainer"] == "habana_deepspeed/pretrain_bert.py"
+
+
+def test_check_json(jobgen: Callable) -> None:
+    result = jobgen("check", "--recipe", "pythia6.9b", "--no-shellcheck", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [r["nodes"] for r in report["rows"]] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert report["counts"]["failed"] == 0
+    assert report["counts"]["ok"] + report["counts"]["skipped"] == 8
+
+
+def test_batch_submit_is_an_alias_of_submit_backend_batch(jobgen: Callable) -> None:
+    args = ("bert-large", "-n", "2", "--dry-run")
+    one = jobgen("submit", *args, "--backend", "batch")
+    two = jobgen("batch", "submit", *args)
+    assert one.exit_code == 0, one.stderr
+    assert one.stdout == two.stdout
+    calls = json.loads(one.stdout)["calls"]
+    assert [c["operation"] for c in calls] == ["RegisterJobDefinition", "SubmitJob"]
+    assert calls[0]["request"] == json.loads(jobgen("render", "bert-large", "-n", "2",
+                                                    "--backend", "batch").stdout)
+
+
+def test_via_submitit_is_kept_as_the_old_spelling(jobgen: Callable) -> None:
+    one = jobgen("submit", "pythia6.9b", "-n", "2", "--smoke", "--dry-run", "--via",
+                 "submitit")
+    two = jobgen("submit", "pythia6.9b", "-n", "2", "--smoke", "--dry-run", "--backend",
+                 "submitit")
+    assert one.exit_code == 0, one.stderr
+    assert one.stdout == two.stdout == jobgen("render", "pythia6.9b", "-n", "2", "--smoke",
+                                              "--backend", "submitit").stdout
+    assert json.loads(one.stdout)["submitit"]["parameters"]["name"] == "pythia6.9b-smoke"
+
+
+@pytest.mark.parametrize("args,said", [
+    (("--queue", "q"), "--queue is for --backend batch"),
+    (("--endpoint-url", "http://127.0.0.1:9"), "--endpoint-url is for --backend batch"),
+    (("--backend", "batch", "--chain"), "--chain is for --backend slurm (batch runs both "
+                                        "passes in one job)"),
+    (("--backend", "submitit", "--chain"), "--chain is for --backend slurm (submitit runs "
+                                           "both passes in one job)"),
+])
+def test_submit_options_of_another_backend_are_refused(jobgen: Callable, args: tuple[str, ...],
+                                                       said: str) -> None:
+    result = jobgen("submit", "bert-large", "-n", "2", "--dry-run", *args)
+    assert result.exit_code == 2
+    assert said in result.stderr
+
+
+def test_run_dry_run_prints_each_nodes_command(jobgen: Callable) -> None:
+    result = jobgen("run", "neox20b", "-n", "2", "--smoke", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    nodes = json.loads(result.stdout)["nodes"]
+    assert [n["env"]["JOBGEN_NODE_RANK"] for n in nodes] == ["0", "1"]
+    assert nodes[0]["argv"][:3] == ["bash", nodes[0]["argv"][1], "node"]
+    assert nodes[0]["argv"][1].endswith("payload/common/job_flow.sh")
+
+
+def test_a_batch_job_id_goes_to_batch(jobgen: Callable) -> None:
+    """A UUID that jobgen did not record is a Batch job id (Slurm's are numbers)."""
+    result = jobgen("status", "6a7c3f1e-0000-4000-8000-000000000001", "--site", "local",
+                    "--endpoint-url", "not a url")
+    assert result.exit_code == 2
+    assert "--endpoint-url: 'not a url' is not an endpoint URL" in result.stderr
+    result = jobgen("status", "123", "--endpoint-url", "http://127.0.0.1:9")
+    assert result.exit_code == 2 and "--endpoint-url is for Batch jobs" in result.stderr

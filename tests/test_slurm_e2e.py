@@ -662,7 +662,7 @@ def test_cli_submit_status_logs_cancel(cluster: int, tmp_path: Path, jobgen: Cal
     assert re.fullmatch(r"\d+\n", proc.stdout), f"submit printed {proc.stdout!r}"
     job = Job(proc.stdout.strip(), tmp_path, run_name, port, started, "cli")
     SUBMITTED.append(job.job_id)
-    out_file = tmp_path / f"neox20b-{job.job_id}.out"
+    out_file = tmp_path / f"neox20b-smoke-{job.job_id}.out"   # smoke jobs are named so
 
     def running() -> Optional[list[str]]:
         result = jobgen("status", job.job_id)

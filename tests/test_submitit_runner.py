@@ -43,4 +43,5 @@ def test_dry_run_prints_the_node_command(jobgen: Callable) -> None:
 def test_chain_is_refused_through_submitit(jobgen: Callable) -> None:
     result = jobgen("submit", "neox20b", "--chain", "--via", "submitit", "--dry-run")
     assert result.exit_code == 2
-    assert "--chain is for --via sbatch" in result.stderr
+    assert "--chain is for --backend slurm (submitit runs both passes in one job)" \
+        in result.stderr

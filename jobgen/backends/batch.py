@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Optional
 
 from .. import launch, node
 from ..errors import ConfigError
 from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
+from . import Echo, JobRef, SubmitOptions, Submitted
 
 # Retry what the infrastructure broke (a host that went away, an image that could not be pulled
 # or started); exit on everything else, which is the training's own failure. First match wins.
@@ -36,7 +37,7 @@ def entrypoint_args(lau: launch.Launch) -> list[str]:
 
 def definition_name(spec: JobSpec) -> str:
     """Batch names allow letters, digits, '-' and '_' only (no '.')."""
-    return "jobgen-" + re.sub(r"[^A-Za-z0-9_-]", "-", spec.recipe.name)
+    return "jobgen-" + re.sub(r"[^A-Za-z0-9_-]", "-", spec.job_name)
 
 
 def node_environment(spec: JobSpec, lau: launch.Launch) -> list[dict[str, str]]:
@@ -65,6 +66,34 @@ def efa_devices(spec: JobSpec) -> tuple[str, ...]:
     return platform.efa_devices[:count]
 
 
+def _instance(spec: JobSpec) -> dict[str, Any]:
+    """Where each node runs: the platform's instance with its devices, or for a rehearsal the
+    site's CPU instance type with no devices at all."""
+    site, platform = spec.site, spec.platform
+    assert site.batch is not None
+    if spec.rehearsal is not None:
+        cpu = site.batch.smoke
+        if cpu is None:
+            raise ConfigError(f"site {site.name}: batch.smoke: no CPU instance type for --smoke "
+                              "jobs (instance_type, vcpus, memory_mib); a rehearsal needs no "
+                              f"{platform.name}")
+        return {"instanceType": cpu.instance_type,
+                "resourceRequirements": [{"type": "VCPU", "value": str(cpu.vcpus)},
+                                         {"type": "MEMORY", "value": str(cpu.memory_mib)}],
+                "privileged": False,
+                "linuxParameters": {"devices": [], "sharedMemorySize": cpu.memory_mib // 4,
+                                    "initProcessEnabled": True}}
+    devices = [{"hostPath": p, "containerPath": p, "permissions": ["READ", "WRITE", "MKNOD"]}
+               for p in efa_devices(spec) + platform.device_paths]
+    return {"instanceType": platform.name,
+            "resourceRequirements": [{"type": "VCPU", "value": str(platform.batch_vcpus)},
+                                     {"type": "MEMORY", "value": str(platform.batch_memory_mib)}],
+            # Gaudi cards are not mappable devices on Batch; the container must be privileged.
+            "privileged": platform.accelerator == "hpu",
+            "linuxParameters": {"devices": devices, "sharedMemorySize": platform.batch_shm_mib,
+                                "initProcessEnabled": True}}
+
+
 def job_definition(spec: JobSpec) -> dict[str, Any]:
     """The RegisterJobDefinition request for this spec, validated offline (with botocore:
     without the [batch] extra, one line that names it)."""
@@ -77,9 +106,6 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     if not image:
         raise ConfigError(f"site {site.name}: batch.images has no image for {platform.name}")
     lau = launch.for_spec(spec, "batch")
-    efa = efa_devices(spec)
-    devices = [{"hostPath": p, "containerPath": p, "permissions": ["READ", "WRITE", "MKNOD"]}
-               for p in efa + platform.device_paths]
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if site.batch.shared_volume:
@@ -94,14 +120,8 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
         container["jobRoleArn"] = site.batch.job_role_arn
     if site.batch.execution_role_arn:
         container["executionRoleArn"] = site.batch.execution_role_arn
+    container.update(_instance(spec))
     container.update({
-        "instanceType": platform.name,
-        "resourceRequirements": [{"type": "VCPU", "value": str(platform.batch_vcpus)},
-                                 {"type": "MEMORY", "value": str(platform.batch_memory_mib)}],
-        # Gaudi cards are not mappable devices on Batch; the container must be privileged.
-        "privileged": platform.accelerator == "hpu",
-        "linuxParameters": {"devices": devices, "sharedMemorySize": platform.batch_shm_mib,
-                            "initProcessEnabled": True},
         "ulimits": [{"name": "memlock", "softLimit": -1, "hardLimit": -1},
                     {"name": "nofile", "softLimit": 65535, "hardLimit": 65535}],
         "environment": node_environment(spec, lau),
@@ -138,3 +158,77 @@ def plan(spec: JobSpec) -> Plan:
     return Plan(backend="batch", files=(PlannedFile(name, text),), primary=name,
                 submit_argv=("aws", "batch", "register-job-definition", "--cli-input-json",
                              "file://{primary}"))
+
+
+# --- the job once it is submitted -----------------------------------------------------------
+
+def _queue(spec: JobSpec, options: SubmitOptions) -> str:
+    queue = options.queue or (spec.site.batch.job_queue if spec.site.batch else None)
+    if not queue:
+        raise ConfigError(f"site {spec.site.name}: no batch.job_queue; pass --queue")
+    return queue
+
+
+def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
+    """The RegisterJobDefinition and SubmitJob requests `submit` makes, as JSON."""
+    from .. import batch_client
+    request = batch_client.dry_run(job_definition(spec), queue=_queue(spec, options),
+                                   nodes=spec.nodes, run_name=spec.run_name)
+    return json.dumps(request, indent=2) + "\n"
+
+
+def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
+    """Register the definition `jobgen render --backend batch` prints (only if no ACTIVE
+    revision has its content) and submit it."""
+    from .. import batch_client
+    if options.chain:
+        raise ConfigError("--chain is for Slurm (a Batch job runs both passes on its nodes)")
+    queue = _queue(spec, options)
+    batch = batch_client.client(spec.site, options.endpoint_url)
+    job = batch_client.submit(batch, job_definition(spec), queue=queue, nodes=spec.nodes,
+                              run_name=spec.run_name)
+    how = "registered" if job.definition.registered else "reusing unchanged"
+    return Submitted((job.job_id,), (f"{how} {job.definition.arn}; submitted {job.job_name} "
+                                     f"to {queue}",), queue)
+
+
+def _site(ref: JobRef) -> Any:
+    from .. import site as sites
+    if ref.site is not None:
+        return sites.load(ref.site)
+    return sites.load(ref.run.site or None if ref.run else None)
+
+
+def _client(ref: JobRef, service: str = "batch") -> Any:
+    from .. import batch_client
+    endpoint = ref.endpoint_url or (ref.run.endpoint_url if ref.run else None)
+    return batch_client.client(_site(ref), endpoint, service)
+
+
+def wait(ref: JobRef, echo: Echo, poll_s: float = 15.0) -> int:
+    from .. import batch_client
+    return batch_client.wait(_client(ref), ref.job_id, echo=echo, poll_s=poll_s)
+
+
+def status(ref: JobRef) -> dict[str, Any]:
+    from .. import batch_client
+    return batch_client.status(_client(ref), ref.job_id)
+
+
+def status_lines(ref: JobRef) -> list[str]:
+    from .. import batch_client
+    return batch_client.status_lines(_client(ref), ref.job_id)
+
+
+def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
+    """A node's CloudWatch log events (the main node's without `node`)."""
+    from .. import batch_client
+    site = _site(ref)
+    batch_client.logs(_client(ref), _client(ref, "logs"), ref.job_id, node=node or 0,
+                      follow=follow, echo=lambda line: echo(line + "\n"),
+                      default_group=site.batch.log_group if site.batch else "/aws/batch/job")
+
+
+def cancel(ref: JobRef) -> str:
+    from .. import batch_client
+    return batch_client.cancel(_client(ref), ref.job_id)

@@ -3,11 +3,16 @@
 (payload/common/job_flow.sh): it carries values, not decisions."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Callable, Optional
+
 from .. import launch, node
+from ..errors import ConfigError, RemoteError
 from ..node import Passes
 from ..plan import Plan, PlannedFile
 from ..render import render
 from ..spec import JobSpec
+from . import Echo, JobRef, SubmitOptions, Submitted
 
 TEMPLATE = "slurm/job.sbatch.j2"
 
@@ -19,10 +24,10 @@ def plan(spec: JobSpec, passes: Passes = "both") -> Plan:
     contract = node.contract(spec, lau, "slurm", passes=passes)
     text = render(
         TEMPLATE,
-        job_name=recipe.name + ("" if passes == "both" else f"-{passes}"),
+        job_name=spec.job_name + ("" if passes == "both" else f"-{passes}"),
         nodes=spec.nodes,
         cpus_per_task=site.slurm.cpus_per_task,
-        exclusive=site.slurm.exclusive,
+        exclusive=spec.exclusive,
         partition=site.slurm.partition,
         account=site.slurm.account,
         time_limit=recipe.job.time_limit,
@@ -38,3 +43,84 @@ def plan(spec: JobSpec, passes: Passes = "both") -> Plan:
     name = f"{spec.run_name}{'' if passes == 'both' else '-' + passes}.sbatch"
     return Plan(backend="slurm", files=(PlannedFile(name, text, executable=True),),
                 primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))
+
+
+# --- the job once it is submitted -----------------------------------------------------------
+
+def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
+    """A bash script of the sbatch commands `submit` runs (the scripts as here-documents)."""
+    from .. import slurm_client
+    plans = [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
+    return slurm_client.dry_run(plans)
+
+
+def preflight(spec: JobSpec) -> tuple[str, ...]:
+    """What could not be checked from this host (raises at the first failed check)."""
+    from .. import slurm_client
+    unchecked = slurm_client.preflight(spec, launch.for_spec(spec, "slurm"))
+    return (f"not checked from this host: {'; '.join(unchecked)}",) if unchecked else ()
+
+
+def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
+    """sbatch of exactly the script `jobgen render` prints (two dependent jobs with chain)."""
+    from .. import slurm_client
+    check(spec, options)
+    if options.chain:
+        return Submitted(slurm_client.submit_chain(plan(spec, "compile"), plan(spec, "train")))
+    return Submitted((slurm_client.submit(plan(spec)),))
+
+
+def check(spec: JobSpec, options: SubmitOptions) -> None:
+    """The preflight unless --no-check; what it could not check is said before submitting."""
+    if options.check:
+        for note in preflight(spec):
+            (options.say or print)(note)
+
+
+def wait(ref: JobRef, echo: Echo, poll_s: float = 2.0) -> int:
+    from .. import slurm_client
+    final = slurm_client.wait(ref.job_id, poll=poll_s, on_change=echo)
+    return 0 if final.state == "COMPLETED" else 1
+
+
+def status(ref: JobRef) -> dict[str, Any]:
+    from .. import slurm_client
+    return slurm_client.status(ref.job_id)
+
+
+def status_lines(ref: JobRef) -> list[str]:
+    from .. import slurm_client
+    return slurm_client.status_lines(ref.job_id)
+
+
+def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
+    """The job's output file; with `node`, that node's compile and training logs (every
+    restart's, oldest first) from the run folder, which needs the run's record."""
+    from .. import slurm_client
+    if node is None:
+        path = slurm_client.log_path(ref.job_id)
+        files: Callable[[], list[Path]] = lambda: [path]   # noqa: E731
+        if not follow and not path.exists():
+            raise RemoteError(f"{path}: not written yet")
+    else:
+        if ref.run is None:
+            raise ConfigError(f"--node: job {ref.job_id} has no run record (it was not "
+                              "submitted by jobgen here); its nodes' logs are in "
+                              f"RUN_DIR/logs/{ref.job_id}/restart-N/node-K/")
+        if node >= ref.run.nodes:
+            raise ConfigError(f"--node: job {ref.job_id} has {ref.run.nodes} nodes "
+                              f"(0 to {ref.run.nodes - 1})")
+        folder = Path(ref.run.run_dir, "logs", ref.job_id)
+        files = lambda: slurm_client.node_logs(folder, node)   # noqa: E731
+        if not follow and not files():
+            raise RemoteError(f"job {ref.job_id} node {node}: no logs yet in {folder}")
+    if follow:
+        slurm_client.follow(files, ref.job_id, echo)
+        return
+    for path in files():
+        echo(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def cancel(ref: JobRef) -> str:
+    from .. import slurm_client
+    return slurm_client.cancel(ref.job_id)

@@ -1,0 +1,56 @@
+"""The local backend (`jobgen run`): every node of the job as a process group on this machine,
+no scheduler. It runs in the foreground, so there is no job to ask about afterwards: its logs
+are in the run folder (RUN_DIR/logs/local-<time>/)."""
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn, Optional
+
+from ..errors import ConfigError
+from ..plan import Plan, PlannedFile
+from ..spec import JobSpec
+from . import Echo, JobRef, SubmitOptions, Submitted
+
+JOB_ID = "local-{time}"   # what the plan shows for the id `jobgen run` makes when it starts
+
+
+def plan(spec: JobSpec) -> Plan:
+    """Each emulated node's command and the environment it adds."""
+    from .. import local_runner
+    nodes = [{"argv": argv, "env": env} for argv, env in local_runner.node_commands(spec, JOB_ID)]
+    name = f"{spec.run_name}.local.json"
+    return Plan(backend="local", files=(PlannedFile(name, json.dumps(
+        {"nodes": nodes}, indent=2) + "\n"),), primary=name, submit_argv=("jobgen", "run"))
+
+
+def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
+    return plan(spec).text
+
+
+def _foreground(what: str) -> NoReturn:
+    raise ConfigError(f"{what}: the local backend runs in the foreground (`jobgen run`); its "
+                      "nodes' logs are in RUN_DIR/logs/local-<time>/")
+
+
+def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
+    _foreground("submit")
+
+
+def wait(ref: JobRef, echo: Echo, poll_s: float = 1.0) -> int:
+    _foreground("wait")
+
+
+def status(ref: JobRef) -> dict[str, Any]:
+    _foreground("status")
+
+
+def status_lines(ref: JobRef) -> list[str]:
+    _foreground("status")
+
+
+def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
+    _foreground("logs")
+
+
+def cancel(ref: JobRef) -> str:
+    _foreground("cancel")

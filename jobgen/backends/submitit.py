@@ -1,0 +1,57 @@
+"""The submitit backend: the same job as the sbatch script (same node contract, same two-pass
+flow on every node, same restart accounting), handed to Slurm by submitit; once submitted it is
+a Slurm job, so status, logs and cancel are Slurm's."""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from ..errors import ConfigError
+from ..plan import Plan, PlannedFile
+from ..spec import JobSpec
+from . import Echo, JobRef, SubmitOptions, Submitted
+from . import slurm as _slurm
+
+
+def plan(spec: JobSpec) -> Plan:
+    """What submitit is handed: its parameters, and each node's command and environment."""
+    from .. import submitit_runner
+    name = f"{spec.run_name}.submitit.json"
+    text = json.dumps(submitit_runner.dry_run(spec), indent=2) + "\n"
+    return Plan(backend="submitit", files=(PlannedFile(name, text),), primary=name,
+                submit_argv=("jobgen", "submit", "--backend", "submitit"))
+
+
+def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
+    if options.chain:
+        raise ConfigError("--chain is for --backend slurm (submitit runs both passes in one "
+                          "job)")
+    return plan(spec).text
+
+
+def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
+    from .. import submitit_runner
+    if options.chain:
+        dry_run(spec, options)   # the same refusal
+    _slurm.check(spec, options)
+    return Submitted((str(submitit_runner.submit(spec).job_id),))
+
+
+def wait(ref: JobRef, echo: Echo, poll_s: float = 2.0) -> int:
+    return _slurm.wait(ref, echo, poll_s)
+
+
+def status(ref: JobRef) -> dict[str, Any]:
+    return _slurm.status(ref)
+
+
+def status_lines(ref: JobRef) -> list[str]:
+    return _slurm.status_lines(ref)
+
+
+def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
+    _slurm.logs(ref, node, follow, echo)
+
+
+def cancel(ref: JobRef) -> str:
+    return _slurm.cancel(ref)

@@ -1,0 +1,110 @@
+"""The local record of the jobs jobgen submitted, so that a run can be found again by its name.
+
+One JSON object per line in `runs.jsonl`, appended once per submission, in the state folder:
+$JOBGEN_STATE_DIR, else $XDG_STATE_HOME/jobgen, else ~/.local/state/jobgen. The record says where
+a job went (backend, job ids, site, endpoint) and what it is (recipe, nodes, run name, run
+folder); what state it is in is always asked of the scheduler, never stored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import ConfigError
+
+RECORD = "runs.jsonl"
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str                  # the run name (the run folder's name; reruns of it resume)
+    backend: str               # slurm | submitit | batch
+    job_id: str                # the job that trains (the second one of a --chain)
+    recipe: str
+    nodes: int
+    site: str                  # the --site given (a name, or an absolute path), "" for default
+    run_dir: str               # absolute where it is on this host's file systems
+    submitted: str             # UTC, ISO 8601
+    jobs: tuple[str, ...] = ()  # every job id of the submission (compile, train for --chain)
+    smoke: bool = False
+    endpoint_url: Optional[str] = None   # Batch: the --endpoint-url given, if any
+    queue: Optional[str] = None          # Batch: the job queue
+
+    @property
+    def scheduler(self) -> str:
+        """Who answers for the job: submitit's jobs are Slurm jobs."""
+        return "slurm" if self.backend == "submitit" else self.backend
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["jobs"] = list(self.jobs)
+        return data
+
+
+def state_dir() -> Path:
+    if os.environ.get("JOBGEN_STATE_DIR"):
+        return Path(os.environ["JOBGEN_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                           ".local", "state")
+    return Path(base, "jobgen")
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def record(run: Run) -> Optional[str]:
+    """Append `run` to the record (one write of one line, so concurrent submissions do not
+    interleave). Returns a warning instead of raising: the job is already submitted."""
+    folder = state_dir()
+    line = json.dumps(run.as_dict(), sort_keys=True) + "\n"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(folder / RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return (f"job {run.job_id} submitted, but not recorded in {folder / RECORD}: "
+                f"{exc.strerror}; `jobgen runs` will not list it")
+    return None
+
+
+def load() -> list[Run]:
+    """Every recorded submission, oldest first (lines that are not a record are skipped)."""
+    path = state_dir() / RECORD
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    runs: list[Run] = []
+    fields = {f.name for f in dataclasses.fields(Run)}
+    for line in text.splitlines():
+        try:
+            data = json.loads(line)
+            data = {k: v for k, v in data.items() if k in fields}
+            data["jobs"] = tuple(data.get("jobs") or ())
+            runs.append(Run(**data))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return runs
+
+
+def find(ref: str) -> Optional[Run]:
+    """The newest submission named `ref`, or the one with job id `ref`; None if neither."""
+    runs = load()
+    for run in reversed(runs):
+        if run.name == ref:
+            return run
+    for run in reversed(runs):
+        if ref == run.job_id or ref in run.jobs:
+            return run
+    return None
