@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Render timings: prints medians and ratios, asserts nothing (timings belong here, not in tests).
 
-    python benchmarks/render_bench.py [--runs 21]
+    python benchmarks/render_bench.py [--runs 21] [--torchx PATH | --no-torchx]
 
 1. `jobgen render neox20b --nodes 4` as a fresh process (what a user waits for), against
-   `python -c pass` (the interpreter's own start-up) on the same machine.
-2. Rendering the whole `jobgen check` matrix in-process (no shellcheck).
-3. Which heavy modules the render path imports (boto3, botocore, submitit must not appear).
+   `python -c pass` (the interpreter's own start-up) and against torchx's Slurm dry run of a
+   4-node DDP job (`torchx run --dryrun -s slurm dist.ddp -j 4x32`), side by side in one run.
+2. `jobgen render --backend batch` against torchx's AWS Batch dry run (`-s aws_batch`).
+3. Rendering the whole `jobgen check` matrix in-process (no shellcheck).
+4. Which heavy modules the render path imports (boto3, botocore, submitit must not appear).
+
+torchx's Slurm dry run asks the controller (sinfo): run this where one answers (a login node,
+or here with `bash tests/ci/slurm-up.sh`), else it waits for Slurm's timeout.
+torchx is not a dependency of jobgen: unless --torchx names its command, the benchmark installs
+torchx 0.7.0 into its own virtualenv (.venv-torchx, beside the project's) the first time.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -18,20 +26,51 @@ import time
 from pathlib import Path
 
 
+# Commands run as a user's would: Python keeps its compiled modules (.pyc), for jobgen and
+# torchx alike (an environment that sets PYTHONDONTWRITEBYTECODE recompiles them every time).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def wall(argv: list[str], runs: int) -> float:
-    """Median wall time of a command, in milliseconds."""
+    """Median wall time of a command, in milliseconds (one untimed run first)."""
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+                   check=True)
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+                       check=True)
         samples.append((time.perf_counter() - start) * 1000)
     return statistics.median(samples)
+
+
+TORCHX = "torchx==0.7.0"
+
+
+def torchx_command(given: str | None) -> str | None:
+    """torchx's command: the one given, or one in .venv-torchx (made here the first time)."""
+    if given:
+        return given
+    venv = Path(__file__).resolve().parent.parent / ".venv-torchx"
+    exe = venv / "bin" / "torchx"
+    if not exe.exists():
+        print(f"installing {TORCHX} into {venv.name} (once) ...", file=sys.stderr)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", TORCHX], check=True)
+        except subprocess.CalledProcessError as exc:
+            print(f"torchx not installed ({exc}); no ratios", file=sys.stderr)
+            return None
+    return str(exe)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--torchx", help="torchx command to compare with")
+    parser.add_argument("--no-torchx", action="store_true")
     args = parser.parse_args()
+    torchx = None if args.no_torchx else torchx_command(args.torchx)
     py = sys.executable
     jobgen = [py, "-m", "jobgen.cli"]
     script = Path(py).with_name("jobgen")
@@ -46,6 +85,16 @@ def main() -> None:
                              "--site", "local"], args.runs)
     except subprocess.CalledProcessError:
         pass
+
+    tx_slurm = tx_batch = None
+    if torchx:
+        # The same job shape: 4 nodes, one process per accelerator (32 on trn1.32xlarge);
+        # no workspace, so that torchx's AWS Batch dry run does not look for Docker.
+        ddp = ["dist.ddp", "-j", "4x32", "--script", "train.py"]
+        tx_slurm = wall([torchx, "run", "--workspace", "", "--dryrun", "-s", "slurm", *ddp],
+                        args.runs)
+        tx_batch = wall([torchx, "run", "--workspace", "", "--dryrun", "-s", "aws_batch",
+                         "-cfg", "queue=q", *ddp], args.runs)
 
     from jobgen import check
     samples = []
@@ -66,10 +115,17 @@ def main() -> None:
 
     print(f"python -c pass                          median {baseline:7.1f} ms")
     print(f"jobgen render neox20b --nodes 4         median {render:7.1f} ms  "
-          f"({render / baseline:.1f}x python start-up; target <= 120 ms)")
+          f"({render / baseline:.1f}x python start-up)")
     if render_batch is not None:
         print(f"jobgen render neox20b --backend batch   median {render_batch:7.1f} ms  "
               f"({render_batch / baseline:.1f}x python start-up)")
+    if tx_slurm is not None and tx_batch is not None:
+        print(f"torchx run --dryrun -s slurm dist.ddp   median {tx_slurm:7.1f} ms")
+        print(f"torchx run --dryrun -s aws_batch        median {tx_batch:7.1f} ms")
+        print(f"ratio jobgen render / torchx slurm dry run:        {render / tx_slurm:.2f}")
+        if render_batch is not None:
+            print(f"ratio jobgen render --backend batch / torchx aws_batch: "
+                  f"{render_batch / tx_batch:.2f}")
     print(f"check matrix in-process ({rendered} scripts)   median {matrix:7.1f} ms  "
           f"({matrix / max(rendered, 1):.2f} ms per script)")
     heavy = probe.stdout.strip() or "none"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, Optional
 
 from .errors import ConfigError
 
@@ -130,11 +130,40 @@ def multinode_errors(jd: dict[str, Any]) -> None:
             raise ConfigError(f"retryStrategy.evaluateOnExit[{i}].action: must be RETRY or EXIT")
 
 
+def _accepted_entry(jd: dict[str, Any]) -> Optional[str]:
+    """Where the cache (jobgen/cache.py) notes that botocore accepted exactly this definition:
+    keyed by the definition and the installed botocore (its package file's size and time), so
+    an upgraded botocore checks again. None where there is no private cache or no botocore."""
+    import hashlib
+    import importlib.util
+    import json
+    import os
+
+    from . import cache
+    folder = cache.folder("accepted")
+    found = importlib.util.find_spec("botocore")
+    if folder is None or found is None or not found.origin:
+        return None
+    try:
+        st = os.stat(found.origin)
+    except OSError:
+        return None
+    key = json.dumps([found.origin, st.st_size, st.st_mtime_ns, jd], sort_keys=True)
+    return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest())
+
+
 def validate(jd: dict[str, Any], where: str) -> None:
-    """botocore first (shape), then the multi-node rules (meaning)."""
-    problems = botocore_errors(jd)
-    if problems:
-        raise ConfigError(f"{where}: {problems[0]}")
+    """botocore first (shape), then the multi-node rules (meaning). botocore's verdict on a
+    definition it accepted before is remembered (loading its Batch model is most of a Batch
+    render's time); the multi-node rules always run."""
+    from . import cache
+    entry = _accepted_entry(jd)
+    if entry is None or cache.read(entry) != b"accepted":
+        problems = botocore_errors(jd)
+        if problems:
+            raise ConfigError(f"{where}: {problems[0]}")
+        if entry is not None:
+            cache.write(entry, b"accepted")
     try:
         multinode_errors(jd)
     except ConfigError as exc:

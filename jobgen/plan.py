@@ -9,8 +9,6 @@ import contextlib
 import errno
 import os
 import signal
-import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -48,6 +46,8 @@ class Plan:
         name first and is renamed into place only when all of them were written. Modes follow
         the umask (the executable bits for scripts only). SIGINT or SIGTERM while writing
         removes the temporaries, then ends as the signal would (KeyboardInterrupt, exit 143)."""
+        import tempfile  # here: rendering to stdout never needs it
+
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -131,6 +131,8 @@ class _Interruptible:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["_Interruptible"]:
+        import threading
+
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):

@@ -168,11 +168,18 @@ def locate(ref: str) -> tuple[Path, str]:
 def load_yaml(path: Path, shown: str) -> dict[str, Any]:
     """Parse a YAML mapping (YAML 1.2 scalars, no duplicate keys, bounded: jobgen/yaml12.py),
     turning every problem into a one-line ConfigError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read: {exc}") from None
+    cached = _parsed(raw)
+    if cached is not None:
+        return cached
     import yaml
 
     from .yaml12 import YamlError, loads
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
         data = loads(text)
     except yaml.reader.ReaderError as exc:   # a character YAML does not allow (ESC, NUL, ...)
         line = text.count("\n", 0, exc.position) + 1
@@ -191,7 +198,71 @@ def load_yaml(path: Path, shown: str) -> dict[str, Any]:
         raise ConfigError(f"{shown}: cannot read: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: expected a mapping at the top level")
+    _remember(raw, data)
     return data
+
+
+# Parsed recipe and site files, kept in jobgen's private cache (jobgen/cache.py) as JSON under
+# the SHA-256 of the file's bytes: rendering a file already read needs no YAML parser. Only a
+# document that JSON carries exactly (string keys, no NaN) is kept; errors are never cached.
+_PARSER = b"yaml12-v1\0"
+
+
+def _entry(raw: bytes) -> Optional[str]:
+    import hashlib
+    import os
+
+    from . import cache
+    folder = cache.folder("parsed")
+    if folder is None:
+        return None
+    return os.path.join(folder, hashlib.sha256(_PARSER + raw).hexdigest() + ".json")
+
+
+def _parsed(raw: bytes) -> Optional[dict[str, Any]]:
+    import json
+
+    from . import cache
+    entry = _entry(raw)
+    payload = cache.read(entry) if entry else None
+    if payload is None:
+        return None
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _nodes_within(data: Any, limit: int) -> bool:
+    """Whether the document has at most `limit` values once its aliases are expanded (a few
+    aliases can stand for billions: such a document is never written out)."""
+    stack, seen = [data], 0
+    while stack:
+        seen += 1
+        if seen > limit:
+            return False
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def _remember(raw: bytes, data: dict[str, Any]) -> None:
+    import json
+
+    from . import cache
+    if not _nodes_within(data, 20_000):
+        return
+    try:
+        text = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError):
+        return
+    entry = _entry(raw)
+    if entry and repr(json.loads(text)) == repr(data):
+        cache.write(entry, text.encode("utf-8"))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> dict[str, Any]:

@@ -7,15 +7,10 @@ quoted words separated by spaces. Only values already checked against a safe alp
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import json
-import os
 import re
 import shlex
-import stat
-import tempfile
 from typing import Any
 
 from .errors import RenderError
@@ -63,51 +58,19 @@ def sbatch_value(value: Any) -> Verbatim:
     return Verbatim(text)
 
 
-_DIGEST = 32   # bytes of SHA-256 in front of each cached entry
-
-
-def _private_folder(path: str) -> bool:
-    """Whether `path` is a real folder owned by this user that nobody else can write to
-    (creating it so if missing). A folder another user controls could hold planted code."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-            and not st.st_mode & 0o022 and os.access(path, os.W_OK))
-
-
 def _bytecode_cache() -> Any:
     """Compiled templates kept between runs (about a tenth of a render's time); keyed by the
     template's path and checksum, so an edited template is recompiled. None (compile every
-    time) where the folder is not this user's alone.
-
-    Compiled templates are code: each entry is loaded only if it is a regular file owned by this
-    user, not writable by others, and its SHA-256 (stored in front of it) matches; anything else
-    (a corrupt, truncated or planted entry) is ignored and rewritten."""
+    time) where the cache folder is not this user's alone. Compiled templates are code: an entry
+    is loaded only if it passes jobgen/cache.py's checks (owner, mode, SHA-256)."""
     import jinja2
+
+    from . import cache
 
     class CheckedCache(jinja2.FileSystemBytecodeCache):
         def load_bytecode(self, bucket: Any) -> None:
-            name = self._get_cache_filename(bucket)
-            try:
-                fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            except OSError:
-                return
-            try:
-                st = os.fstat(fd)
-                if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()
-                        or st.st_mode & 0o022 or st.st_size > 16 << 20):
-                    return
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    data = f.read()
-            except OSError:
-                return
-            finally:
-                os.close(fd)
-            digest, payload = data[:_DIGEST], data[_DIGEST:]
-            if len(digest) != _DIGEST or hashlib.sha256(payload).digest() != digest:
+            payload = cache.read(self._get_cache_filename(bucket))
+            if payload is None:
                 return
             try:
                 bucket.bytecode_from_string(payload)
@@ -115,22 +78,10 @@ def _bytecode_cache() -> Any:
                 bucket.reset()
 
         def dump_bytecode(self, bucket: Any) -> None:
-            payload = bucket.bytecode_to_string()
-            name = self._get_cache_filename(bucket)
-            tmp = None
-            try:
-                fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
-                with os.fdopen(fd, "wb") as f:   # mkstemp: mode 0600, this user's
-                    f.write(hashlib.sha256(payload).digest() + payload)
-                os.replace(tmp, name)
-            except OSError:   # a cache that cannot be written is no reason to fail a render
-                if tmp is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
+            cache.write(self._get_cache_filename(bucket), bucket.bytecode_to_string())
 
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "jobgen", "templates")
-    return CheckedCache(path) if _private_folder(path) else None
+    path = cache.folder("templates")
+    return CheckedCache(path) if path else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -805,3 +805,30 @@ def test_without_the_batch_extra(tmp_path: Path, args: list[str], needs: str) ->
     assert sorted(tmp_path.rglob("*")) == before
     # The stand-in hides exactly the SDK: with it, the Slurm backend still renders.
     assert _jobgen_process("render", "bert-large", "-n", "2", env=env).returncode == 0
+
+
+@pytest.mark.moto
+def test_runs_and_status_by_run_name(jobgen: Jobgen, moto_url: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobgen submit --backend batch` with --endpoint-url records where the job went, so that
+    `jobgen runs`, `status RUN`, `logs RUN` and `cancel RUN` reach the same endpoint."""
+    _aws_env(monkeypatch, None)    # no AWS_ENDPOINT_URL: only the record knows the endpoint
+    name = run_name()
+    result = jobgen("submit", "bert-large", "-n", "2", "--backend", "batch", "--run-name",
+                    name, "--endpoint-url", moto_url)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    rows = json.loads(jobgen("runs", "--json").stdout)
+    assert [(r["name"], r["backend"], r["job_id"], r["endpoint_url"], r["queue"]) for r in rows] \
+        == [(name, "batch", job_id, moto_url, QUEUE)]
+    assert rows[0]["state"] in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING",
+                                "SUCCEEDED", "FAILED"), rows[0]
+    by_name = json.loads(jobgen("status", name, "--json").stdout)
+    assert (by_name["backend"], by_name["job_id"], by_name["run"]["name"]) == (
+        "batch", job_id, name)
+    assert jobgen("batch", "status", name).stdout == jobgen("status", job_id).stdout
+    table = jobgen("runs").stdout.splitlines()
+    assert table[1].split()[:3] == [name, "batch", job_id]
+    cancelled = jobgen("cancel", name)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert job_id in cancelled.stdout

@@ -206,8 +206,11 @@ def test_signal_while_writing_leaves_no_temporary(tmp_path: Path, sig: int, stat
     (out / "neox20b-4n.sbatch").write_text("previous\n")
     env = dict(os.environ, PYTHONPATH=str(hook), JOBGEN_TEST_PAUSE_DIR=str(out),
                JOBGEN_TEST_PAUSE_MARK=str(mark))
+    # As from an interactive shell: SIGINT at its default even where the test runner was
+    # started in the background (which makes a shell ignore SIGINT in what it starts).
     proc = subprocess.Popen([str(JOBGEN_EXE), "render", "neox20b", "-o", str(out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for _ in range(600):   # up to a minute for the writer to reach the pause
             if mark.exists() and mark.read_text() or proc.poll() is not None:

@@ -685,6 +685,19 @@ def test_cli_submit_status_logs_cancel(cluster: int, tmp_path: Path, jobgen: Cal
 
     wait_until(job, lambda: trainer_pids(job, 0, "compile") and trainer_pids(job, 1, "compile"),
                "the compile pass's trainers", 120, poll=0.2)
+    # The run can be found again: by its name in `jobgen runs`, status and logs.
+    listed = [r for r in json.loads(run_cli(tmp_path, "runs", "--json", env=env).stdout)
+              if r["name"] == run_name]
+    assert len(listed) == 1, listed
+    assert (listed[0]["backend"], listed[0]["job_id"], listed[0]["state"], listed[0]["nodes"],
+            listed[0]["run_dir"]) == ("slurm", job.job_id, "RUNNING", 2, str(job.run_dir))
+    by_name = json.loads(run_cli(tmp_path, "status", run_name, "--json", env=env).stdout)
+    assert (by_name["job_id"], by_name["state"], by_name["run"]["name"]) == (
+        job.job_id, "RUNNING", run_name)
+    node_log = run_cli(tmp_path, "logs", run_name, "--node", "1", env=env)
+    assert node_log.returncode == 0, node_log.stderr
+    assert node_log.stdout and job.node_log(0, 1, "compile").read_text().startswith(
+        node_log.stdout)
     proc = run_cli(tmp_path, "cancel", job.job_id)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"job {job.job_id} cancelled (was RUNNING)\n"

@@ -164,3 +164,51 @@ def test_a_cache_folder_that_is_a_file_or_a_link_is_not_used(tmp_path: Path,
     proc = render(home)
     assert proc.returncode == 0 and proc.stdout == expected
     assert not marker.exists(), "code from a cache reached through a symbolic link ran"
+
+
+# --- parsed recipe/site files and botocore's verdicts share the same checked cache -------------
+
+def test_parsed_file_cache_is_exact_and_checked(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobgen import cache, recipe
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache.folder.cache_clear()
+    path = tmp_path / "r.yaml"
+    path.write_text("a: 041000\nb: [1, 2.5, null, yes]\n")
+    first = recipe.load_yaml(path, "r.yaml")
+    assert first == {"a": 41000, "b": [1, 2.5, None, "yes"]}
+    entries = list((tmp_path / "cache" / "jobgen" / "parsed").iterdir())
+    assert len(entries) == 1
+    assert recipe.load_yaml(path, "r.yaml") == first          # read back from the entry
+    entries[0].write_bytes(b"x" * 32 + b'{"a": "planted"}')    # a checksum that does not match
+    assert recipe.load_yaml(path, "r.yaml") == first
+    path.write_text("a: 1\n")                                 # an edited file is parsed again
+    assert recipe.load_yaml(path, "r.yaml") == {"a": 1}
+    path.write_text("1: x\n")                                 # not JSON-exact: never cached
+    before = set((tmp_path / "cache" / "jobgen" / "parsed").iterdir())
+    assert recipe.load_yaml(path, "r.yaml") == {1: "x"}
+    assert set((tmp_path / "cache" / "jobgen" / "parsed").iterdir()) == before
+    cache.folder.cache_clear()
+
+
+def test_botocore_verdict_is_remembered_only_for_what_it_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobgen import api, batch_rules, cache
+    from jobgen.errors import ConfigError
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache.folder.cache_clear()
+    import json
+    jd = json.loads(api.plan(api.job_spec("bert-large", 2, backend="batch")).text)
+    folder = tmp_path / "cache" / "jobgen" / "accepted"
+    assert [p.name for p in folder.iterdir()] != []   # the render above was accepted
+    calls: list[int] = []
+    monkeypatch.setattr(batch_rules, "botocore_errors", lambda jd: calls.append(1) or [])
+    batch_rules.validate(jd, "x")
+    assert calls == []                                # remembered
+    bad = dict(jd, type="multinode", timeout={"attemptDurationSeconds": "soon"})
+    monkeypatch.setattr(batch_rules, "botocore_errors", lambda jd: ["a bad timeout"])
+    with pytest.raises(ConfigError, match="x: a bad timeout"):
+        batch_rules.validate(bad, "x")                # another definition is checked again
+    with pytest.raises(ConfigError, match="x: a bad timeout"):
+        batch_rules.validate(bad, "x")                # and a refusal is never remembered
+    cache.folder.cache_clear()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, cast
 
-from ..plan import Plan
-from ..runs import Run
-from ..spec import JobSpec
+if TYPE_CHECKING:   # not imported when rendering: only the types are needed here
+    from ..plan import Plan
+    from ..runs import Run
+    from ..spec import JobSpec
 
 BACKENDS = ("slurm", "batch", "submitit", "local")
 SUBMITTED = ("slurm", "batch", "submitit")   # the ones that hand the job to a scheduler
