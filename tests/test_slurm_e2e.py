@@ -694,10 +694,17 @@ def test_cli_submit_status_logs_cancel(cluster: int, tmp_path: Path, jobgen: Cal
     by_name = json.loads(run_cli(tmp_path, "status", run_name, "--json", env=env).stdout)
     assert (by_name["job_id"], by_name["state"], by_name["run"]["name"]) == (
         job.job_id, "RUNNING", run_name)
-    node_log = run_cli(tmp_path, "logs", run_name, "--node", "1", env=env)
+    # Node 0's log holds rank 0's events once its compile pass has started (node 1's stays
+    # empty: the smoke trainer writes from rank 0 only).
+    wait_until(job, lambda: job.node_log(0, 0, "compile").exists() and
+               job.node_log(0, 0, "compile").stat().st_size > 0,
+               "node 0's compile log to have lines", 120, poll=0.2)
+    node_log = run_cli(tmp_path, "logs", run_name, "--node", "0", env=env)
     assert node_log.returncode == 0, node_log.stderr
-    assert node_log.stdout and job.node_log(0, 1, "compile").read_text().startswith(
-        node_log.stdout)
+    assert '"event": "start", "phase": "compile"' in node_log.stdout
+    assert job.node_log(0, 0, "compile").read_text().startswith(node_log.stdout)
+    other = run_cli(tmp_path, "logs", run_name, "--node", "1", env=env)
+    assert other.returncode == 0, other.stderr
     proc = run_cli(tmp_path, "cancel", job.job_id)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"job {job.job_id} cancelled (was RUNNING)\n"
