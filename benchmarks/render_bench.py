@@ -25,7 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-
 # Commands run as a user's would: Python keeps its compiled modules (.pyc), for jobgen and
 # torchx alike (an environment that sets PYTHONDONTWRITEBYTECODE recompiles them every time).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
