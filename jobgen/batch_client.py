@@ -16,10 +16,10 @@ import re
 import time
 import urllib.parse
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from .errors import ConfigError, JobgenError, RemoteError
+from .record import record
 from .site import REGION_RE, Site
 
 Echo = Callable[[str], None]
@@ -231,7 +231,7 @@ def _first_line(text: str) -> str:
 
 # --- job definitions and submission --------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record
 class Definition:
     arn: str
     registered: bool   # False: an ACTIVE revision with the same content hash was reused
@@ -266,7 +266,7 @@ def job_name(run_name: str) -> str:
     return (name or "jobgen")[:128]
 
 
-@dataclass(frozen=True)
+@record
 class Submitted:
     job_id: str
     job_name: str

@@ -134,22 +134,16 @@ def _accepted_entry(jd: dict[str, Any]) -> Optional[str]:
     """Where the cache (jobgen/cache.py) notes that botocore accepted exactly this definition:
     keyed by the definition and the installed botocore (its package file's size and time), so
     an upgraded botocore checks again. None where there is no private cache or no botocore."""
-    import hashlib
-    import importlib.util
     import json
     import os
 
     from . import cache
     folder = cache.folder("accepted")
-    found = importlib.util.find_spec("botocore")
-    if folder is None or found is None or not found.origin:
+    botocore = cache.stamp("botocore")
+    if folder is None or botocore is None:
         return None
-    try:
-        st = os.stat(found.origin)
-    except OSError:
-        return None
-    key = json.dumps([found.origin, st.st_size, st.st_mtime_ns, jd], sort_keys=True)
-    return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest())
+    key = json.dumps([botocore, jd], sort_keys=True)
+    return os.path.join(folder, cache.sha256(key.encode()).hexdigest())
 
 
 def validate(jd: dict[str, Any], where: str) -> None:

@@ -1,21 +1,40 @@
-"""jobgen's private cache ($XDG_CACHE_HOME/jobgen, else ~/.cache/jobgen): compiled templates
-and parsed recipe and site files, so that `jobgen render` does not compile or parse what it
-already did. Nothing here is trusted blindly: a folder is used only if it is this user's alone,
-and an entry only if it is a regular file of this user's that nobody else can write, with the
-SHA-256 of its content stored in front of it. Anything else is ignored (and rewritten). A cache
-that cannot be written is never a reason to fail."""
+"""jobgen's private cache ($XDG_CACHE_HOME/jobgen, else ~/.cache/jobgen): compiled templates,
+parsed recipe and site files and rendered scripts, so that `jobgen render` does not compile,
+parse or render what it already did. Nothing here is trusted blindly: a folder is used only if
+it is this user's alone, and an entry only if it is a regular file of this user's that nobody
+else can write, with the SHA-256 of its content stored in front of it. Anything else is ignored
+(and rewritten). A cache that cannot be written is never a reason to fail. JOBGEN_CACHE=off
+turns it off."""
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import stat
-import tempfile
-from typing import Optional
+from typing import Any, Optional
 
 DIGEST = 32                 # bytes of SHA-256 in front of each entry
 MAX_ENTRY = 16 << 20
+
+
+def _sha256_type() -> Any:
+    """SHA-256 from CPython's own module where it has one (hashlib's import loads OpenSSL, a
+    noticeable part of a render's start-up), else hashlib's."""
+    for module in ("_sha2", "_sha256"):     # Python 3.12+, 3.11
+        try:
+            return __import__(module).sha256
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+    return hashlib.sha256
+
+
+sha256 = _sha256_type()
+
+
+def enabled() -> bool:
+    """JOBGEN_CACHE=off turns the whole cache off (every run compiles, parses and renders)."""
+    return os.environ.get("JOBGEN_CACHE", "").strip().lower() not in ("off", "0", "no", "false")
 
 
 def _private_folder(path: str) -> bool:
@@ -32,7 +51,10 @@ def _private_folder(path: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def folder(kind: str) -> Optional[str]:
-    """The cache folder for `kind` ("templates", "parsed"), or None where it is not private."""
+    """The cache folder for `kind` ("templates", "parsed", ...), or None where it is not private
+    or the cache is turned off."""
+    if not enabled():
+        return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.join(base, "jobgen", kind)
     return path if _private_folder(path) else None
@@ -56,20 +78,54 @@ def read(path: str) -> Optional[bytes]:
     finally:
         os.close(fd)
     digest, payload = data[:DIGEST], data[DIGEST:]
-    if len(digest) != DIGEST or hashlib.sha256(payload).digest() != digest:
+    if len(digest) != DIGEST or sha256(payload).digest() != digest:
         return None
     return payload
 
 
 def write(path: str, payload: bytes) -> None:
     """Write an entry atomically (a temporary file of mode 0600, renamed into place)."""
+    import tempfile  # only a write needs it (a warm render writes nothing)
+
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
-            f.write(hashlib.sha256(payload).digest() + payload)
+            f.write(sha256(payload).digest() + payload)
         os.replace(tmp, path)
     except OSError:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def stamp(package: str) -> Optional[list[object]]:
+    """Which installed copy of `package` this is, without importing it: its file's path, size
+    and modification time (an upgrade changes them). Part of the key of anything the package's
+    code decided; None where it is not installed."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec(package)
+        if found is None or not found.origin:
+            return None
+        st = os.stat(found.origin)
+    except (ImportError, ValueError, OSError):
+        return None
+    return [found.origin, st.st_size, st.st_mtime_ns]
+
+
+def prune(folder: str, keep: int) -> None:
+    """Keep the `keep` most recently written entries of a folder whose entries have unbounded
+    keys (rendered scripts): called after a write, so the folder stays small."""
+    try:
+        with os.scandir(folder) as it:
+            entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path)
+                       for e in it if e.is_file(follow_symlinks=False)]
+    except OSError:
+        return
+    if len(entries) <= keep:
+        return
+    entries.sort()
+    for _, path in entries[:len(entries) - keep // 2]:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

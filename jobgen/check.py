@@ -10,20 +10,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Optional
 
 from . import api
 from . import recipe as recipe_module
 from .errors import ConfigError, JobgenError, RuleError
+from .record import record
 from .spec import Backend
 
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
 SHELLCHECK_ARGS = ("-S", "warning", "-s", "bash", "-f", "gcc")
 
 
-@dataclass
+@record(frozen=False)
 class Row:
     recipe: str
     nodes: int
@@ -32,7 +33,7 @@ class Row:
     script: Optional[str] = None
 
 
-@dataclass
+@record(frozen=False)
 class Report:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

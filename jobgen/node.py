@@ -10,10 +10,11 @@ are added on the node by the executor; they are listed in ``NODE_FACTS``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Literal, Optional
 
 from .payloads import Launch, compile_cache_env, compile_key, env_block
+from .record import record
 from .spec import JobSpec
 
 Executor = Literal["slurm", "batch", "submitit", "local"]
@@ -30,7 +31,7 @@ NODE_FACTS = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class NodeContract:
     """The job-wide variables (name: the environment variable; doc: the field's comment)."""
     MASTER_PORT: str                  # the rendezvous port (recipe job.master_port)

@@ -8,22 +8,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .errors import JobgenError
+from .record import record
 
 
-@dataclass(frozen=True)
+@record
 class PlannedFile:
     name: str
     content: str
     executable: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     backend: str
     files: tuple[PlannedFile, ...]
@@ -75,7 +74,7 @@ class Plan:
         except OSError as exc:
             raise JobgenError(f"{directory}: cannot write: {exc.strerror}") from None
         except _Signalled as sig:
-            if sig.signum == signal.SIGINT:
+            if sig.signum == 2:     # SIGINT (the signal module is imported only to write)
                 raise KeyboardInterrupt from None
             raise SystemExit(128 + sig.signum) from None
         finally:
@@ -131,6 +130,7 @@ class _Interruptible:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["_Interruptible"]:
+        import signal
         import threading
 
         previous: dict[int, Any] = {}

@@ -2,13 +2,14 @@
 backends read its worker count, devices and network interfaces from here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+from .record import record
 
 PlatformName = Literal["trn1.32xlarge", "dl1.24xlarge"]
 
 
-@dataclass(frozen=True)
+@record
 class Platform:
     name: str
     accelerator: Literal["neuron", "hpu"]

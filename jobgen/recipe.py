@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
 from . import schema
 from .errors import ConfigError, printable
 from .platforms import PLATFORM_NAMES, PlatformName
+from .record import record
 from .resources import RECIPES_DIR
 
 PayloadName = Literal["neuron_nemo", "neuronx_distributed", "habana_deepspeed"]
 
 
-@dataclass(frozen=True)
+@record
 class Model:
     family: Literal["gpt_neox", "llama", "bert"]
     num_layers: int
@@ -48,7 +48,7 @@ class Model:
     layer_norm_large_model: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class Parallelism:
     micro_batch_size: int
     tensor: int = 1
@@ -61,7 +61,7 @@ class Parallelism:
     gradient_accumulation: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@record
 class LrScaling:
     """The learning rate as a stated function of the node count (BERT 1.5B: 0.0015 at 8 nodes,
     0.003 at 16): lr = base_lr * (nodes / base_nodes) for rule `linear`."""
@@ -69,7 +69,7 @@ class LrScaling:
     rule: Literal["linear", "sqrt", "none"] = "linear"
 
 
-@dataclass(frozen=True)
+@record
 class Optim:
     name: Literal["adamw", "lamb"]
     lr: float
@@ -83,7 +83,7 @@ class Optim:
     no_decay: Optional[tuple[str, ...]] = None
 
 
-@dataclass(frozen=True)
+@record
 class Schedule:
     name: Literal["cosine", "linear"]
     max_steps: int
@@ -95,7 +95,7 @@ class Schedule:
     decay_steps: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@record
 class Data:
     path: str  # relative paths are under the site's data_dir
     vocab_file: Optional[str] = None
@@ -104,7 +104,7 @@ class Data:
     splits: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@record
 class Checkpoint:
     # Exactly one trigger: every N optimizer steps, or every N seconds of training.
     every_steps: Optional[int] = None
@@ -112,12 +112,12 @@ class Checkpoint:
     keep: int = 3
 
 
-@dataclass(frozen=True)
+@record
 class Compile:
     steps: int = 3
 
 
-@dataclass(frozen=True)
+@record
 class Job:
     max_restarts: int = 10
     master_port: int = 41000
@@ -125,7 +125,7 @@ class Job:
     log_every_steps: int = 1
 
 
-@dataclass(frozen=True)
+@record
 class Recipe:
     name: str
     description: str
@@ -209,14 +209,13 @@ _PARSER = b"yaml12-v1\0"
 
 
 def _entry(raw: bytes) -> Optional[str]:
-    import hashlib
     import os
 
     from . import cache
     folder = cache.folder("parsed")
     if folder is None:
         return None
-    return os.path.join(folder, hashlib.sha256(_PARSER + raw).hexdigest() + ".json")
+    return os.path.join(folder, cache.sha256(_PARSER + raw).hexdigest() + ".json")
 
 
 def _parsed(raw: bytes) -> Optional[dict[str, Any]]:

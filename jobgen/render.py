@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shlex
-from typing import Any
+from typing import Any, Optional
 
 from .errors import RenderError
 from .resources import TEMPLATES_DIR
@@ -106,8 +107,83 @@ def _environment() -> Any:
     return env
 
 
+class _Uncacheable(Exception):
+    """A context value whose rendering the cache key cannot capture (rendered without cache)."""
+
+
+def _canonical(value: Any) -> Any:
+    """A context value as JSON that keeps every distinction a template or `shell_quote` makes:
+    Verbatim from str, bool from int, tuple from list, the order of a mapping."""
+    if isinstance(value, Verbatim):
+        return ["v", str(value)]
+    if isinstance(value, str):
+        return ["s", value] if type(value) is str else _refuse(value)
+    if isinstance(value, bool):
+        return ["b", value]
+    if isinstance(value, int):
+        return ["i", value] if type(value) is int else _refuse(value)
+    if isinstance(value, float):
+        return ["f", repr(value)]
+    if value is None:
+        return ["n"]
+    if type(value) in (list, tuple):
+        return ["l" if type(value) is list else "t", [_canonical(v) for v in value]]
+    if type(value) is dict and all(type(k) is str for k in value):
+        return ["d", [[k, _canonical(v)] for k, v in value.items()]]
+    return _refuse(value)
+
+
+def _refuse(value: Any) -> Any:
+    raise _Uncacheable(type(value).__name__)
+
+
+_KEEP_RENDERED = 256
+
+
+def _rendered_entry(template: str, context: dict[str, Any]) -> Optional[str]:
+    """Where the output of this template with exactly this context is kept: keyed by the
+    context, every template's text, this module's code (the filters) and the installed Jinja.
+    None where the cache is off or a value cannot be keyed."""
+    from . import cache
+    folder = cache.folder("rendered")
+    jinja = cache.stamp("jinja2")
+    if folder is None or jinja is None:
+        return None
+    digest = cache.sha256()
+    try:
+        digest.update(json.dumps([template, jinja, _canonical(context)]).encode())
+        for name in sorted(str(p.relative_to(TEMPLATES_DIR)) for p in TEMPLATES_DIR.rglob("*")
+                           if p.is_file()):
+            digest.update(b"\0" + name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes())
+        with open(__file__, "rb") as f:
+            digest.update(b"\0" + f.read())
+    except (_Uncacheable, OSError, ValueError):
+        return None
+    return os.path.join(folder, digest.hexdigest())
+
+
 def render(template: str, **context: Any) -> str:
-    """Render a template by name; errors name the template and line."""
+    """Render a template by name; errors name the template and line. A rendering done before
+    with the same inputs is read from jobgen's private cache (no Jinja import at all); errors
+    are never cached."""
+    from . import cache
+
+    entry = _rendered_entry(template, context)
+    if entry is not None:
+        kept = cache.read(entry)
+        if kept is not None:
+            try:
+                return kept.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+    text = _render(template, context)
+    if entry is not None:
+        cache.write(entry, text.encode("utf-8"))
+        cache.prune(os.path.dirname(entry), _KEEP_RENDERED)
+    return text
+
+
+def _render(template: str, context: dict[str, Any]) -> str:
     import jinja2
 
     try:

@@ -11,16 +11,16 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from . import record as _record
 from .errors import ConfigError
 
 RECORD = "runs.jsonl"
 
 
-@dataclass(frozen=True)
+@_record.record
 class Run:
     name: str                  # the run name (the run folder's name; reruns of it resume)
     backend: str               # slurm | submitit | batch

@@ -4,13 +4,13 @@ the upstream trainer checkouts live. `local` is the embedded default that works 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
 from . import schema
 from .errors import ConfigError
 from .recipe import load_yaml
+from .record import record
 from .resources import PAYLOAD_DIR, SITES_DIR
 
 DEFAULT_SITE = "local"
@@ -18,7 +18,7 @@ DEFAULT_SITE = "local"
 REGION_RE = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
 
-@dataclass(frozen=True)
+@record
 class SlurmSite:
     cpus_per_task: int
     max_nodes: int
@@ -33,7 +33,7 @@ class SlurmSite:
     platforms: Optional[tuple[str, ...]] = None
 
 
-@dataclass(frozen=True)
+@record
 class Paths:
     work_dir: str                            # run directories: logs, checkpoints, experiments
     data_dir: str                            # recipes' relative data paths are under this
@@ -44,12 +44,12 @@ class Paths:
     nxd_llama_dir: Optional[str] = None      # neuronx-distributed .../tp_zero1_llama_hf_pretrain
 
 
-@dataclass(frozen=True)
+@record
 class Setup:
     activate: Optional[str] = None  # a virtualenv's bin/activate, sourced before anything runs
 
 
-@dataclass(frozen=True)
+@record
 class CpuInstance:
     """The CPU instance type that runs `--smoke` rehearsals on Batch (a site fact: it must be
     in one of the queue's compute environments), and what a container may take of it."""
@@ -58,7 +58,7 @@ class CpuInstance:
     memory_mib: int
 
 
-@dataclass(frozen=True)
+@record
 class BatchSite:
     job_queue: Optional[str] = None
     images: Optional[dict[str, str]] = None  # platform name -> image URI
@@ -79,7 +79,7 @@ class BatchSite:
     smoke: Optional[CpuInstance] = None  # where `--smoke` jobs run (no accelerators needed)
 
 
-@dataclass(frozen=True)
+@record
 class Site:
     name: str
     description: str

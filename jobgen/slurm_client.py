@@ -8,12 +8,12 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from .errors import ConfigError, RemoteError
 from .plan import Plan
+from .record import record
 
 if TYPE_CHECKING:
     from .payloads import Launch
@@ -74,8 +74,9 @@ def dry_run(plans: Sequence[Plan]) -> str:
     """What `jobgen submit` runs for `plans` (one job, or the two of a chain), as a bash script
     that does exactly that: each sbatch command with its script on stdin, printing the job ids
     as `jobgen submit` does."""
-    import hashlib
     import shlex
+
+    from .cache import sha256
 
     lines = ["#!/bin/bash",
              "# What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).",
@@ -83,7 +84,7 @@ def dry_run(plans: Sequence[Plan]) -> str:
     ids: list[str] = []
     for i, plan in enumerate(plans, 1):
         # A here-document delimiter that the script cannot contain: its own hash.
-        end = "JOBGEN_SCRIPT_" + hashlib.sha256(plan.text.encode()).hexdigest()[:16]
+        end = "JOBGEN_SCRIPT_" + sha256(plan.text.encode()).hexdigest()[:16]
         extra = after("${job_%d%%%%;*}" % (i - 1)) if ids else []
         argv = " ".join(shlex.quote(a) for a in sbatch_argv()) + "".join(
             f' "{a}"' if "$" in a else f" {shlex.quote(a)}" for a in extra)
@@ -96,7 +97,7 @@ def dry_run(plans: Sequence[Plan]) -> str:
 
 # --- what can be checked from the submission host before submitting ----------------------------
 
-@dataclass(frozen=True)
+@record
 class Needed:
     """A file (or folder) the job needs on the nodes, as the site names it."""
     path: str    # absolute, or relative to the submission directory (as on the nodes)
@@ -194,7 +195,7 @@ def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> lis
     return unchecked
 
 
-@dataclass(frozen=True)
+@record
 class JobState:
     job_id: str
     state: str

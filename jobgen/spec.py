@@ -4,17 +4,17 @@ node count) computed once and the parallelism arithmetic checked before anything
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import posixpath
-from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from . import schema
+from .cache import sha256
 from .errors import ConfigError, RuleError
 from .platforms import PLATFORMS, Platform
 from .recipe import Recipe
+from .record import record
 from .site import Site
 
 IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
@@ -25,7 +25,7 @@ SMOKE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size"
          "checkpoint_every": 4, "max_predictions": 5, "samples": 256}
 
 
-@dataclass(frozen=True)
+@record
 class Rehearsal:
     """What a `--smoke` job trains instead of the recipe's model, resolved once (`rehearsal`):
     one CPU process per node, a tiny model of the recipe's family, unsharded; the recipe's
@@ -78,7 +78,7 @@ CompileMode = Literal["auto", "always", "never"]
 Backend = Literal["slurm", "batch", "local"]
 
 
-@dataclass(frozen=True)
+@record
 class JobSpec:
     recipe: Recipe
     source: str          # the recipe file as named in messages
@@ -232,7 +232,7 @@ class JobSpec:
     def content_hash(self) -> str:
         """A short hash of everything that shapes the job (used in tags and markers)."""
         blob = json.dumps(self.as_dict(), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+        return sha256(blob).hexdigest()[:12]
 
 
 def _positive(where: str, key: str, value: Optional[float]) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from . import launch, node
 from .errors import ConfigError
+from .record import record
 from .spec import JobSpec
 
 # What submitit's job gets when the recipe sets no job.time_limit (Slurm's partition default
@@ -21,7 +21,7 @@ from .spec import JobSpec
 DEFAULT_TIMEOUT_MIN = 60 * 24 * 3
 
 
-@dataclass(frozen=True)
+@record
 class NodeTask:
     """Everything a node needs, resolved on the submitting machine (picklable, no jobgen
     objects): the flow, its arguments, and the node's environment from the job."""

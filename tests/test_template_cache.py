@@ -1,6 +1,7 @@
 """The compiled-template cache (~/.cache/jobgen/templates, or under XDG_CACHE_HOME) holds code
-that a render executes. A corrupt entry must never break rendering, and an entry someone else
-could have written must never run. Each test renders in a fresh process (the Jinja environment
+that a render executes; the rendered-script cache (rendered/) holds what a render prints. A
+corrupt entry must never break rendering, and an entry someone else could have written must
+never run. Each test renders in a fresh process (the Jinja environment
 is built once per process), and compares with a render that used no cache at all."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import marshal
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +20,13 @@ RENDER = "from jobgen import api; print(api.plan(api.job_spec('neox20b', 4)).tex
 SHA = 32   # jobgen's digest in front of each entry
 
 
-def render(cache_home: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
+def render(cache_home: Path, keep_rendered: bool = False,
+           **env_vars: str) -> subprocess.CompletedProcess[str]:
+    """Render in a fresh process. The rendered-script cache is emptied first unless asked to
+    keep it (a script rendered before would otherwise be read back without Jinja at all)."""
+    if not keep_rendered:
+        shutil.rmtree(cache_home / "jobgen" / "rendered", ignore_errors=True)
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home), **env_vars)
     return subprocess.run([sys.executable, "-c", RENDER], capture_output=True, text=True,
                           env=env, timeout=120, check=False)
 
@@ -212,3 +219,91 @@ def test_botocore_verdict_is_remembered_only_for_what_it_accepted(
     with pytest.raises(ConfigError, match="x: a bad timeout"):
         batch_rules.validate(bad, "x")                # and a refusal is never remembered
     cache.folder.cache_clear()
+
+
+# --- rendered scripts (rendered/): a warm render reads the script back without Jinja ---------
+
+WHICH = ("import sys; from jobgen import api; t = api.plan(api.job_spec('neox20b', 4)).text; "
+         "print('jinja2' in sys.modules, len(t))")
+
+
+def rendered(cache_home: Path) -> list[Path]:
+    return sorted((cache_home / "jobgen" / "rendered").glob("*"))
+
+
+def test_a_warm_render_reads_the_script_back_without_jinja(tmp_path: Path, expected: str) -> None:
+    home = tmp_path / "cache"
+    env = dict(os.environ, XDG_CACHE_HOME=str(home))
+    first = subprocess.run([sys.executable, "-c", WHICH], capture_output=True, text=True,
+                           env=env, check=True)
+    second = subprocess.run([sys.executable, "-c", WHICH], capture_output=True, text=True,
+                            env=env, check=True)
+    assert first.stdout.split()[0] == "True" and second.stdout.split()[0] == "False"
+    assert len(rendered(home)) == 1
+    assert render(home, keep_rendered=True).stdout == expected
+    assert rendered(home)[0].stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "flipped byte", "others can write",
+                                    "a folder"])
+def test_a_damaged_rendered_script_is_rendered_again(tmp_path: Path, expected: str,
+                                                     damage: str) -> None:
+    home = tmp_path / "cache"
+    assert render(home, keep_rendered=True).returncode == 0
+    (entry,) = rendered(home)
+    data = entry.read_bytes()
+    if damage == "garbage":
+        entry.write_bytes(os.urandom(len(data)))
+    elif damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "flipped byte":
+        entry.write_bytes(data[:-10] + bytes([data[-10] ^ 0xFF]) + data[-9:])
+    elif damage == "others can write":   # a well-formed entry with other content, mode 0666
+        payload = b"#!/bin/bash\necho planted\n"
+        entry.write_bytes(hashlib.sha256(payload).digest() + payload)
+        entry.chmod(0o666)
+    else:
+        entry.unlink()
+        entry.mkdir()
+    proc = render(home, keep_rendered=True)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == expected
+
+
+def test_an_edited_template_or_another_value_is_rendered_afresh(tmp_path: Path) -> None:
+    """The key holds every template's text and every value: an edit shows at once."""
+    from jobgen.resources import ROOT
+    project = tmp_path / "project"
+    for part in ("recipes", "templates", "payload", "env"):
+        shutil.copytree(ROOT / part, project / part)
+    home = tmp_path / "cache"
+    before = render(home, keep_rendered=True, JOBGEN_HOME=str(project)).stdout
+    assert before.startswith("#!/bin/bash") and len(rendered(home)) == 1
+    template = project / "templates" / "slurm" / "job.sbatch.j2"
+    template.write_text(template.read_text() + "# edited\n")
+    edited = render(home, keep_rendered=True, JOBGEN_HOME=str(project)).stdout
+    assert edited == before + "# edited\n"
+    env = dict(os.environ, XDG_CACHE_HOME=str(home), JOBGEN_HOME=str(project))
+    eight = subprocess.run([sys.executable, "-c", RENDER.replace(", 4)", ", 8)")],
+                           capture_output=True, text=True, env=env, check=True).stdout
+    assert "#SBATCH --nodes=8" in eight and len(rendered(home)) == 3
+
+
+def test_cache_off_writes_nothing_and_renders_the_same(tmp_path: Path, expected: str) -> None:
+    home = tmp_path / "cache"
+    proc = render(home, JOBGEN_CACHE="off")
+    assert proc.returncode == 0 and proc.stdout == expected
+    assert not (home / "jobgen").exists()
+
+
+def test_the_rendered_folder_stays_bounded(tmp_path: Path) -> None:
+    from jobgen import cache
+    folder = tmp_path / "rendered"
+    folder.mkdir()
+    for i in range(20):
+        path = folder / f"e{i:02d}"
+        path.write_bytes(b"x")
+        os.utime(path, ns=(i * 10**9, i * 10**9))
+    cache.prune(str(folder), keep=10)
+    left = sorted(p.name for p in folder.iterdir())
+    assert left == [f"e{i:02d}" for i in range(15, 20)]   # the newest half of the bound

@@ -5,8 +5,9 @@ run, printed instead), `submit`, and, for the job once submitted, `wait`, `statu
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, cast
+
+from ..record import record
 
 if TYPE_CHECKING:   # not imported when rendering: only the types are needed here
     from ..plan import Plan
@@ -18,7 +19,7 @@ SUBMITTED = ("slurm", "batch", "submitit")   # the ones that hand the job to a s
 Echo = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+@record
 class SubmitOptions:
     chain: bool = False                 # Slurm: compile and training as two dependent jobs
     check: bool = True                  # Slurm: preflight from this host before submitting
@@ -27,7 +28,7 @@ class SubmitOptions:
     say: Optional[Echo] = None          # where to say, as it happens, what was not checked
 
 
-@dataclass(frozen=True)
+@record
 class Submitted:
     job_ids: tuple[str, ...]            # printed on stdout (the last one trains)
     notes: tuple[str, ...] = ()         # said on stderr
@@ -38,7 +39,7 @@ class Submitted:
         return self.job_ids[-1]
 
 
-@dataclass(frozen=True)
+@record
 class JobRef:
     """A submitted job: its id, its record if jobgen submitted it, and where to ask about it."""
     job_id: str

@@ -6,12 +6,12 @@ in the AWS_BATCH_* variables, and the main node's exit status ends the job.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any, Optional
 
 from .. import launch, node
+from ..cache import sha256
 from ..errors import ConfigError
 from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
@@ -144,7 +144,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     }
     # The content hash covers everything above, so an unchanged definition is never registered
     # twice (`jobgen batch submit` looks for an ACTIVE revision carrying this tag).
-    digest = hashlib.sha256(json.dumps(jd, sort_keys=True).encode()).hexdigest()[:16]
+    digest = sha256(json.dumps(jd, sort_keys=True).encode()).hexdigest()[:16]
     jd["tags"]["jobgen:hash"] = digest
     from ..batch_rules import validate
     validate(jd, f"job definition for {spec.source}")

@@ -7,19 +7,20 @@ else (environment, compile key) is common and lives here.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from .. import schema
+from ..cache import sha256
+from ..record import record
 from ..spec import JobSpec
 
 Pass = Literal["compile", "train"]
 
 
-@dataclass(frozen=True)
+@record
 class Launch:
     launcher: str                 # script under payload/, run once per node
     workdir: str                  # the directory the trainer runs in
@@ -35,7 +36,7 @@ class Launch:
         return self.compile_args if which == "compile" else self.train_args
 
 
-@dataclass(frozen=True)
+@record
 class Fixed:
     """A recipe key the trainer takes from elsewhere: only ``value`` is accepted, and ``why``
     says where the trainer gets it (e.g. the vocabulary from the tokenizer files)."""
@@ -43,7 +44,7 @@ class Fixed:
     why: str
 
 
-@dataclass(frozen=True)
+@record
 class Payload:
     name: str
     accelerator: Literal["neuron", "hpu"]     # the platforms it runs on
@@ -91,7 +92,7 @@ def compile_key(spec: JobSpec, lau: Launch) -> str:
         "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,
         "compile_steps": r.compile.steps, "smoke": spec.smoke,
     }, sort_keys=True)
-    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    digest = sha256(blob.encode()).hexdigest()[:16]
     return f"{r.name}-{spec.nodes}n{'-smoke' if spec.smoke else ''}-{digest}"
 
 
