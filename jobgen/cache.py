@@ -115,8 +115,9 @@ def stamp(package: str) -> Optional[list[object]]:
 
 
 def prune(folder: str, keep: int) -> None:
-    """Keep the `keep` most recently written entries of a folder whose entries have unbounded
-    keys (rendered scripts): called after a write, so the folder stays small."""
+    """Bound a folder whose entries have unbounded keys (rendered scripts): once it holds more
+    than `keep` entries, only the `keep // 2` most recently written stay. Called after a write,
+    so the folder never exceeds `keep` and a scan happens rarely in effect."""
     try:
         with os.scandir(folder) as it:
             entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path)
