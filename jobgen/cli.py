@@ -78,18 +78,41 @@ def _spec_options(func: F) -> F:
                           "name resumes from its checkpoints."),
         click.option("--smoke", is_flag=True,
                      help="Rehearse on CPU: the same job, a tiny model of the recipe's family."),
+        *_SLURM_OPTIONS,
     )):
         func = option(func)
     return func
 
 
+# Per-job overrides of the site's Slurm values (spec.SLURM_OPTIONS): they land in click's
+# keyword arguments under the `slurm_` prefix and reach the spec as one mapping.
+_SLURM_OPTIONS = tuple(
+    click.option(f"--{name}", f"slurm_{name}", type=TEXT, metavar=metavar, help=text)
+    for name, metavar, text in (
+        ("partition", "NAME", "Slurm: the partition (default: the site's slurm.partition)."),
+        ("account", "NAME", "Slurm: the account to charge (default: the site's)."),
+        ("qos", "NAME", "Slurm: the quality of service (default: the site's slurm.qos)."),
+        ("reservation", "NAME", "Slurm: run in this reservation (default: the site's)."),
+        ("time", "LIMIT", "Slurm: the time limit, e.g. 2-00:00:00 (default: the recipe's "
+                          "job.time_limit, else the partition's)."),
+        ("exclude", "HOSTS", "Slurm: nodes not to use, e.g. n[3-4],n9."),
+        ("nodelist", "HOSTS", "Slurm: nodes the job must include.")))
+
+
+def _slurm_overrides(kwargs: dict[str, Any]) -> dict[str, Optional[str]]:
+    """Take the --partition ... options out of a command's keyword arguments."""
+    return {key[len("slurm_"):]: kwargs.pop(key) for key in list(kwargs)
+            if key.startswith("slurm_")}
+
+
 def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = "slurm") -> Any:
+          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = "slurm",
+          slurm: Optional[dict[str, Optional[str]]] = None) -> Any:
     from . import api
     return api.job_spec(recipe, nodes, overrides=overrides, site=site,
                         backend=spec_backend(backend),  # type: ignore[arg-type]
                         compile_mode=compile_mode,  # type: ignore[arg-type]
-                        run_name=run_name, smoke=smoke)
+                        run_name=run_name, smoke=smoke, slurm=slurm)
 
 
 class _Group(click.Group):
@@ -149,10 +172,11 @@ def _echo_json(data: Any) -> None:
 @_json_option
 def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-         as_json: bool) -> None:
+         as_json: bool, **slurm: Optional[str]) -> None:
     """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step);
     with --smoke, what the rehearsal trains instead."""
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
+                 _slurm_overrides(slurm))
     from .payloads import key_report
     shown = spec.as_dict()
     # Which values reach the trainer: the rest must stay at their defaults (or are refused).
@@ -174,11 +198,12 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
               help="Write the job's files into this folder (atomically) instead of stdout.")
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-           output_dir: Optional[Path]) -> None:
+           output_dir: Optional[Path], **slurm: Optional[str]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from . import api
     _need_aws_sdk(backend)
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
+                 _slurm_overrides(slurm))
     plan = api.plan(spec, backend)
     if output_dir is None:
         click.echo(plan.text, nl=False)
@@ -193,23 +218,28 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
 @click.option("--test-only", is_flag=True,
               help="Also ask the Slurm controller with `sbatch --test-only` (node counts the "
                    "cluster can hold).")
-@click.option("--no-shellcheck", is_flag=True, help="Skip shellcheck even where it is installed.")
+@click.option("--no-shellcheck", is_flag=True,
+              help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Try every node count from 1 to this (or the site's limit, if lower).")
 @click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
               show_default=True, help="Check sbatch scripts, or Batch job definitions.")
 @_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
-          no_shellcheck: bool, backend: str, as_json: bool) -> None:
-    """Dry-run every recipe at 1, 2, 4, ... 128 nodes: render, shellcheck, optionally
-    `sbatch --test-only`. Exits 1 if anything failed."""
+          no_shellcheck: bool, max_nodes: int, backend: str, as_json: bool) -> None:
+    """Dry-run every recipe at every node count the site allows (up to --max-nodes): render,
+    shellcheck, optionally `sbatch --test-only`. Exits 1 if anything failed or a check could
+    not run."""
     from . import check as checking
     _need_aws_sdk(backend)
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
-                          shellcheck=not no_shellcheck, backend=backend)  # type: ignore[arg-type]
+                          shellcheck=not no_shellcheck, backend=backend,  # type: ignore[arg-type]
+                          max_nodes=max_nodes)
     if as_json:
         _echo_json(report.as_dict())
     else:
         click.echo(report.table())
-    if report.failed:
+    if not report.ok:
         raise SystemExit(1)
 
 
@@ -249,6 +279,9 @@ def _submit_options(func: F) -> F:
 @click.option("--chain", is_flag=True,
               help="Slurm: compile and train as two jobs; training depends on the compile job "
                    "(afterok).")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
+              help="One job per combination of the values (repeatable; a Slurm job array "
+                   "where the jobs' #SBATCH lines agree), each with its own run name.")
 @click.option("--no-check", is_flag=True,
               help="Slurm: submit without first checking, from this host, that the launcher "
                    "and the trainer are where the site says and that the partition has the "
@@ -256,20 +289,24 @@ def _submit_options(func: F) -> F:
 @_submit_options
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-           via: Optional[str], chain: bool, no_check: bool, wait: bool, poll: Optional[float],
-           queue: Optional[str], endpoint_url: Optional[str], dry_run: bool) -> None:
+           via: Optional[str], chain: bool, sweeps: tuple[str, ...], no_check: bool, wait: bool,
+           poll: Optional[float], queue: Optional[str], endpoint_url: Optional[str],
+           dry_run: bool, **slurm: Optional[str]) -> None:
     """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
-    (two for --chain) and records the run for `jobgen runs`."""
+    (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
     if via is not None:
         backend = "submitit" if via == "submitit" else "slurm"
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
-            not no_check, wait, poll, queue, endpoint_url, dry_run)
+            not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
+            sweeps)
 
 
 def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
             backend: str, chain: bool, check: bool, wait: bool, poll: Optional[float],
-            queue: Optional[str], endpoint_url: Optional[str], dry_run: bool) -> None:
+            queue: Optional[str], endpoint_url: Optional[str], dry_run: bool,
+            slurm: Optional[dict[str, Optional[str]]] = None,
+            sweeps: tuple[str, ...] = ()) -> None:
     import os
 
     from . import backends, runs
@@ -280,35 +317,56 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     if chain and backend != "slurm":
         raise click.UsageError(f"--chain is for --backend slurm ({backend} runs both passes in "
                                "one job)")
+    if chain and sweeps:
+        raise click.UsageError("--chain and --sweep together are not supported: submit the "
+                               "sweep as one job per combination (both passes in each)")
     if backend == "batch":
         _need_aws_sdk()
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, slurm)
+    specs = [spec]
+    if sweeps:
+        from . import sweep
+        specs = [_spec(recipe, nodes, overrides + point.overrides, site, compile_mode,
+                       point.run_name, smoke, backend, slurm)
+                 for point in sweep.points(sweeps, spec.run_name)]
     impl = backends.get(backend)
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,
                                      say=lambda note: click.echo(note, err=True))
+    from .backends import slurm as slurm_backend
+    array = backend == "slurm" and len(specs) > 1 and slurm_backend.sweepable(specs)
     if dry_run:
-        click.echo(impl.dry_run(spec, options), nl=False)
+        if array:
+            click.echo(slurm_backend.dry_run_sweep(specs, options), nl=False)
+        else:
+            for one in specs:
+                click.echo(impl.dry_run(one, options), nl=False)
         return
-    done = impl.submit(spec, options)
-    for note in done.notes:
-        click.echo(note, err=True)
-    click.echo(" ".join(done.job_ids))
-    run_dir = spec.run_dir if backend == "batch" else os.path.abspath(spec.run_dir)
+    if array:
+        submitted = slurm_backend.submit_sweep(specs, options)
+    else:
+        submitted = [impl.submit(one, options) for one in specs]
     site_ref = site if site is None or not ("/" in site or site.endswith((".yaml", ".yml"))) \
         else os.path.abspath(site)
-    record = runs.Run(name=spec.run_name, backend=backend, job_id=done.job_id,
-                      recipe=spec.recipe.name, nodes=spec.nodes, site=site_ref or "",
-                      run_dir=run_dir, submitted=runs.now(), jobs=done.job_ids,
-                      smoke=spec.smoke, endpoint_url=endpoint_url, queue=done.queue)
-    warning = runs.record(record)
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
+    refs = []
+    for one, done in zip(specs, submitted):
+        for note in done.notes:
+            click.echo(note, err=True)
+        click.echo(" ".join(done.job_ids) + (f"  {one.run_name}" if len(specs) > 1 else ""))
+        run_dir = one.run_dir if backend == "batch" else os.path.abspath(one.run_dir)
+        record = runs.Run(name=one.run_name, backend=backend, job_id=done.job_id,
+                          recipe=one.recipe.name, nodes=one.nodes, site=site_ref or "",
+                          run_dir=run_dir, submitted=runs.now(), jobs=done.job_ids,
+                          smoke=one.smoke, endpoint_url=endpoint_url, queue=done.queue)
+        warning = runs.record(record)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
+        refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
     if wait:
-        ref = backends.JobRef(done.job_id, record, site, endpoint_url)
         default_poll = 15.0 if backend == "batch" else 2.0
-        raise SystemExit(impl.wait(ref, lambda m: click.echo(m, err=True),
-                                   poll if poll is not None else default_poll))
+        statuses = [impl.wait(ref, lambda m: click.echo(m, err=True),
+                              poll if poll is not None else default_poll) for ref in refs]
+        raise SystemExit(max(statuses))
 
 
 @cli.command()
@@ -317,10 +375,15 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
 @click.option("--dry-run", is_flag=True,
               help="Print each emulated node's command and environment; run nothing.")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-        compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool) -> None:
+        compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
+        **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from . import local_runner
+    given = [k for k, v in _slurm_overrides(slurm).items() if v is not None]
+    if given:
+        raise click.UsageError(f"--{given[0]} is a Slurm setting; `jobgen run` uses no "
+                               "scheduler")
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "local")
     if dry_run:
         from . import backends
@@ -471,11 +534,11 @@ def batch_group() -> None:
 def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                  site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
                  wait: bool, poll: Optional[float], queue: Optional[str],
-                 endpoint_url: Optional[str], dry_run: bool) -> None:
+                 endpoint_url: Optional[str], dry_run: bool, **slurm: Optional[str]) -> None:
     """`jobgen submit --backend batch`: register RECIPE's job definition (only if it changed)
     and submit it; prints the job id."""
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "batch", False,
-            True, wait, poll, queue, endpoint_url, dry_run)
+            True, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm))
 
 
 @batch_group.command("status")

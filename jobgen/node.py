@@ -57,6 +57,7 @@ class NodeContract:
     JOBGEN_SETUP_ON: str              # where files and prepare run: every | main | none
     JOBGEN_MASTER_RESOLVER: str       # nslookup | getent (Slurm: the first node's name -> IPv4)
     JOBGEN_ACTIVATE: str              # a script to source first (site setup.activate), or ""
+    JOBGEN_STOP_SIGNAL: str           # the trainer saves and stops on it (time limit), or ""
     JOBGEN_FILES_JSON: str            # {path under the run dir: content}, or ""
     JOBGEN_PREPARE_JSON: str          # [script under payload/, args...] run before the passes
 
@@ -121,6 +122,8 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if executor in ("slurm", "submitit")
         else "",
         JOBGEN_ACTIVATE=(site.setup.activate or "") if executor != "batch" else "",
+        # Only the sbatch script's controller forwards Slurm's time-limit warning.
+        JOBGEN_STOP_SIGNAL=lau.stop_signal if executor == "slurm" else "",
         JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
     )

@@ -18,7 +18,7 @@ from .errors import RenderError
 from .resources import TEMPLATES_DIR
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]{1,200}$")
+_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]{1,200}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -24,7 +24,13 @@ class SlurmSite:
     max_nodes: int
     partition: Optional[str] = None
     account: Optional[str] = None
+    qos: Optional[str] = None
+    reservation: Optional[str] = None
     exclusive: bool = True
+    # Seconds before the time limit at which Slurm warns the job (sbatch --signal): the trainers
+    # that can save a checkpoint then, and the job is requeued without counting a failure.
+    # Slurm may send it up to 60 s earlier than asked; keep it above a checkpoint write's time.
+    time_limit_warning_s: int = 600
     # How the first node's name becomes an IP: `nslookup` asks DNS and so avoids the trn1
     # /etc/hosts mis-mapping (REFERENCE §1.9); `getent` also reads /etc/hosts (emulated nodes).
     master_resolver: Literal["nslookup", "getent"] = "nslookup"
@@ -113,12 +119,14 @@ def load(ref: Optional[str] = None) -> Site:
             raise ConfigError(f"unknown site {ref!r} (sites: {', '.join(site_names())})")
     site = schema.build(Site, load_yaml(path, shown), shown)
     for key, value in (("slurm.partition", site.slurm.partition),
-                       ("slurm.account", site.slurm.account), ("name", site.name)):
+                       ("slurm.account", site.slurm.account), ("slurm.qos", site.slurm.qos),
+                       ("slurm.reservation", site.slurm.reservation), ("name", site.name)):
         if value is not None and not schema.NAME_RE.fullmatch(value):
             raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
                               f"{schema.NAME_RE.pattern}")
     numbers: list[tuple[str, int, int]] = [("slurm.cpus_per_task", site.slurm.cpus_per_task, 1),
-               ("slurm.max_nodes", site.slurm.max_nodes, 0)]
+               ("slurm.max_nodes", site.slurm.max_nodes, 0),
+               ("slurm.time_limit_warning_s", site.slurm.time_limit_warning_s, 1)]
     if site.batch is not None:
         numbers += [("batch.timeout_hours", site.batch.timeout_hours, 1),
                     ("batch.max_nodes", site.batch.max_nodes, 0),
@@ -129,6 +137,9 @@ def load(ref: Optional[str] = None) -> Site:
     for key, number, least in numbers:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
+    if site.slurm.time_limit_warning_s > 65535:   # sbatch --signal's limit
+        raise ConfigError(f"{shown}: slurm.time_limit_warning_s: "
+                          f"{site.slurm.time_limit_warning_s} is more than sbatch's 65535")
     from .platforms import PLATFORMS
     for name in site.slurm.platforms or ():
         if name not in PLATFORMS:

@@ -183,7 +183,7 @@ def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> lis
     unchecked = [f"{', '.join(whats)} (on {top}, not mounted here)"
                  for top, whats in unseen.items()]
     try:
-        partition, size = partition_size(site.slurm.partition)
+        partition, size = partition_size(spec.slurm.partition)
     except RemoteError as exc:
         unchecked.append(f"the node count ({exc})")
     except ConfigError as exc:

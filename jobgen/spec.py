@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import posixpath
+import re
+from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
 from . import schema
@@ -79,6 +81,76 @@ Backend = Literal["slurm", "batch", "local"]
 
 
 @record
+class SlurmRequest:
+    """What the job asks of Slurm besides its size, resolved once: the site's values, the
+    recipe's time limit, and the per-job overrides (`--partition`, `--time`, ...) over both.
+    Every value reaches an #SBATCH line (or submitit's parameters) and `jobgen show`."""
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    reservation: Optional[str] = None
+    time_limit: Optional[str] = None
+    exclude: Optional[str] = None       # a Slurm host list: nodes the job must not use
+    nodelist: Optional[str] = None      # a Slurm host list: nodes the job must include
+
+
+# The per-job overrides (`jobgen submit --partition ...`): option -> SlurmRequest field.
+SLURM_OPTIONS = {"partition": "partition", "account": "account", "qos": "qos",
+                 "reservation": "reservation", "time": "time_limit", "exclude": "exclude",
+                 "nodelist": "nodelist"}
+# A Slurm host list: names and bracketed ranges, comma-separated (n1,n[3-5],gpu-[01-04,07]).
+_HOST = r"[A-Za-z0-9._-]*(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9._-]*)*"
+HOSTLIST_RE = re.compile(rf"(?=[A-Za-z0-9])({_HOST})(?:,(?=[A-Za-z0-9])({_HOST}))*")
+
+
+def hostlist_size(text: str) -> int:
+    """How many hosts a Slurm host list names (n[1-4],n7 -> 5), for a valid list."""
+    total = 0
+    for host in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
+        count = 1
+        for ranges in re.findall(r"\[([^\]]*)\]", host):
+            count *= sum(int(b) - int(a) + 1 if b else 1
+                         for a, b in re.findall(r"(\d+)(?:-(\d+))?", ranges))
+        total += count
+    return total
+
+
+def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Optional[str]],
+                  nodes: int) -> SlurmRequest:
+    """The job's Slurm request; an override is checked like the site value it replaces and
+    named as its option in errors."""
+    from .recipe import TIME_LIMIT_RE
+    given = {SLURM_OPTIONS[k]: v for k, v in overrides.items() if v is not None}
+    for option, key in SLURM_OPTIONS.items():
+        value = given.get(key)
+        if value is None:
+            continue
+        if key == "time_limit":
+            ok = TIME_LIMIT_RE.fullmatch(value) is not None
+            rule = "a Slurm time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)"
+        elif key in ("exclude", "nodelist"):
+            ok = HOSTLIST_RE.fullmatch(value) is not None
+            rule = "a Slurm host list like n1,n[3-5]"
+        else:
+            ok = schema.NAME_RE.fullmatch(value) is not None
+            rule = f"a name matching {schema.NAME_RE.pattern}"
+        if not ok:
+            raise ConfigError(f"--{option}: {schema.describe(value)} is not {rule}")
+    request = SlurmRequest(
+        partition=given.get("partition", site.slurm.partition),
+        account=given.get("account", site.slurm.account),
+        qos=given.get("qos", site.slurm.qos),
+        reservation=given.get("reservation", site.slurm.reservation),
+        time_limit=given.get("time_limit", recipe.job.time_limit),
+        exclude=given.get("exclude"), nodelist=given.get("nodelist"))
+    if request.nodelist and hostlist_size(request.nodelist) > nodes:
+        raise ConfigError(f"--nodelist: {request.nodelist} names "
+                          f"{hostlist_size(request.nodelist)} nodes, more than the job's "
+                          f"{nodes} (Slurm refuses such a job)")
+    return request
+
+
+@record
 class JobSpec:
     recipe: Recipe
     source: str          # the recipe file as named in messages
@@ -88,6 +160,7 @@ class JobSpec:
     compile_mode: CompileMode = "auto"
     smoke: bool = False
     run_name: str = ""
+    slurm: SlurmRequest = SlurmRequest()
     # Set from `smoke` (never by hand): what the rehearsal trains, or None for the real job.
     rehearsal: Optional[Rehearsal] = dataclasses.field(default=None, compare=False)
 
@@ -212,6 +285,8 @@ class JobSpec:
             "run_dir": self.run_dir,
             "compile_mode": self.compile_mode,
             "smoke": self.smoke,
+            **({"slurm": {k: v for k, v in dataclasses.asdict(self.slurm).items()
+                          if v is not None}} if self.backend != "batch" else {}),
             "derived": {
                 "workers_per_node": self.workers_per_node,
                 "world_size": self.world_size,
@@ -369,8 +444,10 @@ def _check_arithmetic(spec: JobSpec) -> None:
 
 def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None, *,
             backend: Backend = "slurm", compile_mode: CompileMode = "auto", smoke: bool = False,
-            run_name: Optional[str] = None) -> JobSpec:
-    """Resolve and validate; raises ConfigError/RuleError naming the file and the key."""
+            run_name: Optional[str] = None,
+            slurm: Optional[Mapping[str, Optional[str]]] = None) -> JobSpec:
+    """Resolve and validate; raises ConfigError/RuleError naming the file and the key.
+    `slurm`: per-job overrides of the Slurm request, keyed by option (SLURM_OPTIONS)."""
     _check_values(recipe, source)
     n = recipe.nodes if nodes is None else nodes
     if n < 1:
@@ -402,8 +479,16 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if not schema.NAME_RE.fullmatch(name):
         raise ConfigError(f"--run-name: {schema.describe(name)} must match "
                           f"{schema.NAME_RE.pattern}")
+    if backend == "batch":
+        given = sorted(k for k, v in (slurm or {}).items() if v is not None)
+        if given:
+            raise ConfigError(f"--{given[0]}: a Slurm setting; an AWS Batch job takes its "
+                              "queue and limits from the site's batch section")
+        request = SlurmRequest()
+    else:
+        request = slurm_request(site, recipe, slurm or {}, n)
     spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
-                   compile_mode=compile_mode, smoke=smoke, run_name=name)
+                   compile_mode=compile_mode, smoke=smoke, run_name=name, slurm=request)
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
     from .payloads import check_recipe  # here: payloads import this module

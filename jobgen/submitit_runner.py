@@ -107,18 +107,23 @@ def time_limit_minutes(limit: Optional[str]) -> int:
 def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit's parameters for the spec: the sbatch script's, as submitit names them."""
     site = spec.site
+    request = spec.slurm
     extra: dict[str, Any] = {"requeue": True}
     if spec.exclusive:
         extra["exclusive"] = True
-    if site.slurm.account:
-        extra["account"] = site.slurm.account
+    # sbatch's own option names, as submitit passes additional parameters through.
+    for option, value in (("account", request.account), ("qos", request.qos),
+                          ("reservation", request.reservation), ("exclude", request.exclude),
+                          ("nodelist", request.nodelist)):
+        if value:
+            extra[option] = value
     params: dict[str, Any] = {
         "name": spec.job_name, "nodes": spec.nodes, "tasks_per_node": 1,
         "cpus_per_task": site.slurm.cpus_per_task, "slurm_additional_parameters": extra,
     }
-    params["timeout_min"] = time_limit_minutes(spec.recipe.job.time_limit)
-    if site.slurm.partition:
-        params["slurm_partition"] = site.slurm.partition
+    params["timeout_min"] = time_limit_minutes(request.time_limit)
+    if request.partition:
+        params["slurm_partition"] = request.partition
     return params
 
 

@@ -159,14 +159,15 @@ def test_sbatch_header_for_pcluster(jobgen: Callable) -> None:
     assert sbatch_lines(script) == [
         "--job-name=neox20b", "--nodes=16", "--ntasks-per-node=1", "--cpus-per-task=128",
         "--exclusive", "--partition=compute1", "--output=%x-%j.out", "--open-mode=append",
-        "--requeue"]
+        "--requeue", "--signal=B:USR1@600"]
 
 
 def test_sbatch_header_for_local_site_and_options(jobgen: Callable, write_site: Callable) -> None:
     script = render(jobgen, "llama2-7b", "--nodes", "2")
     assert sbatch_lines(script) == [
         "--job-name=llama2-7b", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
-        "--exclusive", "--output=%x-%j.out", "--open-mode=append", "--requeue"]
+        "--exclusive", "--output=%x-%j.out", "--open-mode=append", "--requeue",
+        "--signal=B:USR1@600"]
     site = write_site("trn1-pcluster", {"slurm.account": "ml-team", "slurm.exclusive": False,
                                         "slurm.cpus_per_task": 96})
     script = render(jobgen, "llama2-7b", "--nodes", "2", "--site", str(site),
@@ -175,6 +176,55 @@ def test_sbatch_header_for_local_site_and_options(jobgen: Callable, write_site: 
     assert "--exclusive" not in lines
     assert {"--cpus-per-task=96", "--partition=compute1", "--account=ml-team",
             "--time=2-00:00:00"} <= set(lines)
+
+
+def test_per_job_overrides_replace_the_site_and_recipe_values(jobgen: Callable,
+                                                               write_site: Callable) -> None:
+    site = write_site("trn1-pcluster", {"slurm.account": "ml-team", "slurm.qos": "normal",
+                                        "slurm.time_limit_warning_s": 900})
+    script = render(jobgen, "llama2-7b", "--nodes", "4", "--site", str(site),
+                    "--set", "job.time_limit=2-00:00:00", "--partition", "big",
+                    "--account", "other", "--time", "12:00:00", "--qos", "high",
+                    "--reservation", "hlat", "--exclude", "n[3-4],n9", "--nodelist", "n[1-2]")
+    lines = sbatch_lines(script)
+    assert lines[4:] == ["--exclusive", "--partition=big", "--account=other", "--qos=high",
+                         "--reservation=hlat", "--time=12:00:00", "--exclude=n[3-4],n9",
+                         "--nodelist=n[1-2]", "--output=%x-%j.out", "--open-mode=append",
+                         "--requeue", "--signal=B:USR1@900"]
+    # Without overrides: the site's and the recipe's values.
+    lines = sbatch_lines(render(jobgen, "llama2-7b", "--nodes", "4", "--site", str(site),
+                                "--set", "job.time_limit=2-00:00:00"))
+    assert {"--account=ml-team", "--qos=normal", "--time=2-00:00:00"} <= set(lines)
+
+
+def test_show_lists_the_slurm_request(jobgen: Callable) -> None:
+    import json
+    out = jobgen("show", "llama2-7b", "--nodes", "2", "--site", "trn1-pcluster", "--qos", "high",
+                 "--time", "60", "--json").stdout
+    assert json.loads(out)["slurm"] == {"partition": "compute1", "qos": "high", "time_limit": "60"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--partition", "a b"), "--partition: 'a b' is not a name matching"),
+    (("--account", "$(id)"), "--account: '$(id)' is not a name matching"),
+    (("--time", "tomorrow"), "--time: 'tomorrow' is not a Slurm time limit"),
+    (("--exclude", "n1;reboot"), "--exclude: 'n1;reboot' is not a Slurm host list"),
+    (("--nodelist", "n[1-"), "--nodelist: 'n[1-' is not a Slurm host list"),
+    (("--nodelist", "n[1-3],n7"), "--nodelist: n[1-3],n7 names 4 nodes, more than the job's 2"),
+    (("--qos", ""), "'--qos': must not be empty"),
+])
+def test_bad_overrides_are_refused(jobgen: Callable, args: tuple[str, ...],
+                                   message: str) -> None:
+    result = jobgen("render", "llama2-7b", "--nodes", "2", *args)
+    assert result.exit_code == 2 and result.stdout == "" and result.exception is not None
+    assert message in result.stderr
+
+
+def test_slurm_overrides_are_refused_where_no_slurm_runs(jobgen: Callable) -> None:
+    result = jobgen("render", "bert1.5b", "--backend", "batch", "--site", "local", "--qos", "x")
+    assert result.exit_code == 2 and "--qos: a Slurm setting" in result.stderr
+    result = jobgen("run", "llama2-7b", "--smoke", "--time", "5")
+    assert result.exit_code == 2 and "--time is a Slurm setting" in result.stderr
 
 
 @pytest.mark.parametrize("recipe", NEURON_RECIPES)

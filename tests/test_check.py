@@ -1,5 +1,6 @@
-"""`jobgen check`: every recipe at 1..128 nodes; forbidden combinations are skipped with their
-reason, render errors and shellcheck warnings fail the run (exit 1)."""
+"""`jobgen check`: every recipe at every node count from 1 to 128; forbidden combinations are
+skipped with their reason; render errors, shellcheck warnings and checks that could not run fail
+the run (exit 1)."""
 from __future__ import annotations
 
 import os
@@ -41,51 +42,94 @@ def full_check() -> subprocess.CompletedProcess[str]:
     return run_check()
 
 
+COUNTS = range(1, check.MAX_NODES + 1)
+
+
+def forbidden(name: str, nodes: int) -> bool:
+    """The batch arithmetic, recomputed here from the recipe file: a global batch that the
+    data-parallel ranks times the micro-batch do not divide cannot be trained."""
+    from jobgen.platforms import PLATFORMS
+    rec, _ = recipes.load(name)
+    par = rec.parallelism
+    if par.global_batch_size is None:
+        return False
+    dp = nodes * PLATFORMS[rec.platform].workers_per_node // (par.tensor * par.pipeline)
+    return par.global_batch_size % (par.micro_batch_size * dp) != 0
+
+
 def test_check_passes_and_skips_only_forbidden_combinations(
         full_check: subprocess.CompletedProcess[str], require: Callable) -> None:
     require.executable("shellcheck")
     assert full_check.returncode == 0, full_check.stdout + full_check.stderr
     table = rows(full_check.stdout)
     names = recipes.recipe_names()
-    assert set(table) == {(r, n) for r in names for n in check.NODE_COUNTS}
-    skipped = {key: detail for key, (status, detail) in table.items() if status == "skipped"}
-    assert skipped == {
-        ("pythia6.9b", 64): "recipes/pythia6.9b.yaml: parallelism.global_batch_size: 256 is not "
-                            "divisible by micro_batch_size 2 x data-parallel 256 = 512 at 64 nodes",
-        ("pythia6.9b", 128): "recipes/pythia6.9b.yaml: parallelism.global_batch_size: 256 is not "
-                             "divisible by micro_batch_size 2 x data-parallel 512 = 1024 at 128 "
-                             "nodes",
-    }
+    assert set(table) == {(r, n) for r in names for n in COUNTS}   # 3 and 24 nodes included
+    skipped = {key for key, (status, _) in table.items() if status == "skipped"}
+    assert skipped == {(r, n) for r in names for n in COUNTS if forbidden(r, n)}
+    assert table[("neox20b", 3)] == (
+        "skipped", "recipes/neox20b.yaml: parallelism.global_batch_size: 256 is not divisible "
+                   "by micro_batch_size 1 x data-parallel 3 = 3 at 3 nodes")
+    assert table[("bert1.5b", 3)] == ("ok", "") and table[("neox20b", 64)] == ("ok", "")
     assert all(status == "ok" for key, (status, _) in table.items() if key not in skipped)
-    ok = len(table) - 2
-    assert full_check.stdout.splitlines()[-1] == f"{ok} ok, 2 skipped, 0 failed"
-    assert "shellcheck not found" not in full_check.stdout       # it ran
-    assert "shellcheck could not run" not in full_check.stdout
+    lines = full_check.stdout.splitlines()
+    assert lines[-1] == f"{len(table) - len(skipped)} ok, {len(skipped)} skipped, 0 failed"
+    assert "node counts 1 to 128 (site local allows 128; bound 128)" in lines
+    assert "shellcheck" not in full_check.stdout       # it ran, and found nothing
     assert full_check.stderr == ""
+
+
+def test_a_missing_shellcheck_fails_unless_declined(tmp_path: Path) -> None:
+    """Without shellcheck (a PATH without it, and an interpreter folder without it) the check
+    fails, saying so; --no-shellcheck says it was skipped and passes."""
+    venv = tmp_path / "bin"
+    venv.mkdir()
+    python = venv / "python"
+    python.symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{venv}:/usr/bin:/bin"}
+    argv = [str(python), "-m", "jobgen.cli", "check", "--recipe", "llama2-7b", "--max-nodes", "4"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-2].startswith("FAILED: shellcheck not found, so no script")
+    proc = subprocess.run(argv + ["--no-shellcheck"], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "shellcheck: skipped (--no-shellcheck)" in proc.stdout
+
+
+def test_test_only_without_a_controller_fails(jobgen: Callable,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = jobgen("check", "--recipe", "llama2-7b", "--max-nodes", "2", "--test-only",
+                    "--no-shellcheck")
+    assert result.exit_code == 1
+    assert "FAILED: sbatch --test-only: no Slurm controller answered" in result.stdout
 
 
 def test_check_one_recipe(jobgen: Callable) -> None:
     result = jobgen("check", "--recipe", "llama2-7b", "--site", "trn1-pcluster",
-                    "--no-shellcheck")
+                    "--no-shellcheck", "--max-nodes", "8")
     assert result.exit_code == 0, result.output
     table = rows(result.stdout)
-    assert set(table) == {("llama2-7b", n) for n in check.NODE_COUNTS}
+    assert set(table) == {("llama2-7b", n) for n in range(1, 9)}
+    assert [n for n in range(1, 9) if table[("llama2-7b", n)][0] == "ok"] == [1, 2, 4, 8]
     assert result.stdout.splitlines()[0].split() == ["recipe", "nodes", "status", "detail"]
-    assert result.stdout.splitlines()[-1] == "8 ok, 0 skipped, 0 failed"
+    assert result.stdout.splitlines()[-1] == "4 ok, 4 skipped, 0 failed"
 
 
 def test_a_site_that_breaks_rendering_fails_the_check(jobgen: Callable,
                                                       write_site: Callable) -> None:
     site = write_site("local", {"name": "no-nemo"}, delete=["paths.nemo_dir"])
     result = jobgen("check", "--site", str(site), "--recipe", "neox20b", "--recipe", "llama2-7b",
-                    "--no-shellcheck")
+                    "--no-shellcheck", "--max-nodes", "8")
     assert result.exit_code == 1
     table = rows(result.stdout)
     message = ("site no-nemo: paths.nemo_dir is required by payload neuron_nemo (the "
                "neuronx-nemo-megatron language_modeling directory)")
-    assert all(table[("neox20b", n)] == ("FAILED", message) for n in check.NODE_COUNTS)
-    assert all(table[("llama2-7b", n)][0] == "ok" for n in check.NODE_COUNTS)
-    assert result.stdout.splitlines()[-1] == "8 ok, 0 skipped, 8 failed"
+    # Where the arithmetic allows the node count, the site breaks NeMo's recipe.
+    assert all(table[("neox20b", n)] == ("FAILED", message) for n in (1, 2, 4, 8))
+    assert all(table[("llama2-7b", n)][0] == "ok" for n in (1, 2, 4, 8))
+    assert result.stdout.splitlines()[-1] == "4 ok, 8 skipped, 4 failed"
 
 
 @pytest.fixture
@@ -119,8 +163,10 @@ def test_a_shellcheck_warning_fails_the_check(project_copy: Path, require: Calla
     proc = run_check("--recipe", "neox20b", env={"JOBGEN_HOME": str(project_copy)})
     assert proc.returncode == 1
     table = rows(proc.stdout)
-    for n in check.NODE_COUNTS:
+    for n in COUNTS:
         status, detail = table[("neox20b", n)]
+        if forbidden("neox20b", n):
+            continue
         assert status == "FAILED" and "shellcheck" in detail and "SC2164" in detail
 
 
@@ -145,13 +191,16 @@ def _model_keys() -> list[str]:
 
 
 def test_check_batch_validates_every_definition(jobgen: Callable) -> None:
-    """--backend batch: every definition passes botocore + the multi-node rules; node counts over
-    the site's batch.max_nodes are skipped with the reason."""
+    """--backend batch: every definition passes botocore + the multi-node rules, at every node
+    count up to the site's batch.max_nodes."""
     result = jobgen("check", "--backend", "batch", "--site", "dl1-batch")
     assert result.exit_code == 0, result.output
     table = rows(result.output)
+    names = recipes.recipe_names()
+    assert set(table) == {(r, n) for r in names for n in range(1, 33)}
     assert table[("bert1.5b", 16)] == ("ok", "")
-    assert table[("bert1.5b", 64)] == (
-        "skipped", "--nodes 64: site dl1-batch allows at most 32 nodes (batch.max_nodes)")
-    assert table[("pythia6.9b", 64)][0] == "skipped"
-    assert result.output.splitlines()[-1] == "30 ok, 10 skipped, 0 failed"
+    skipped = {key for key, (status, _) in table.items() if status == "skipped"}
+    assert skipped == {(r, n) for r in names for n in range(1, 33) if forbidden(r, n)}
+    assert "node counts 1 to 32 (site dl1-batch allows 32; bound 128)" in result.output
+    assert result.output.splitlines()[-1] == \
+        f"{len(table) - len(skipped)} ok, {len(skipped)} skipped, 0 failed"

@@ -30,6 +30,7 @@ from common.runtime import (
     PayloadError,
     batch_positions,
     ensure_process_env,
+    free_port,
     run_main,
     step_seed,
 )
@@ -456,3 +457,107 @@ def test_tensorboard_missing_is_a_one_line_notice(tmp_path: Path, capsys: Any,
         {"event": "notice",
          "message": "tensorboard is not installed; TensorBoard logging is off"}]
     to_tensorboard(None, 1, {"loss": 1.0})  # a missing writer is a no-op
+
+
+# ------------------------------------------------------------- stop on request (time limit)
+
+class SignalledRunner(FakeRunner):
+    """Sends itself the stop signal while training step `at` (as Slurm's warning would)."""
+
+    def __init__(self, at: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.at = at
+
+    def train_step(self) -> dict[str, Any]:
+        import signal
+        numbers = super().train_step()
+        if self.step == self.at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return numbers
+
+
+@pytest.fixture
+def usr1_restored() -> Any:
+    import signal
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_stop_request_saves_the_step_just_trained_and_stops(usr1_restored: Any) -> None:
+    runner = SignalledRunner(at=5)
+    stop = loop.StopRequest({"JOBGEN_STOP_SIGNAL": "USR1"})
+    assert loop.run_steps(runner, phase="train", target=10, checkpoint_every=3, stop=stop)
+    assert [e["step"] for e in runner.events("step")] == [1, 2, 3, 4, 5]
+    assert runner.saves == [3, 5]
+
+
+def test_stop_request_on_a_checkpoint_step_saves_once(usr1_restored: Any) -> None:
+    runner = SignalledRunner(at=6)
+    stop = loop.StopRequest({"JOBGEN_STOP_SIGNAL": "SIGUSR1"})
+    assert loop.run_steps(runner, phase="train", target=10, checkpoint_every=3, stop=stop)
+    assert runner.saves == [3, 6]
+
+
+def test_without_the_variable_the_signal_is_not_taken(usr1_restored: Any) -> None:
+    import signal
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    stop = loop.StopRequest({})
+    assert not stop.active and not stop.agreed()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+    runner = SignalledRunner(at=2)
+    assert not loop.run_steps(runner, phase="train", target=4, checkpoint_every=3, stop=stop)
+    assert runner.saves == [3, 4]
+    with pytest.raises(ValueError, match="JOBGEN_STOP_SIGNAL='NOPE' is not a signal name"):
+        loop.StopRequest({"JOBGEN_STOP_SIGNAL": "nope"})
+
+
+def test_stopped_invocation_reports_and_tells_the_controller(
+        usr1_restored: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBGEN_STOP_SIGNAL", "USR1")
+    monkeypatch.setenv("JOBGEN_LOG_DIR", str(tmp_path))
+    runner = SignalledRunner(at=8, resume_to=6)
+    loop.run_invocation(runner, invocation("train"))
+    assert runner.saves == [8] and runner.events("done") == []
+    assert runner.events("stopped") == [{"event": "stopped", "phase": "train", "step": 8,
+                                         "consumed_samples": 64, "signal": "USR1"}]
+    assert json.loads((tmp_path / "stopped.json").read_text()) == {"step": 8, "signal": "USR1"}
+    # The compile pass never takes the request: it is three steps that save nothing.
+    compiling = SignalledRunner(at=99)
+    loop.run_invocation(compiling, invocation("compile"))
+    assert compiling.events("done")[0]["step"] == 3
+
+
+AGREEMENT = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+from common import loop
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+stop = loop.StopRequest({"JOBGEN_STOP_SIGNAL": "USR1"})
+steps = 0
+while steps < 20:
+    steps += 1
+    if rank == 1 and steps == 4:        # only one rank hears the signal
+        os.kill(os.getpid(), signal.SIGUSR1)
+    if stop.agreed():
+        break
+print(f"rank {rank} stopped after step {steps} (heard: {stop.requested})", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_agree_on_the_step_when_one_hears_the_signal(tmp_path: Path) -> None:
+    """Two real processes (torchrun, gloo): the signal reaches one; both stop at the same step."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREEMENT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(script), str(PAYLOAD)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0 stopped after step 4 (heard: False)",
+                     "rank 1 stopped after step 4 (heard: True)"]

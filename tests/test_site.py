@@ -76,7 +76,8 @@ def test_unknown_sites(tmp_path: Path) -> None:
     ({"slurm.account": "$(id)"}, "{f}: slurm.account: '$(id)' must match " + NAME_PATTERN),
     ({"name": "a b"}, "{f}: name: 'a b' must match " + NAME_PATTERN),
     ({"slurm.partiton": "x"}, "{f}: slurm.partiton: unknown key (known keys: cpus_per_task, "
-                              "max_nodes, partition, account, exclusive, master_resolver, "
+                              "max_nodes, partition, account, qos, reservation, exclusive, "
+                              "time_limit_warning_s, master_resolver, "
                               "platforms)"),
     ({"slurm.cpus_per_task": "all"}, "{f}: slurm.cpus_per_task: expected an integer, got 'all'"),
     ({"slurm.master_resolver": "dig"},

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from .. import launch, node
 from ..errors import ConfigError, RemoteError
@@ -19,30 +19,63 @@ TEMPLATE = "slurm/job.sbatch.j2"
 
 def plan(spec: JobSpec, passes: Passes = "both") -> Plan:
     """The sbatch script; `passes` splits the job in two for chained submission."""
+    name = f"{spec.run_name}{'' if passes == 'both' else '-' + passes}.sbatch"
+    return _plan([spec], passes, name)
+
+
+def plan_array(specs: Sequence[JobSpec]) -> Plan:
+    """One sbatch script for a sweep: a job array whose task K trains specs[K] (which differ
+    only in what reaches the trainer and the run folder: see `array_key`)."""
+    return _plan(list(specs), "both", f"{specs[0].run_name}-array.sbatch")
+
+
+def array_key(spec: JobSpec) -> tuple[object, ...]:
+    """What the #SBATCH header is made of: specs with the same key can share a job array."""
+    return (spec.job_name, spec.nodes, spec.site.slurm.cpus_per_task, spec.exclusive,
+            tuple(request(spec)), spec.site.slurm.time_limit_warning_s, spec.recipe.name,
+            spec.recipe.description, spec.source, spec.site.name, spec.recipe.compile.steps)
+
+
+def _task(spec: JobSpec, passes: Passes) -> dict[str, Any]:
     lau = launch.for_spec(spec, "slurm")
+    return {"run_name": spec.run_name,
+            "contract": list(node.contract(spec, lau, "slurm", passes=passes)
+                             .variables().items()),
+            "env": launch.env_block(spec),
+            "compile_args": lau.compile_args, "train_args": lau.train_args}
+
+
+def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
+    spec = specs[0]
+    if len({array_key(s) for s in specs}) != 1:
+        raise ValueError("a job array's specs differ in their #SBATCH header")
     site, recipe = spec.site, spec.recipe
-    contract = node.contract(spec, lau, "slurm", passes=passes)
     text = render(
         TEMPLATE,
         job_name=spec.job_name + ("" if passes == "both" else f"-{passes}"),
         nodes=spec.nodes,
         cpus_per_task=site.slurm.cpus_per_task,
         exclusive=spec.exclusive,
-        partition=site.slurm.partition,
-        account=site.slurm.account,
-        time_limit=recipe.job.time_limit,
+        request=request(spec),
+        output="%x-%A_%a.out" if len(specs) > 1 else "%x-%j.out",
+        warning_s=site.slurm.time_limit_warning_s,
         title=f"{recipe.name}: {recipe.description}",
         source=spec.source,
         site=site.name,
         compile_steps=recipe.compile.steps,
-        contract=list(contract.variables().items()),
-        env=launch.env_block(spec),
-        compile_args=lau.compile_args,
-        train_args=lau.train_args,
+        tasks=[_task(s, passes) for s in specs],
     )
-    name = f"{spec.run_name}{'' if passes == 'both' else '-' + passes}.sbatch"
     return Plan(backend="slurm", files=(PlannedFile(name, text, executable=True),),
                 primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))
+
+
+def request(spec: JobSpec) -> list[tuple[str, str]]:
+    """The #SBATCH options of the job's Slurm request (spec.slurm), in sbatch's spelling."""
+    r = spec.slurm
+    pairs = (("partition", r.partition), ("account", r.account), ("qos", r.qos),
+             ("reservation", r.reservation), ("time", r.time_limit), ("exclude", r.exclude),
+             ("nodelist", r.nodelist))
+    return [(option, value) for option, value in pairs if value]
 
 
 # --- the job once it is submitted -----------------------------------------------------------
@@ -52,6 +85,26 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     from .. import slurm_client
     plans = [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
     return slurm_client.dry_run(plans)
+
+
+def sweepable(specs: Sequence[JobSpec]) -> bool:
+    """Whether a sweep's jobs can be one job array: the same #SBATCH header (a sweep over the
+    time limit, say, cannot)."""
+    return len({array_key(s) for s in specs}) == 1
+
+
+def dry_run_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> str:
+    """What `submit --sweep` runs: the sbatch of one job array."""
+    from .. import slurm_client
+    return slurm_client.dry_run([plan_array(specs)])
+
+
+def submit_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> list[Submitted]:
+    """One job array; task K's id (ARRAYID_K) for specs[K]."""
+    from .. import slurm_client
+    check(specs[0], options)   # one payload, one partition, one node count for every task
+    array_id = slurm_client.submit(plan_array(specs))
+    return [Submitted((f"{array_id}_{i}",)) for i in range(len(specs))]
 
 
 def preflight(spec: JobSpec) -> tuple[str, ...]:

@@ -18,6 +18,9 @@ from ..record import record
 from ..spec import JobSpec
 
 Pass = Literal["compile", "train"]
+# What the Slurm job's controller forwards on the time-limit warning, for the trainers that run
+# payload/common/loop.py (ours): they save the step just trained and stop.
+STOP_SIGNAL = "USR1"
 
 
 @record
@@ -31,6 +34,9 @@ class Launch:
     files: tuple[tuple[str, str], ...] = ()  # (path under the run dir, content) written first
     # A command run once before the compile pass: (script under payload/, its arguments).
     prepare: tuple[str, ...] = ()
+    # The signal on which the trainer saves a checkpoint and stops (payload/common/loop.py's
+    # StopRequest), or "" for a trainer that cannot: it resumes from its last periodic one.
+    stop_signal: str = ""
 
     def args(self, which: Pass) -> tuple[str, ...]:
         return self.compile_args if which == "compile" else self.train_args

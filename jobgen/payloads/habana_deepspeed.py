@@ -7,7 +7,7 @@ import posixpath
 
 from ..errors import ConfigError
 from ..spec import JobSpec
-from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, number
+from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 
 
 def arguments(spec: JobSpec, which: Pass, data_dir: str) -> tuple[str, ...]:
@@ -66,7 +66,7 @@ def build(spec: JobSpec) -> Launch:
                           "checkpoints by step only; set checkpoint.every_steps")
     data_dir = spec.data_path(r.data.path)
     workdir = posixpath.join(spec.payload_dir, "habana_deepspeed")
-    return Launch(launcher="habana_deepspeed/launch.sh", workdir=workdir,
+    return Launch(stop_signal=STOP_SIGNAL, launcher="habana_deepspeed/launch.sh", workdir=workdir,
                   program="pretrain_bert.py", compile_wrapper="",
                   compile_args=arguments(spec, "compile", data_dir),
                   train_args=arguments(spec, "train", data_dir))

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..spec import JobSpec
-from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, number
+from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 
 
 def llama_config(spec: JobSpec) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def build(spec: JobSpec) -> Launch:
         raise ConfigError(f"{spec.source}: checkpoint.every_seconds: the NxD trainer "
                           "checkpoints by step only; set checkpoint.every_steps")
     config = json.dumps(llama_config(spec), indent=2, sort_keys=True) + "\n"
-    return Launch(launcher="neuronx_distributed/launch.sh",
+    return Launch(stop_signal=STOP_SIGNAL, launcher="neuronx_distributed/launch.sh",
                   workdir=posixpath.join(spec.payload_dir, "neuronx_distributed"),
                   program="train_llama.py", compile_wrapper="neuron_parallel_compile",
                   compile_args=arguments(spec, "compile"), train_args=arguments(spec, "train"),

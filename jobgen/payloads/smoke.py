@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 
 from ..spec import JobSpec, Rehearsal
-from .base import Launch, Pass, number
+from .base import STOP_SIGNAL, Launch, Pass, number
 
 
 def _rehearsal(spec: JobSpec) -> Rehearsal:
@@ -53,7 +53,7 @@ def build(spec: JobSpec) -> Launch:
                 "--precision", "fp32" if r.precision == "fp32" else "bf16",
                 "--accelerator", t.device])
 
-        return Launch(launcher="habana_deepspeed/launch.sh",
+        return Launch(stop_signal=STOP_SIGNAL, launcher="habana_deepspeed/launch.sh",
                       workdir=posixpath.join(spec.payload_dir, "habana_deepspeed"),
                       program="pretrain_bert.py", compile_wrapper="",
                       compile_args=bert("compile"), train_args=bert("train"),
@@ -83,4 +83,4 @@ def build(spec: JobSpec) -> Launch:
 
     return Launch(launcher="smoke/launch.sh", workdir=posixpath.join(spec.payload_dir, "smoke"),
                   program="train.py", compile_wrapper="", compile_args=gpt("compile"),
-                  train_args=gpt("train"))
+                  train_args=gpt("train"), stop_signal=STOP_SIGNAL)

@@ -232,6 +232,10 @@ flow_node() {
   }
   trap 'flow_on_signal TERM' TERM
   trap 'flow_on_signal INT' INT
+  # The time-limit stop request (JOBGEN_STOP_SIGNAL, USR1) reaches every process of a Slurm job
+  # step: this shell, the launcher, torchrun and tee ignore it (children inherit that), and only
+  # the trainers act on it (payload/common/loop.py: save, then stop).
+  trap '' USR1
 
   # Files and the prepare command: on every node (separate filesystems), on the main node only
   # (a shared filesystem: the others' trainers start once the main node is at the rendezvous),
@@ -294,7 +298,9 @@ flow_node() {
   flow_say "training pass on $JOBGEN_NNODES nodes"
   flow_node_pass train ${train_args[@]+"${train_args[@]}"}
   status=$?
-  if [ "$status" -eq 0 ]; then
+  if [ "$status" -eq 0 ] && [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
+    flow_say "training pass stopped on request after saving a checkpoint: $(cat "$JOBGEN_LOG_DIR/stopped.json" 2>/dev/null)"
+  elif [ "$status" -eq 0 ]; then
     flow_say "training pass finished"
   else
     flow_say "training pass failed with status $status"
@@ -330,8 +336,9 @@ flow_job_status() {
   printf '%s %s\n' "$found" "$found_what"
 }
 
-# flow_restart_decision STATUS RESTART: what to do after a failure: prints "stop" (a
-# configuration error: a fresh allocation would fail the same way), "requeue" or "give-up".
+# flow_restart_decision STATUS FAILURES: what to do after a failure (FAILURES: the requeues for
+# failures so far): prints "stop" (a configuration error: a fresh allocation would fail the same
+# way), "requeue" or "give-up".
 flow_restart_decision() {
   if [ "$1" -eq "$FLOW_CONFIG_ERROR" ]; then
     echo stop
@@ -342,8 +349,9 @@ flow_restart_decision() {
   fi
 }
 
-# flow_finish STATUS WHAT RESTART REQUEUE_COMMAND...: restart accounting, then exit with STATUS.
-# The requeue command is the scheduler's (`scontrol requeue JOBID`).
+# flow_finish STATUS WHAT FAILURES REQUEUE_COMMAND...: restart accounting, then exit with
+# STATUS. The requeue command is the scheduler's (`scontrol requeue JOBID`). FLOW_FAILURES_FILE,
+# where set, keeps the count of requeues for failures (a time-limit requeue is not one).
 flow_finish() {
   local status=$1 what=$2 restart=$3
   shift 3
@@ -352,6 +360,9 @@ flow_finish() {
       stop) flow_say "$what failed with a configuration error (status 78, see the node lines above); not requeueing: fix it and resubmit" ;;
       requeue)
         flow_say "$what failed with status $status; requeueing (restart $((restart + 1)) of $JOBGEN_MAX_RESTARTS)"
+        if [ -n "${FLOW_FAILURES_FILE:-}" ]; then
+          printf '%s\n' "$((restart + 1))" >"$FLOW_FAILURES_FILE" || flow_say "cannot record the failure count in $FLOW_FAILURES_FILE"
+        fi
         "$@" || flow_say "$1 $2 failed" ;;
       *) flow_say "$what failed with status $status and the job has used all $JOBGEN_MAX_RESTARTS restarts; giving up" ;;
     esac
@@ -369,14 +380,90 @@ flow_resolve_master() {
   esac
 }
 
+# --- Slurm's time limit ----------------------------------------------------------------------
+# The job asks for USR1 on the batch shell some time before its limit (#SBATCH --signal=B:USR1@S).
+# The controller then forwards it to the job step (trainers that can save and stop: payload/
+# common/loop.py), waits for the step until shortly before the limit, and requeues the job
+# itself: Slurm would end a job that reaches its limit for good. Not counted as a failure.
+FLOW_TIME_LIMIT=""
+FLOW_DEADLINE=""
+
+# flow_seconds TEXT: squeue's time left (%L: D-HH:MM:SS, HH:MM:SS, MM:SS or SS) in seconds;
+# nothing for anything else (UNLIMITED, NOT_SET, INVALID).
+flow_seconds() {
+  local text=$1 days=0 total=0 part
+  local -a parts
+  case $text in *-*) days=${text%%-*} text=${text#*-} ;; esac
+  flow_is_count "$days" || return 0
+  IFS=: read -ra parts <<<"$text"
+  [ "${#parts[@]}" -ge 1 ] && [ "${#parts[@]}" -le 3 ] || return 0
+  for part in "${parts[@]}"; do
+    flow_is_count "$part" || return 0
+    total=$((total * 60 + 10#$part))
+  done
+  printf '%s\n' "$((10#$days * 86400 + total))"
+}
+
+# shellcheck disable=SC2329  # invoked through the USR1 trap of flow_slurm_job
+flow_on_time_limit() {
+  [ -z "$FLOW_TIME_LIMIT" ] || return 0
+  local now left margin
+  now=$(date +%s)
+  FLOW_TIME_LIMIT=$now
+  left=$(flow_seconds "$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | head -n 1)")
+  [ -n "$left" ] || left=60
+  # Requeue with time to spare: a quarter of what is left, at least 10 s, at most 60 s.
+  margin=$((left / 4))
+  [ "$margin" -ge 10 ] || margin=10
+  [ "$margin" -le 60 ] || margin=60
+  FLOW_DEADLINE=$((now + left - margin))
+  printf '%s %s\n' "$now" "$left" >"$JOBGEN_LOG_DIR/time-limit" 2>/dev/null || true
+  if [ -n "${JOBGEN_STOP_SIGNAL:-}" ]; then
+    flow_say "time-limit warning (${left} s left): asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL); requeueing within $((left - margin)) s"
+    scancel --signal="$JOBGEN_STOP_SIGNAL" "$SLURM_JOB_ID" 2>/dev/null ||
+      flow_say "scancel --signal=$JOBGEN_STOP_SIGNAL failed: the job resumes from its last periodic checkpoint"
+  else
+    flow_say "time-limit warning (${left} s left): this payload's trainer cannot save on request; it trains until $margin s before the limit, then the job is requeued and resumes from its last periodic checkpoint"
+  fi
+}
+
+# flow_wait_step PID: the job step's status; 124 when the time-limit deadline came first.
+flow_wait_step() {
+  local pid=$1 status
+  while :; do
+    if [ -z "$FLOW_TIME_LIMIT" ]; then
+      wait "$pid"
+      status=$?
+      kill -0 "$pid" 2>/dev/null || return "$status"   # ended; else a trapped signal woke us
+    else
+      if ! kill -0 "$pid" 2>/dev/null; then
+        wait "$pid"
+        return
+      fi
+      [ "$(date +%s)" -lt "$FLOW_DEADLINE" ] || return 124
+      sleep 1
+    fi
+  done
+}
+
 # flow_slurm_job COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the sbatch script's controller.
 flow_slurm_job() {
-  local restart=${SLURM_RESTART_COUNT:-0} first_node status_line status what
+  local allocation=${SLURM_RESTART_COUNT:-0} restart=0 job=$SLURM_JOB_ID first_node status_line status what step_pid
   flow_init || exit "$?"
   flow_activate || exit 1
-  export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$SLURM_JOB_ID/restart-$restart"
+  # A task of a job array (a sweep) is named as squeue and jobgen name it: ARRAYID_TASK.
+  if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+    job=${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID
+  fi
+  export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$job/restart-$allocation"
   mkdir -p "$JOBGEN_LOG_DIR" "$JOBGEN_COMPILE_CACHE" || exit 1
-  flow_say "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart $restart of at most ${JOBGEN_MAX_RESTARTS:-0}, logs in $JOBGEN_LOG_DIR"
+  # Restarts after failures are counted here; Slurm's SLURM_RESTART_COUNT also counts the
+  # requeues at the time limit, which are not failures.
+  FLOW_FAILURES_FILE="$JOBGEN_RUN_DIR/logs/$job/failures"
+  [ -f "$FLOW_FAILURES_FILE" ] && read -r restart <"$FLOW_FAILURES_FILE"
+  flow_is_count "${restart:-}" || restart=0
+  trap flow_on_time_limit USR1
+  flow_say "job $job on $SLURM_JOB_NODELIST, allocation $allocation, restarts after failures $restart of at most ${JOBGEN_MAX_RESTARTS:-0}, logs in $JOBGEN_LOG_DIR"
   flow_setup || exit 1
   first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
   MASTER_ADDR=$(flow_resolve_master "$first_node" "${JOBGEN_MASTER_RESOLVER:-nslookup}")
@@ -399,10 +486,24 @@ flow_slurm_job() {
   esac
   # The node's rank and the main node come from srun (SLURM_NODEID; node 0 hosts the rendezvous).
   # shellcheck disable=SC2016  # expanded by the node's bash, not here
+  # In the background, so that the time-limit trap runs while the step does.
   srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c \
-    'export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
-    "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@"
-  status_line=$(flow_job_status "$?")
+    'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
+    "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@" &
+  step_pid=$!
+  flow_wait_step "$step_pid"
+  status=$?
+  if [ -n "$FLOW_TIME_LIMIT" ] && { [ "$status" -ne 0 ] || [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; }; then
+    if [ "$status" -eq 124 ]; then
+      flow_say "the job step is still running close to the time limit; requeueing now"
+    elif [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
+      flow_say "the trainers saved and stopped: $(cat "$JOBGEN_LOG_DIR/stopped.json")"
+    fi
+    flow_say "requeueing for the time limit (allocation $((allocation + 1)); not counted against the $JOBGEN_MAX_RESTARTS restarts for failures)"
+    scontrol requeue "$SLURM_JOB_ID" || flow_say "scontrol requeue $SLURM_JOB_ID failed: resubmit to continue"
+    exit 0
+  fi
+  status_line=$(flow_job_status "$status")
   status=${status_line%% *}
   what=${status_line#* }
   [ "$status" -ne 0 ] || flow_say "job done"

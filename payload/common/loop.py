@@ -44,11 +44,61 @@ def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
     return max_steps if bound < 0 else min(max_steps, current + bound)
 
 
-def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int) -> None:
+STOP_SIGNAL_ENV = "JOBGEN_STOP_SIGNAL"   # set by the job where the trainer may be asked to stop
+STOPPED_FILE = "stopped.json"           # written by rank 0 in JOBGEN_LOG_DIR when it did
+
+
+class StopRequest:
+    """A request to save a checkpoint and stop early: the signal named by JOBGEN_STOP_SIGNAL
+    (USR1: the Slurm job's controller forwards its time-limit warning to every process of the
+    job step). Ranks get the signal at slightly different moments, so they agree at every step
+    boundary, with one all-reduce of a flag over a CPU (gloo) group that never enters the
+    accelerator's graphs: every rank then saves the same step and stops."""
+
+    def __init__(self, env: Any = None) -> None:
+        import os
+        import signal
+
+        env = os.environ if env is None else env
+        self.requested = False
+        name = str(env.get(STOP_SIGNAL_ENV, "")).strip().upper()
+        self.name = name[3:] if name.startswith("SIG") else name
+        self.active = bool(self.name)
+        self._group: Any = None
+        if self.active:
+            signum = getattr(signal, "SIG" + self.name, None)
+            if not isinstance(signum, signal.Signals):
+                raise ValueError(f"{STOP_SIGNAL_ENV}={self.name!r} is not a signal name")
+            signal.signal(signum, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop (a collective call: every rank makes it)."""
+        if not self.active:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return self.requested
+        if self._group is None:   # made once, by every rank at the same step
+            self._group = (dist.group.WORLD if dist.get_backend() == "gloo"
+                           else dist.new_group(backend="gloo"))
+        flag = torch.tensor([int(self.requested)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(flag.item())
+
+
+def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int,
+              stop: StopRequest | None = None) -> bool:
     """Step until ``target``, reporting each step; in training save every ``checkpoint_every``
-    steps and at the end."""
+    steps and at the end. With ``stop``, a stop request agreed by all ranks ends training early,
+    after saving the step just trained; returns whether that happened."""
     train = phase == "train"
     saved_at = runner.step
+    stopped = False
     while runner.step < target:
         numbers = runner.train_step()
         runner.log.emit("step", phase=phase, step=runner.step,
@@ -57,23 +107,48 @@ def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int)
         if train and runner.step % checkpoint_every == 0:
             runner.save()
             saved_at = runner.step
+        if train and stop is not None and runner.step < target and stop.agreed():
+            stopped = True
+            break
     if train and runner.step != saved_at:
-        runner.save()  # a bounded or finished run keeps what it trained
+        runner.save()  # a bounded, finished or stopped run keeps what it trained
+    return stopped
+
+
+def record_stop(step: int, signal_name: str, rank: int, env: Any = None) -> None:
+    """Rank 0 tells the job's controller that training stopped on request, not at its end."""
+    import json
+    import os
+
+    env = os.environ if env is None else env
+    folder = env.get("JOBGEN_LOG_DIR")
+    if rank != 0 or not folder:
+        return
+    checkpoints.write_atomic(Path(folder) / STOPPED_FILE,
+                             json.dumps({"step": step, "signal": signal_name}) + "\n")
 
 
 def run_invocation(runner: Runner, args: argparse.Namespace) -> None:
-    """One invocation of a payload: resume (train only), step to the target, report ``done``.
+    """One invocation of a payload: resume (train only), step to the target, report ``done``
+    (or ``stopped``, when a stop request ended training early: see StopRequest).
 
     Reads the flags every payload shares: --phase --max-steps --compile-steps --steps
     --checkpoint-every.
     """
+    stop = StopRequest() if args.phase == "train" else None
     if args.phase == "train":
         runner.resume()
     target = target_step(args.phase, runner.step, args.max_steps, args.compile_steps,
                          args.steps)
-    run_steps(runner, phase=args.phase, target=target, checkpoint_every=args.checkpoint_every)
-    runner.log.emit("done", phase=args.phase, step=runner.step,
-                    consumed_samples=runner.consumed)
+    stopped = run_steps(runner, phase=args.phase, target=target,
+                        checkpoint_every=args.checkpoint_every, stop=stop)
+    if stopped and stop is not None:
+        runner.log.emit("stopped", phase=args.phase, step=runner.step,
+                        consumed_samples=runner.consumed, signal=stop.name)
+        record_stop(runner.step, stop.name, 0 if runner.log.enabled else 1)
+    else:
+        runner.log.emit("done", phase=args.phase, step=runner.step,
+                        consumed_samples=runner.consumed)
     if runner.tensorboard is not None:
         runner.tensorboard.close()
 

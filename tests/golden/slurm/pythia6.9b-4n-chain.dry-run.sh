@@ -1,7 +1,7 @@
 #!/bin/bash
 # What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).
 set -euo pipefail
-job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_9910ca21d5898af3'
+job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_9805bbef7737c1e8'
 #!/bin/bash
 #SBATCH --job-name=pythia6.9b-compile
 #SBATCH --nodes=4
@@ -12,6 +12,7 @@ job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_9910ca21d5898af3'
 #SBATCH --output=%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
+#SBATCH --signal=B:USR1@600
 #
 # "pythia6.9b: Pythia 6.9B (32 layers, hidden 4096), TP 8, GPT-2 BPE, Neuron NeMo"
 # Rendered by jobgen from "recipes/pythia6.9b.yaml" for site "trn1-pcluster"; re-render instead of editing.
@@ -206,11 +207,11 @@ case $JOBGEN_PAYLOAD_DIR in /*) flow=$JOBGEN_PAYLOAD_DIR ;; *) flow=$PWD/$JOBGEN
 flow=$flow/common/job_flow.sh
 # shellcheck disable=SC1090
 source "$flow" || { printf 'jobgen: cannot read %s (see paths.payload_dir of the site)\n' "$flow" >&2; exit 78; }
-flow_slurm_job 66 ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
+flow_slurm_job "${#COMPILE_ARGS[@]}" ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
 }
-JOBGEN_SCRIPT_9910ca21d5898af3
+JOBGEN_SCRIPT_9805bbef7737c1e8
 )
-job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-dep=yes <<'JOBGEN_SCRIPT_2f61ff4c79c63425'
+job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-dep=yes <<'JOBGEN_SCRIPT_182c239379e5b412'
 #!/bin/bash
 #SBATCH --job-name=pythia6.9b-train
 #SBATCH --nodes=4
@@ -221,6 +222,7 @@ job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-
 #SBATCH --output=%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
+#SBATCH --signal=B:USR1@600
 #
 # "pythia6.9b: Pythia 6.9B (32 layers, hidden 4096), TP 8, GPT-2 BPE, Neuron NeMo"
 # Rendered by jobgen from "recipes/pythia6.9b.yaml" for site "trn1-pcluster"; re-render instead of editing.
@@ -415,8 +417,8 @@ case $JOBGEN_PAYLOAD_DIR in /*) flow=$JOBGEN_PAYLOAD_DIR ;; *) flow=$PWD/$JOBGEN
 flow=$flow/common/job_flow.sh
 # shellcheck disable=SC1090
 source "$flow" || { printf 'jobgen: cannot read %s (see paths.payload_dir of the site)\n' "$flow" >&2; exit 78; }
-flow_slurm_job 66 ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
+flow_slurm_job "${#COMPILE_ARGS[@]}" ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
 }
-JOBGEN_SCRIPT_2f61ff4c79c63425
+JOBGEN_SCRIPT_182c239379e5b412
 )
 echo "${job_1%%;*} ${job_2%%;*}"
