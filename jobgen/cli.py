@@ -326,9 +326,11 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     specs = [spec]
     if sweeps:
         from . import sweep
-        specs = [_spec(recipe, nodes, overrides + point.overrides, site, compile_mode,
-                       point.run_name, smoke, backend, slurm)
-                 for point in sweep.points(sweeps, spec.run_name)]
+        points = sweep.points(sweeps, spec.run_name)
+        specs = [_spec(recipe, nodes, overrides + point.overrides
+                       + sweep.port_override(point, i, spec.recipe.job.master_port, sweeps),
+                       site, compile_mode, point.run_name, smoke, backend, slurm)
+                 for i, point in enumerate(points)]
     impl = backends.get(backend)
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,

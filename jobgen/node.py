@@ -37,7 +37,7 @@ class NodeContract:
     MASTER_PORT: str                  # the rendezvous port (recipe job.master_port)
     JOBGEN_RUN_DIR: str               # checkpoints, logs, the job's files (relative: from the cwd)
     JOBGEN_PAYLOAD_DIR: str           # jobgen's payload/ (launchers, job_flow.sh)
-    JOBGEN_LAUNCHER: str              # the payload's launcher, under JOBGEN_PAYLOAD_DIR
+    JOBGEN_LAUNCHER: str              # the launcher: under JOBGEN_PAYLOAD_DIR, or absolute
     JOBGEN_WORKERS_PER_NODE: str      # torchrun --nproc_per_node
     JOBGEN_WORKDIR: str               # the folder the trainer runs from
     JOBGEN_PROGRAM: str               # the trainer, relative to JOBGEN_WORKDIR

@@ -1,12 +1,22 @@
-"""Facts per instance type (REFERENCE.md §4.4). Recipes name a platform; the spec and the
-backends read its worker count, devices and network interfaces from here."""
+"""Facts per instance type, as data: one file per platform (`env/platforms/<name>.yaml`; shipped:
+trn1.32xlarge, trn1n.32xlarge, dl1.24xlarge). Recipes name a platform; the spec and the backends
+read its worker count, devices and network interfaces from here. A user adds a platform without
+editing jobgen: a file in a folder named by JOBGEN_PLATFORMS (folders separated by `:`, searched
+before the shipped ones). Files are read when a platform is first asked for."""
 from __future__ import annotations
 
-from typing import Literal
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Literal, Optional
 
+from .errors import ConfigError
 from .record import record
+from .resources import PLATFORMS_DIR
 
-PlatformName = Literal["trn1.32xlarge", "dl1.24xlarge"]
+PATH_ENV = "JOBGEN_PLATFORMS"
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
 
 
 @record
@@ -19,8 +29,8 @@ class Platform:
     vcpus: int
     memory_mib: int
     max_nodes: int         # AWS Batch multi-node jobs stop at 1,000 nodes
-    # What an AWS Batch container asks for on this instance type (REFERENCE.md §3.1, §4.2): all
-    # but the memory the ECS agent keeps, the vCPUs, and the shared memory for dataloaders.
+    # What an AWS Batch container asks for on this instance type: all but the memory the ECS
+    # agent keeps, the vCPUs, and the shared memory for dataloaders.
     batch_vcpus: int
     batch_memory_mib: int
     batch_shm_mib: int
@@ -31,17 +41,86 @@ class Platform:
         return tuple(f"/dev/infiniband/uverbs{i}" for i in range(self.efa_interfaces))
 
 
-PLATFORMS: dict[str, Platform] = {
-    # 16 Trainium chips x 2 NeuronCores; 8 EFA (800 Gbps); 128 vCPU; 512 GiB.
-    "trn1.32xlarge": Platform("trn1.32xlarge", "neuron", 32, 16, 8, 128, 512 * 1024, 1000,
-                              batch_vcpus=96, batch_memory_mib=500000, batch_shm_mib=65536,
-                              # contiguous ids, or the runtime fails with "Could not open the nd1"
-                              device_paths=tuple(f"/dev/neuron{i}" for i in range(16))),
-    # 8 Gaudi (32 GB HBM each); 4 EFA (400 Gbps); 96 vCPU; 768 GiB.
-    "dl1.24xlarge": Platform("dl1.24xlarge", "hpu", 8, 8, 4, 96, 768 * 1024, 1000,
-                             batch_vcpus=96, batch_memory_mib=760000, batch_shm_mib=64000,
-                             # Gaudi cards have no device mapping on Batch: the container runs
-                             # privileged to see /dev/hl*.
-                             device_paths=()),
-}
-PLATFORM_NAMES = tuple(PLATFORMS)
+def folders() -> list[Path]:
+    """Where platform files are looked for, in order: JOBGEN_PLATFORMS's folders, then jobgen's."""
+    extra = [Path(p) for p in os.environ.get(PATH_ENV, "").split(os.pathsep) if p.strip()]
+    return extra + [PLATFORMS_DIR]
+
+
+def _check(platform: Platform, shown: str, stem: str) -> Platform:
+    if platform.name != stem:
+        raise ConfigError(f"{shown}: name: {platform.name!r} must be the file's name ({stem!r})")
+    for key in ("workers_per_node", "devices", "vcpus", "memory_mib", "max_nodes",
+                "batch_vcpus", "batch_memory_mib", "batch_shm_mib"):
+        if getattr(platform, key) < 1:
+            raise ConfigError(f"{shown}: {key}: must be at least 1, got {getattr(platform, key)}")
+    if not 0 <= platform.efa_interfaces <= 32:
+        raise ConfigError(f"{shown}: efa_interfaces: {platform.efa_interfaces} is not between "
+                          "0 and 32")
+    if platform.batch_vcpus > platform.vcpus or platform.batch_memory_mib > platform.memory_mib:
+        raise ConfigError(f"{shown}: batch_vcpus and batch_memory_mib cannot exceed the "
+                          "instance's vcpus and memory_mib")
+    for path in platform.device_paths:
+        if not re.fullmatch(r"/dev/[A-Za-z0-9_/.-]+", path) or ".." in path:
+            raise ConfigError(f"{shown}: device_paths: {path!r} is not a device file under /dev")
+    return platform
+
+
+class _Platforms(Mapping[str, Platform]):
+    """name -> Platform, read from the platform folders on first use (and kept)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, Platform] = {}
+
+    def _find(self, name: str) -> Optional[Path]:
+        if not _NAME_RE.fullmatch(name):
+            return None
+        for folder in folders():
+            path = folder / f"{name}.yaml"
+            if path.is_file():
+                return path
+        return None
+
+    def __getitem__(self, name: str) -> Platform:
+        found = self._loaded.get(name)
+        if found is not None:
+            return found
+        path = self._find(name)
+        if path is None:
+            raise KeyError(name)
+        from . import schema
+        from .recipe import load_yaml
+        shown = (f"env/platforms/{path.name}" if path.parent == PLATFORMS_DIR else str(path))
+        platform = _check(schema.build(Platform, load_yaml(path, shown), shown), shown, name)
+        self._loaded[name] = platform
+        return platform
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self._loaded or self._find(name) is not None)
+
+    def __iter__(self) -> Iterator[str]:
+        names: set[str] = set()
+        for folder in folders():
+            if folder.is_dir():
+                names.update(p.stem for p in folder.glob("*.yaml") if _NAME_RE.fullmatch(p.stem))
+        return iter(sorted(names))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def clear(self) -> None:
+        """Forget what was read (a test that changes JOBGEN_PLATFORMS)."""
+        self._loaded.clear()
+
+
+PLATFORMS = _Platforms()
+
+
+def get(name: str, where: str) -> Platform:
+    """The platform a recipe names, or one line naming the file, the key and the choices."""
+    try:
+        return PLATFORMS[name]
+    except KeyError:
+        raise ConfigError(f"{where}: platform: unknown platform {name!r} (platforms: "
+                          f"{', '.join(PLATFORMS)}; add one as a file in env/platforms/ or in "
+                          f"a folder named by {PATH_ENV})") from None

@@ -62,3 +62,14 @@ def points(sweeps: Sequence[str], base: str) -> list[Point]:
             raise ConfigError(f"--run-name: {base!r} is too long for a sweep's run names")
     return [Point(tuple(f"{k}={v}" for k, v in combo), name)
             for combo, name in zip(combos, names)]
+
+
+def port_override(point: Point, index: int, port: int, sweeps: Sequence[str]) -> tuple[str, ...]:
+    """Job K of a sweep meets at job.master_port + K (unless the sweep sets the port itself):
+    jobs that share a node (rehearsals, non-exclusive partitions) must not share a port."""
+    if any(s.partition("=")[0].strip() == "job.master_port" for s in sweeps):
+        return ()
+    if port + index > 65535:
+        raise ConfigError(f"--sweep: job {index} would meet at port {port + index} (job."
+                          "master_port + its index), beyond 65535")
+    return (f"job.master_port={port + index}",)

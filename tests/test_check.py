@@ -136,7 +136,7 @@ def test_a_site_that_breaks_rendering_fails_the_check(jobgen: Callable,
 def project_copy(tmp_path: Path) -> Path:
     """A copy of the project's data folders, used through JOBGEN_HOME."""
     home = tmp_path / "jobgen-home"
-    for folder in ("recipes", "templates", "payload", "env/sites"):
+    for folder in ("recipes", "templates", "payload", "env/sites", "env/platforms"):
         shutil.copytree(ROOT / folder, home / folder)
     return home
 

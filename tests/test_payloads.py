@@ -11,7 +11,7 @@ import pytest
 from jobgen import api, payloads
 from jobgen import recipe as recipes
 from jobgen.errors import JobgenError
-from jobgen.payloads import REGISTRY, leaf_keys
+from jobgen.payloads import BUILT_IN, REGISTRY, leaf_keys
 
 RECIPES = recipes.recipe_names()
 LEAVES = dict(leaf_keys())
@@ -162,7 +162,7 @@ def test_a_new_payload_is_one_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registering a payload is all it takes for the key rules to apply to it."""
     base = REGISTRY["neuron_nemo"]
     extra = dataclasses.replace(base, name="neuron_nemo", honours=base.honours - {"optim.eps"})
-    monkeypatch.setitem(REGISTRY, "neuron_nemo", extra)
+    monkeypatch.setitem(BUILT_IN, "neuron_nemo", extra)
     with pytest.raises(JobgenError, match=r"optim\.eps: payload neuron_nemo does not use"):
         api.job_spec("neox20b", overrides=("optim.eps=1e-6",))
     _: Optional[int] = None

@@ -523,7 +523,8 @@ def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -
     out = job.output()
     assert "jobgen: training pass failed with status" in out
     assert "requeueing (restart 1 of 10)" in out
-    assert f"jobgen: job {job.job_id} on" in out and "restart 1 of at most 10" in out
+    assert f"jobgen: job {job.job_id} on" in out
+    assert "allocation 1, restarts after failures 1 of at most 10" in out
 
     # First run: compile pass and part of the training pass.
     first_compile, first_train = job.events(0, "compile"), job.events(0, "train")
@@ -534,7 +535,7 @@ def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -
     assert 0 <= lost <= EVERY, explain(job, f"{lost} steps lost (checkpoint every {EVERY})")
 
     # Second run: the marker skips the compile pass; training resumes from `newest`.
-    restarted = out[out.index("restart 1 of at most 10"):]
+    restarted = out[out.index("allocation 1, restarts after failures 1 of at most 10"):]
     assert "jobgen: compile pass skipped (compile mode auto; cache marker" in restarted
     assert "compile pass (" not in restarted
     assert not job.node_log(1, 0, "compile").exists()
@@ -633,7 +634,7 @@ def test_node_failure_requeues_and_resumes(cluster: int, tmp_path: Path) -> None
     assert fields.get("Restarts") == "1", explain(job, f"Restarts={fields.get('Restarts')}")
     out = job.output()
     assert "DUE TO NODE FAILURE" in out, explain(job, "no node failure in the output")
-    restarted = out[out.index("restart 1 of at most 10"):]
+    restarted = out[out.index("allocation 1, restarts after failures 1 of at most 10"):]
     assert "jobgen: compile pass skipped (compile mode auto; cache marker" in restarted
     ran = steps_of(job.events(0, "train"), "train")
     assert 0 <= ran[-1] - newest <= EVERY
@@ -915,3 +916,131 @@ def test_jobgen_run_without_slurm(tmp_path: Path) -> None:
     assert complete_checkpoints(tmp_path / "jobgen-runs" / run_name)[-1] == MAX_STEPS
     FIGURES["jobgen run bert1.5b --nodes 2 --smoke (no Slurm)"] = \
         f"{time.time() - started:.1f} s"
+
+
+# --- 5. the time limit: warned, saved, requeued (not a failure), resumed ------------------------
+
+TIME_LIMIT_MIN = 2          # each allocation: 120 s
+WARNING_S = 50              # Slurm warns 50 s (or, by its 30 s check interval, up to ~80 s) before
+
+
+def limited_site(cwd: Path) -> Path:
+    """The local site with a time-limit warning short enough for a 2-minute allocation."""
+    text = (ROOT / "env" / "sites" / "local.yaml").read_text(encoding="utf-8")
+    assert "\n  max_nodes: 128\n" in text
+    site = cwd / "limited.yaml"
+    site.write_text(text.replace("name: local\n", "name: limited\n").replace(
+        "\n  max_nodes: 128\n", f"\n  max_nodes: 128\n  time_limit_warning_s: {WARNING_S}\n"),
+        encoding="utf-8")
+    return site
+
+
+def test_time_limit_requeues_and_the_run_finishes_across_allocations(cluster: int,
+                                                                      tmp_path: Path) -> None:
+    """A 2-minute time limit and 2.5 s per step: 24 steps need several allocations. At each
+    warning the trainers save the step they just trained and stop, the job requeues itself
+    without counting a failure, and the next allocation resumes from exactly that step."""
+    job = render_into_sbatch(
+        tmp_path, "pythia6.9b", run_name=unique("limit"), port=free_port(),
+        env=job_env(JOBGEN_SMOKE_STEP_DELAY="2.5"), label="time limit",
+        render_args=["--time", str(TIME_LIMIT_MIN), "--site", str(limited_site(tmp_path)),
+                     "--set", "job.max_restarts=0"])
+    fields = wait_finished(job, timeout=900)
+    assert_state(job, fields, "COMPLETED")
+    out = job.output()
+    assert "requeueing (restart" not in out and "giving up" not in out, explain(job, "a failure")
+    allocations = sorted(int(p.name.split("-")[1])
+                         for p in (job.run_dir / "logs" / job.job_id).glob("restart-*"))
+    assert len(allocations) >= 2 and allocations == list(range(len(allocations))), \
+        explain(job, f"allocations {allocations}")
+    assert fields.get("Restarts", str(len(allocations) - 1)) == str(len(allocations) - 1)
+    # max_restarts is 0: had a time-limit requeue counted as a failure, the job would have
+    # given up at the first one. Every allocation starts with no failure restarts used.
+    for k in allocations:
+        assert f"allocation {k}, restarts after failures 0 of at most 0" in out, explain(
+            job, f"allocation {k}'s header")
+
+    timeline, trained = [], []
+    for k in allocations:
+        folder = job.run_dir / "logs" / job.job_id / f"restart-{k}"
+        train = job.events(k, "train")
+        ran = steps_of(train, "train")
+        resumed = [e["step"] for e in only(train, "resume")]
+        start = resumed[0] if resumed else 0
+        assert ran == list(range(start + 1, start + 1 + len(ran))), explain(job, f"{k}: {ran}")
+        if trained:   # resumes exactly where the previous allocation stopped: no step lost
+            assert start == trained[-1], explain(job, f"allocation {k} resumed at {start}")
+        trained += ran
+        last = k == allocations[-1]
+        stopped = folder / "stopped.json"
+        if last:
+            assert not stopped.exists() and [e["step"] for e in only(train, "done")] == [24]
+            timeline.append(f"allocation {k}: resumed at {start}, trained to 24, done")
+            continue
+        assert stopped.exists() and (folder / "time-limit").exists(), explain(
+            job, f"allocation {k} was not stopped by the time-limit warning")
+        saved = json.loads(stopped.read_text())
+        assert saved == {"step": ran[-1], "signal": "USR1"}, explain(job, f"{saved} vs {ran}")
+        warned, left = (int(x) for x in (folder / "time-limit").read_text().split())
+        stop_event = only(train, "stopped")[0]
+        timeline.append(
+            f"allocation {k}: resumed at {start}, trained to {ran[-1]}, warned with {left} s "
+            f"left, saved step {saved['step']} and stopped "
+            f"{event_time(stop_event) - warned:.1f} s after the warning, 0 steps lost")
+    assert trained == list(range(1, 25)), explain(job, f"steps across allocations: {trained}")
+    assert out.count("requeueing for the time limit") == len(allocations) - 1
+    assert complete_checkpoints(job.run_dir)[-1] == 24
+    FIGURES["time-limit requeue (--time 2, warning 50 s, 2.5 s/step)"] = "; ".join(timeline)
+
+
+# --- 6. a sweep: one job array, a run per combination -------------------------------------------
+
+def test_sweep_is_a_job_array_of_runs(cluster: int, tmp_path: Path) -> None:
+    """`submit --sweep seed=7,8`: one sbatch, two array tasks (each its own run folder and port),
+    both listed by `jobgen runs`, found by name by status and logs, and trained to the end."""
+    base, port = unique("sweep"), free_port()
+    _PORTS.add(port + 1)
+    env = job_env()
+    proc = run_cli(tmp_path, "submit", "pythia6.9b", "--nodes", "2", "--smoke", "--run-name",
+                   base, "--set", f"job.master_port={port}", "--sweep", "seed=7,8", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    ids = [line.split()[0] for line in lines]
+    names = [line.split()[1] for line in lines]
+    array_id = ids[0].split("_")[0]
+    assert ids == [f"{array_id}_0", f"{array_id}_1"] and names == [f"{base}-seed7",
+                                                                  f"{base}-seed8"]
+    SUBMITTED.append(array_id)
+    jobs = [Job(i, tmp_path, n, port + k, time.time(), f"sweep task {k}")
+            for k, (i, n) in enumerate(zip(ids, names))]
+    for job in jobs:
+        assert_state(job, wait_finished(job), "COMPLETED")
+    listed = {r["name"]: r for r in json.loads(run_cli(tmp_path, "runs", "--json",
+                                                       env=env).stdout)}
+    losses = []
+    for job in jobs:
+        row = listed[job.run_name]
+        assert (row["job_id"], row["state"], row["run_dir"]) == (job.job_id, "COMPLETED",
+                                                                  str(job.run_dir))
+        status = json.loads(run_cli(tmp_path, "status", job.run_name, "--json", env=env).stdout)
+        assert status["state"] == "COMPLETED"
+        # Per-node logs live under the task's name (ARRAYID_K), where `logs --node` finds them.
+        train = job.events(0, "train")
+        assert [e["step"] for e in only(train, "done")] == [MAX_STEPS], explain(job, "not done")
+        logged = run_cli(tmp_path, "logs", job.run_name, "--node", "0", env=env)
+        assert logged.returncode == 0, logged.stderr
+        assert only(read_events(logged.stdout), "done")[-1]["step"] == MAX_STEPS
+        losses.append(only(train, "step")[0]["loss"])
+    assert losses[0] != losses[1]     # the seeds reached the trainers
+
+
+def test_more_nodes_than_the_partition_holds_is_refused(cluster: int, tmp_path: Path) -> None:
+    proc = run_cli(tmp_path, "submit", "llama2-7b", "--nodes", str(cluster * 2), "--smoke")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"error: {cluster * 2} nodes: partition debug has {cluster} (sinfo); "
+                           "ask for fewer, or pass --no-check to queue it anyway\n")
+    proc = run_cli(tmp_path, "submit", "llama2-7b", "--nodes", "2", "--smoke",
+                   "--partition", "nosuch")
+    assert proc.returncode == 2
+    assert "sinfo shows no partition 'nosuch' (partitions: debug)" in proc.stderr

@@ -1,8 +1,11 @@
 """The payloads, one module each, behind one registry.
 
 Adding a payload = one module here (its ``PAYLOAD`` record: honoured keys, launch knobs, the
-builder of its two passes' arguments) + its launcher under payload/ + its recipes. The registry
-also enforces the rule users depend on: a recipe value either reaches the trainer or is refused,
+builder of its two passes' arguments) + its launcher under payload/ + its recipes. A package of
+one's own adds a payload without editing jobgen: an entry point in the group
+``jobgen.payloads`` whose name is the payload's and whose object is its ``Payload`` record (its
+launcher an absolute path on the nodes, or one under jobgen's payload/). The registry also
+enforces the rule users depend on: a recipe value either reaches the trainer or is refused,
 naming the key and the payload.
 """
 from __future__ import annotations
@@ -15,17 +18,67 @@ from typing import Any, Optional, get_args, get_origin
 
 from .. import schema
 from ..errors import ConfigError
-from ..platforms import PLATFORMS
+from ..platforms import get as platform_of
 from ..recipe import Recipe
 from ..spec import JobSpec
 from . import habana_deepspeed, neuron_nemo, neuronx_distributed, smoke
 from .base import Launch, Pass, Payload, compile_cache_env, compile_key, env_block
 
-__all__ = ["REGISTRY", "Launch", "Pass", "Payload", "check_recipe", "compile_cache_env",
-           "compile_key", "env_block", "for_spec", "key_report"]
+__all__ = ["BUILT_IN", "ENTRY_POINTS", "REGISTRY", "Launch", "Pass", "Payload", "check_recipe",
+           "compile_cache_env", "compile_key", "env_block", "for_spec", "key_report"]
 
-REGISTRY: dict[str, Payload] = {p.name: p for p in (
+ENTRY_POINTS = "jobgen.payloads"
+BUILT_IN: dict[str, Payload] = {p.name: p for p in (
     neuron_nemo.PAYLOAD, neuronx_distributed.PAYLOAD, habana_deepspeed.PAYLOAD)}
+
+
+class _Registry(Mapping[str, Payload]):
+    """The built-in payloads, then those registered by installed packages (entry points, looked
+    up only when a name is not built in: rendering a built-in recipe reads no package metadata)."""
+
+    def __init__(self) -> None:
+        self._plugins: Optional[dict[str, Payload]] = None
+
+    def plugins(self) -> dict[str, Payload]:
+        if self._plugins is None:
+            from importlib.metadata import entry_points
+            found: dict[str, Payload] = {}
+            for ep in entry_points(group=ENTRY_POINTS):
+                if ep.name in BUILT_IN or ep.name in found:
+                    raise ConfigError(f"entry point {ENTRY_POINTS}:{ep.name} ({ep.value}): "
+                                      "a payload of that name is already registered")
+                try:
+                    payload = ep.load()
+                except Exception as exc:  # noqa: BLE001  (any import error of someone's package)
+                    raise ConfigError(f"entry point {ENTRY_POINTS}:{ep.name} ({ep.value}): "
+                                      f"cannot load it: {type(exc).__name__}: {exc}") from None
+                if not isinstance(payload, Payload) or payload.name != ep.name:
+                    raise ConfigError(f"entry point {ENTRY_POINTS}:{ep.name} ({ep.value}): "
+                                      "must name a jobgen.payloads.Payload whose name is "
+                                      f"{ep.name!r}")
+                found[ep.name] = payload
+            self._plugins = found
+        return self._plugins
+
+    def __getitem__(self, name: str) -> Payload:
+        found = BUILT_IN.get(name)
+        return found if found is not None else self.plugins()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in BUILT_IN or name in self.plugins()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*BUILT_IN, *self.plugins()])
+
+    def __len__(self) -> int:
+        return len(BUILT_IN) + len(self.plugins())
+
+    def clear(self) -> None:
+        """Look the entry points up again (a test that installs one)."""
+        self._plugins = None
+
+
+REGISTRY = _Registry()
 
 _MISSING = object()
 
@@ -81,7 +134,7 @@ def check_recipe(recipe: Recipe, source: str) -> None:
         raise ConfigError(f"{source}: payload: unknown payload {recipe.payload!r} "
                           f"(known: {', '.join(REGISTRY)})")
     name = payload.name
-    platform = PLATFORMS[recipe.platform]
+    platform = platform_of(recipe.platform, source)
     if platform.accelerator != payload.accelerator:
         raise ConfigError(f"{source}: platform: payload {name} runs on "
                           f"{payload.accelerator} platforms, not on {platform.name} "

@@ -68,8 +68,13 @@ flow_init() {
   export JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR JOBGEN_WORKDIR JOBGEN_COMPILE_CACHE JOBGEN_COMPILE_MODE \
     JOBGEN_PASSES MASTER_PORT
   FLOW_PYTHON=${JOBGEN_PYTHON:-python3}
-  if [ ! -f "$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER" ]; then
-    flow_say "no launcher $JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER (is payload/ at JOBGEN_PAYLOAD_DIR?)"
+  # The payload's launcher: under payload/, or an absolute path (a payload of another package).
+  case $JOBGEN_LAUNCHER in
+    /*) FLOW_LAUNCHER=$JOBGEN_LAUNCHER ;;
+    *) FLOW_LAUNCHER=$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER ;;
+  esac
+  if [ ! -f "$FLOW_LAUNCHER" ]; then
+    flow_say "no launcher $FLOW_LAUNCHER (is payload/ at JOBGEN_PAYLOAD_DIR?)"
     return "$FLOW_CONFIG_ERROR"
   fi
 }
@@ -177,9 +182,9 @@ flow_node_pass() {
   log="$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$pass.log"
   [ -f "$log" ] && before=$(wc -c <"$log")
   if command -v setsid >/dev/null 2>&1; then
-    setsid -w bash "$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER" "$pass" "$@" &
+    setsid -w bash "$FLOW_LAUNCHER" "$pass" "$@" &
   else
-    bash "$JOBGEN_PAYLOAD_DIR/$JOBGEN_LAUNCHER" "$pass" "$@" &
+    bash "$FLOW_LAUNCHER" "$pass" "$@" &
   fi
   FLOW_PASS_PID=$!
   wait "$FLOW_PASS_PID"
@@ -350,8 +355,7 @@ flow_restart_decision() {
 }
 
 # flow_finish STATUS WHAT FAILURES REQUEUE_COMMAND...: restart accounting, then exit with
-# STATUS. The requeue command is the scheduler's (`scontrol requeue JOBID`). FLOW_FAILURES_FILE,
-# where set, keeps the count of requeues for failures (a time-limit requeue is not one).
+# STATUS. The requeue command is the scheduler's (`scontrol requeue JOBID`).
 flow_finish() {
   local status=$1 what=$2 restart=$3
   shift 3
@@ -360,9 +364,6 @@ flow_finish() {
       stop) flow_say "$what failed with a configuration error (status 78, see the node lines above); not requeueing: fix it and resubmit" ;;
       requeue)
         flow_say "$what failed with status $status; requeueing (restart $((restart + 1)) of $JOBGEN_MAX_RESTARTS)"
-        if [ -n "${FLOW_FAILURES_FILE:-}" ]; then
-          printf '%s\n' "$((restart + 1))" >"$FLOW_FAILURES_FILE" || flow_say "cannot record the failure count in $FLOW_FAILURES_FILE"
-        fi
         "$@" || flow_say "$1 $2 failed" ;;
       *) flow_say "$what failed with status $status and the job has used all $JOBGEN_MAX_RESTARTS restarts; giving up" ;;
     esac
@@ -397,7 +398,7 @@ flow_seconds() {
   flow_is_count "$days" || return 0
   IFS=: read -ra parts <<<"$text"
   [ "${#parts[@]}" -ge 1 ] && [ "${#parts[@]}" -le 3 ] || return 0
-  for part in "${parts[@]}"; do
+  for part in ${parts[@]+"${parts[@]}"}; do
     flow_is_count "$part" || return 0
     total=$((total * 60 + 10#$part))
   done
@@ -457,11 +458,13 @@ flow_slurm_job() {
   fi
   export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$job/restart-$allocation"
   mkdir -p "$JOBGEN_LOG_DIR" "$JOBGEN_COMPILE_CACHE" || exit 1
-  # Restarts after failures are counted here; Slurm's SLURM_RESTART_COUNT also counts the
-  # requeues at the time limit, which are not failures.
-  FLOW_FAILURES_FILE="$JOBGEN_RUN_DIR/logs/$job/failures"
-  [ -f "$FLOW_FAILURES_FILE" ] && read -r restart <"$FLOW_FAILURES_FILE"
-  flow_is_count "${restart:-}" || restart=0
+  # Restarts after failures: Slurm's count of requeues (ours, and its own after a node
+  # failure) less the requeues at the time limit, which are not failures (counted in a file).
+  local timed_out=0 limits_file="$JOBGEN_RUN_DIR/logs/$job/time-limit-requeues"
+  [ -f "$limits_file" ] && read -r timed_out <"$limits_file"
+  flow_is_count "${timed_out:-}" || timed_out=0
+  restart=$((allocation - timed_out))
+  [ "$restart" -ge 0 ] || restart=0
   trap flow_on_time_limit USR1
   flow_say "job $job on $SLURM_JOB_NODELIST, allocation $allocation, restarts after failures $restart of at most ${JOBGEN_MAX_RESTARTS:-0}, logs in $JOBGEN_LOG_DIR"
   flow_setup || exit 1
@@ -499,7 +502,8 @@ flow_slurm_job() {
     elif [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
       flow_say "the trainers saved and stopped: $(cat "$JOBGEN_LOG_DIR/stopped.json")"
     fi
-    flow_say "requeueing for the time limit (allocation $((allocation + 1)); not counted against the $JOBGEN_MAX_RESTARTS restarts for failures)"
+    flow_say "requeueing for the time limit (allocation $((allocation + 1)); not counted against the ${JOBGEN_MAX_RESTARTS:-0} restarts for failures)"
+    printf '%s\n' "$((timed_out + 1))" >"$limits_file" || flow_say "cannot record the time-limit requeue in $limits_file"
     scontrol requeue "$SLURM_JOB_ID" || flow_say "scontrol requeue $SLURM_JOB_ID failed: resubmit to continue"
     exit 0
   fi

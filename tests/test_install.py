@@ -1,0 +1,40 @@
+"""The CPU-only install the README documents for rehearsals: torch's CPU wheel first, then
+`pip install -e '.[payload]'`, which must keep that torch (no CUDA build, no nvidia-* wheels)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import distributions
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_rehearsal_torch_is_the_cpu_build() -> None:
+    torch = pytest.importorskip("torch")
+    assert torch.version.cuda is None, torch.__version__
+    nvidia = sorted(d.metadata["Name"] for d in distributions()
+                    if (d.metadata["Name"] or "").lower().startswith("nvidia-"))
+    assert nvidia == []
+
+
+@pytest.mark.slow
+def test_installing_the_payload_extra_keeps_the_cpu_torch(tmp_path: Path) -> None:
+    """pip's own resolver, asked what `pip install -e '.[payload]'` would do in this venv."""
+    pytest.importorskip("torch")
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
+                           "--report", str(report), "-e", f"{ROOT}[payload]"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    would = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert "torch" not in would and not [n for n in would if n.startswith("nvidia-")], would
+
+
+def test_the_readme_shows_the_cpu_only_install() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert ("pip install torch --index-url https://download.pytorch.org/whl/cpu" in readme
+            and "pip install -e '.[payload]'" in readme)
