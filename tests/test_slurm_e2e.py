@@ -1044,3 +1044,21 @@ def test_more_nodes_than_the_partition_holds_is_refused(cluster: int, tmp_path: 
                    "--partition", "nosuch")
     assert proc.returncode == 2
     assert "sinfo shows no partition 'nosuch' (partitions: debug)" in proc.stderr
+
+
+def test_per_job_overrides_reach_slurm(cluster: int, tmp_path: Path) -> None:
+    """--partition --account --qos --time --exclude --nodelist, as the controller records them."""
+    proc = run_cli(tmp_path, "submit", "pythia6.9b", "--nodes", "2", "--smoke", "--run-name",
+                   unique("overrides"), "--set", f"job.master_port={free_port()}",
+                   "--partition", "debug", "--account", "root", "--qos", "normal",
+                   "--time", "0:07:00", "--exclude", "n4", "--nodelist", "n1")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    SUBMITTED.append(job_id)
+    try:
+        fields = job_fields(job_id)
+        assert (fields.get("Partition"), fields.get("Account"), fields.get("QOS"),
+                fields.get("TimeLimit"), fields.get("ExcNodeList"), fields.get("ReqNodeList")) \
+            == ("debug", "root", "normal", "00:07:00", "n4", "n1"), fields
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
