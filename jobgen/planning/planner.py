@@ -1,0 +1,384 @@
+"""The plan for one recipe at several node counts: throughput, time and cost to a target, and
+what failures take, at the recipe's checkpoint interval and at the recommended one."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from ..errors import ConfigError, RuleError
+from ..record import record
+from ..site import Site
+from ..spec import JobSpec
+from . import failures, model
+from . import measurements as meas
+from .failures import Simulation
+from .model import Curve, Throughput
+
+# Node counts: "16,32,64" or "4..64" (doubling from the first to the last) or both.
+MAX_NODES = 100_000
+
+
+def parse_nodes(text: str) -> list[int]:
+    counts: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if ".." in part:
+                first_s, last_s = part.split("..", 1)
+                first, last = int(first_s), int(last_s)
+                if first < 1 or last < first:
+                    raise ValueError
+                n = first
+                while n < last:
+                    counts.append(n)
+                    n *= 2
+                counts.append(last)
+            else:
+                counts.append(int(part))
+        except ValueError:
+            raise ConfigError(f"--nodes: {part!r} is not a node count or a range A..B "
+                              "(like 16,32,64 or 4..64)") from None
+    if any(n < 1 or n > MAX_NODES for n in counts):
+        raise ConfigError(f"--nodes: node counts must be 1 to {MAX_NODES}")
+    return sorted(set(counts))
+
+
+@record
+class Options:
+    tokens: Optional[float] = None
+    samples: Optional[float] = None
+    price: Optional[float] = None
+    rate: Optional[str] = None
+    node_mtbf_hours: Optional[float] = None
+    restart_s: Optional[float] = None
+    storage_mb_s: Optional[float] = None
+    checkpoint_gb: Optional[float] = None
+    measurement_files: tuple[str, ...] = ()
+    from_runs: tuple[str, ...] = ()
+    simulate: int = 0
+    seed: int = 0
+
+
+@record
+class Interval:
+    steps: int
+    seconds: float           # training seconds between checkpoints
+    goodput: float           # training time / expected wall time
+    wall_s: float            # expected wall time, failures included
+    failures: float          # expected failures on the way
+    cost: Optional[float]
+    simulation: Optional[Simulation] = None
+
+
+@record
+class Failures:
+    job_mtbf_s: float
+    write_s: float
+    load_s: float
+    restart_s: float         # detection + requeue + rendezvous + compile + load
+    young_s: float
+    daly_s: float
+    recipe: Interval
+    best: Interval
+
+
+@record
+class Row:
+    nodes: int
+    throughput: Throughput
+    global_batch: int
+    step_s: float
+    steps: int
+    work_s: float            # training time to the target without failures
+    tokens_per_s: float
+    cost: Optional[float]
+    per_dollar: Optional[float]
+    failures: Optional[Failures] = None
+
+
+@record
+class Skipped:
+    nodes: int
+    reason: str
+
+
+@record
+class Result:
+    recipe: str
+    site: str
+    platform: str
+    unit: str                # tokens | samples
+    target: float            # in `unit`
+    target_samples: float
+    target_basis: str
+    price: Optional[float]
+    price_basis: str
+    node_mtbf_hours: Optional[float]
+    mtbf_basis: str
+    parameters: int
+    checkpoint_bytes: int
+    checkpoint_basis: str
+    write_mb_s: Optional[float]
+    read_mb_s: Optional[float]
+    restart_basis: str
+    rows: tuple[Row, ...]
+    skipped: tuple[Skipped, ...]
+    notes: tuple[str, ...]
+
+
+# --- inputs -------------------------------------------------------------------------------------
+def _price(site: Site, platform: str, opts: Options) -> tuple[Optional[float], str]:
+    if opts.price is not None:
+        return opts.price, "--price"
+    facts = (site.plan.platforms or {}).get(platform)
+    prices = dict(facts.prices or {}) if facts else {}
+    wanted = opts.rate or site.plan.rate
+    where = f"site {site.name}"
+    if opts.rate is not None and opts.rate not in prices:
+        known = ", ".join(sorted(prices)) or "none"
+        raise ConfigError(f"--rate {opts.rate}: the site {site.name} has no such price for "
+                          f"{platform} (plan.platforms.{platform}.prices: {known})")
+    if wanted and wanted in prices:
+        return prices[wanted], f"{platform} {wanted}, {where}"
+    if "on_demand" in prices:
+        why = f" (no {wanted} rate)" if wanted else ""
+        return prices["on_demand"], f"{platform} on_demand{why}, {where}"
+    return None, (f"no price: pass --price, or set plan.platforms.{platform}.prices in the "
+                  f"site {site.name}")
+
+
+def _mtbf(site: Site, platform: str, opts: Options) -> tuple[Optional[float], str]:
+    if opts.node_mtbf_hours is not None:
+        return opts.node_mtbf_hours, "--node-mtbf-hours"
+    facts = (site.plan.platforms or {}).get(platform)
+    if facts and facts.node_mtbf_hours:
+        return facts.node_mtbf_hours, f"site {site.name}"
+    return None, (f"no node MTBF: pass --node-mtbf-hours, or set "
+                  f"plan.platforms.{platform}.node_mtbf_hours in the site {site.name}")
+
+
+def _runs(refs: Sequence[str], recipe_name: str, site: Optional[str]) -> list[meas.Measurement]:
+    """The throughput each finished run logged in its metrics.jsonl."""
+    from pathlib import Path
+
+    from .. import api, runs
+    found: list[meas.Measurement] = []
+    for ref in refs:
+        run = runs.find(ref)
+        if run is None:
+            raise ConfigError(f"--from-run {ref}: no run of that name or job id in "
+                              f"{runs.state_dir() / runs.RECORD}")
+        if run.smoke:
+            raise ConfigError(f"--from-run {ref}: a --smoke rehearsal; its throughput is the CPU "
+                              f"stand-in's, not {run.recipe}'s")
+        path = Path(run.run_dir, "train", "metrics.jsonl")
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigError(f"--from-run {ref}: {path}: cannot read: {exc.strerror}") from None
+        events = meas.read_events(text)
+        rate, used = meas.run_throughput(events)
+        if used < 3:
+            raise ConfigError(f"--from-run {ref}: {path}: {used} timed steps after warm-up; "
+                              "at least 3 are needed")
+        spec = api.job_spec(run.recipe, run.nodes, site=site)
+        if spec.recipe.name != recipe_name:
+            raise ConfigError(f"--from-run {ref}: the run trained {spec.recipe.name}, not "
+                              f"{recipe_name}")
+        batch = next((e.get("global_batch_size") for e in events if e.get("event") == "start"),
+                     None)
+        settings = meas.Settings(global_batch=batch if isinstance(batch, int) else None,
+                                 seq_length=spec.recipe.model.seq_length)
+        found.append(meas.Measurement(recipe_name, run.nodes, rate,
+                                      f"run {run.name} ({used} steps of {path})", settings, "run"))
+    return found
+
+
+def _points(name: str, table: meas.Table, extra: Sequence[meas.Measurement]
+            ) -> tuple[list[meas.Measurement], list[str]]:
+    """The recipe's measured points: published, then the user's (which replace a published
+    point at the same node count)."""
+    notes: list[str] = []
+    points = {p.nodes: p for p in meas.measurements(table, "published") if p.recipe == name}
+    for p in extra:
+        if p.recipe != name:
+            continue
+        if p.nodes in points:
+            notes.append(f"{p.nodes} nodes: {p.source} replaces {points[p.nodes].source}")
+        points[p.nodes] = p
+    return [points[n] for n in sorted(points)], notes
+
+
+# --- the plan -----------------------------------------------------------------------------------
+def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] = (),
+         site_ref: Optional[str] = None, opts: Optional[Options] = None) -> Result:
+    from .. import api
+    from .. import site as sites
+
+    opts = opts or Options()
+    site = sites.load(site_ref)
+    base = api.job_spec(recipe_ref, None, overrides=overrides, site=site_ref)
+    name, platform = base.recipe.name, base.recipe.platform
+    table = meas.published()
+    extra: list[meas.Measurement] = []
+    for path in opts.measurement_files:
+        extra += meas.user_file(path)
+    extra += _runs(opts.from_runs, name, site_ref)
+    points, notes = _points(name, table, extra)
+
+    transfer = next((t for t in table.transfers if t.recipe == name), None)
+    scale = 1.0
+    shape: Optional[Curve] = None
+    source_points: list[meas.Measurement] = []
+    if transfer is not None:
+        source = api.job_spec(transfer.source_recipe, None, site=site_ref)
+        source_points, _ = _points(transfer.source_recipe, table, extra)
+        # samples/s of this model = samples/s of the source x (its FLOPs per sample / ours)
+        scale = (model.flops_per_token(source) * source.recipe.model.seq_length
+                 / (model.flops_per_token(base) * base.recipe.model.seq_length))
+        shape = Curve.fit(source_points)
+    if points:
+        curve = Curve.fit(points, shape)
+        transferred = False
+    elif transfer is not None and source_points:
+        curve = Curve.fit(source_points)
+        transferred = True
+        notes.append(f"no measurement of {name}: throughput transferred from "
+                     f"{transfer.source_recipe} x {scale:.3f} (training FLOPs per sample, "
+                     f"{transfer.source_recipe} / {name}), because {transfer.why}")
+    else:
+        raise ConfigError(f"{name}: no measured throughput (recipes/measurements.yaml has none "
+                          "for it); add rows of your own with --measurements FILE or "
+                          "--from-run RUN")
+
+    # the target, in samples
+    seq = base.recipe.model.seq_length
+    unit = "samples" if base.recipe.model.family == "bert" else "tokens"
+    if opts.tokens is not None and opts.samples is not None:
+        raise ConfigError("--tokens and --samples: give one target")
+    if opts.tokens is not None:
+        target_samples, target_basis, unit = opts.tokens / seq, "--tokens", "tokens"
+    elif opts.samples is not None:
+        target_samples, target_basis, unit = opts.samples, "--samples", "samples"
+    else:
+        steps = base.recipe.schedule.max_steps
+        target_samples = float(steps * base.global_batch_size)
+        target_basis = (f"the recipe's schedule: {steps:,} steps x {base.global_batch_size:,} "
+                        f"samples at {base.nodes} nodes")
+    target = target_samples * seq if unit == "tokens" else target_samples
+
+    price, price_basis = _price(site, platform, opts)
+    mtbf_h, mtbf_basis = _mtbf(site, platform, opts)
+    params = model.parameters(base)
+    if opts.checkpoint_gb is not None:
+        ckpt_bytes, ckpt_basis = int(opts.checkpoint_gb * 1e9), "--checkpoint-gb"
+    else:
+        per = model.CHECKPOINT_BYTES_PER_PARAM[base.recipe.precision]
+        ckpt_bytes = model.checkpoint_bytes(base)
+        ckpt_basis = f"{params / 1e9:.2f}B parameters x {per} bytes ({base.recipe.precision})"
+    storage = site.plan.storage
+    node_mb_s: Optional[float] = None
+    if opts.storage_mb_s is not None:
+        write_mb_s: Optional[float] = opts.storage_mb_s
+        read_mb_s: Optional[float] = opts.storage_mb_s
+    elif storage is not None:
+        write_mb_s, read_mb_s, node_mb_s = storage.write_mb_s, storage.read_mb_s, storage.node_mb_s
+    else:
+        write_mb_s = read_mb_s = None
+        notes.append(f"no checkpoint storage bandwidth: pass --storage-mb-s, or set plan.storage "
+                     f"in the site {site.name}")
+    restart_fixed = opts.restart_s if opts.restart_s is not None else site.plan.restart.total_s
+    r = site.plan.restart
+    restart_basis = ("--restart-s" if opts.restart_s is not None else
+                     f"site {site.name}: detect {r.detect_s:g} + requeue {r.requeue_s:g} + "
+                     f"rendezvous {r.rendezvous_s:g} + compile {r.compile_s:g} s")
+    if mtbf_h is None:
+        notes.append(mtbf_basis)
+    if price is None:
+        notes.append(price_basis)
+
+    rows: list[Row] = []
+    skipped: list[Skipped] = []
+    for n in node_counts:
+        try:
+            spec = api.job_spec(recipe_ref, n, overrides=overrides, site=site_ref)
+        except RuleError as exc:
+            skipped.append(Skipped(n, str(exc).split(": ", 1)[-1]))
+            continue
+        thr = _throughput(curve, spec, n, scale if transferred else 1.0,
+                          transfer.source_recipe if transferred and transfer else "")
+        gbs = spec.global_batch_size
+        step_s = gbs / thr.samples_per_s
+        steps = math.ceil(target_samples / gbs)
+        work = steps * step_s
+        tokens_per_s = thr.samples_per_s * seq
+        cost = work / 3600 * n * price if price is not None else None
+        per_unit = tokens_per_s if unit == "tokens" else thr.samples_per_s
+        per_dollar = per_unit * 3600 / (price * n) if price is not None else None
+        fail = None
+        if mtbf_h is not None and write_mb_s is not None and read_mb_s is not None:
+            fail = _failures(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s, read_mb_s,
+                             node_mb_s, restart_fixed, price, steps, opts)
+        rows.append(Row(n, thr, gbs, step_s, steps, work, tokens_per_s, cost, per_dollar, fail))
+    if not rows:
+        raise ConfigError(f"{name}: none of the node counts can run it: "
+                          + "; ".join(f"{s.nodes}: {s.reason}" for s in skipped))
+    return Result(name, site.name, platform, unit, target, target_samples, target_basis, price,
+                  price_basis, mtbf_h, mtbf_basis, params, ckpt_bytes, ckpt_basis, write_mb_s,
+                  read_mb_s, restart_basis, tuple(rows), tuple(skipped), tuple(notes))
+
+
+def _throughput(curve: Curve, spec: JobSpec, nodes: int, scale: float,
+                transferred_from: str) -> Throughput:
+    per_node, basis, detail = curve.per_node(nodes)
+    value = per_node * nodes * scale
+    if transferred_from:
+        basis = "transferred"
+        detail = f"{transferred_from}'s throughput x {scale:.3f}, {detail}"
+    nearest = min(curve.points, key=lambda p: abs(math.log2(p.nodes) - math.log2(nodes)))
+    flags = model.setting_flags(nearest.settings, spec, nodes)
+    pipeline = spec.recipe.parallelism.pipeline
+    measured_gbs = nearest.settings.global_batch
+    if (pipeline > 1 and measured_gbs is not None and not transferred_from
+            and measured_gbs != spec.global_batch_size):
+        per_step = spec.micro_batch_size * spec.data_parallel
+        ours = spec.global_batch_size / per_step
+        theirs = measured_gbs / per_step
+        factor = (model.bubble_efficiency(ours, pipeline)
+                  / model.bubble_efficiency(theirs, pipeline))
+        value *= factor
+        basis += "+bubble"
+        detail += (f"; x {factor:.3f} for the pipeline bubble of {pipeline} stages with "
+                   f"{ours:g} micro-batches per step (measured with {theirs:g})")
+    return Throughput(value, basis, detail, tuple(flags))
+
+
+def _failures(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: float,
+              ckpt_bytes: int, write_mb_s: float, read_mb_s: float,
+              node_mb_s: Optional[float], restart_fixed: float, price: Optional[float],
+              steps: int, opts: Options) -> Failures:
+    mtbf = mtbf_h * 3600 / nodes
+    write_bw = min(write_mb_s, node_mb_s * nodes) if node_mb_s else write_mb_s
+    read_bw = min(read_mb_s, node_mb_s * nodes) if node_mb_s else read_mb_s
+    write = ckpt_bytes / (write_bw * 1e6)
+    load = ckpt_bytes / (read_bw * 1e6)
+    restart = restart_fixed + load
+    ckpt = spec.recipe.checkpoint
+    if ckpt.every_steps:
+        recipe_steps = ckpt.every_steps
+    else:
+        recipe_steps = failures.interval_steps(float(ckpt.every_seconds or 0), step_s)
+    best_steps = failures.interval_steps(failures.daly(write, mtbf), step_s, steps)
+
+    def interval(k: int) -> Interval:
+        seconds = min(k, steps) * step_s
+        wall = failures.expected_wall(work, seconds, write, restart, mtbf)
+        sim = None
+        if opts.simulate:
+            sim = failures.simulate(work, seconds, write, restart, mtbf, opts.simulate,
+                                    opts.seed)
+        cost = wall / 3600 * nodes * price if price is not None else None
+        return Interval(k, seconds, work / wall, wall, wall / mtbf, cost, sim)
+
+    return Failures(mtbf, write, load, restart, failures.young(write, mtbf),
+                    failures.daly(write, mtbf), interval(recipe_steps), interval(best_steps))
