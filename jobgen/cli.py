@@ -516,8 +516,8 @@ class _Amount(click.ParamType):
 @click.option("--checkpoint-gb", type=_Amount(),
               help="Checkpoint size in GB (default: from the model's parameters).")
 @click.option("--measurements", "measurement_files", multiple=True, metavar="FILE",
-              help="Throughput rows of your own, in the form of recipes/measurements.yaml "
-                   "(repeatable).")
+              help="Throughput rows of your own, in the form of "
+                   "recipes/measurements/published.yaml (repeatable).")
 @click.option("--from-run", "from_runs", multiple=True, metavar="RUN",
               help="Use the throughput a finished run logged (a run name or job id; "
                    "repeatable).")
@@ -538,8 +538,8 @@ def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
     if node_text is not None:
         counts = planner.parse_nodes(node_text)
     else:
-        from . import api
-        counts = [api.job_spec(recipe, None, overrides=overrides, site=site).nodes]
+        from . import recipe as recipes
+        counts = [recipes.load(recipe, list(overrides))[0].nodes]
     options["measurement_files"] = tuple(options["measurement_files"])
     options["from_runs"] = tuple(options["from_runs"])
     options["simulate"] = options["simulate"] or 0

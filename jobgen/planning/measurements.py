@@ -1,5 +1,5 @@
-"""Measured throughput: the published rows (recipes/measurements.yaml), rows of the user's own
-(`--measurements FILE`), and the throughput a finished run logged (`--from-run RUN`)."""
+"""Measured throughput: the published rows (recipes/measurements/published.yaml), rows of the
+user's own (`--measurements FILE`), and the throughput a finished run logged (`--from-run RUN`)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from ..record import record
 from ..resources import RECIPES_DIR
 
-PUBLISHED = RECIPES_DIR / "measurements.yaml"
+PUBLISHED = RECIPES_DIR / "measurements" / "published.yaml"
 SETTING_KEYS = ("global_batch", "batch_per_accelerator", "seq_length", "micro_batch", "tensor",
                 "pipeline", "precision")
 
@@ -111,7 +111,7 @@ def measurements(table: Table, origin: str) -> list[Measurement]:
 
 
 def published() -> Table:
-    return load_table(PUBLISHED, "recipes/measurements.yaml")
+    return load_table(PUBLISHED, "recipes/measurements/published.yaml")
 
 
 def user_file(path: str) -> list[Measurement]:

@@ -3,7 +3,7 @@ what failures take, at the recipe's checkpoint interval and at the recommended o
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..errors import ConfigError, RuleError
 from ..record import record
@@ -157,11 +157,12 @@ def _mtbf(site: Site, platform: str, opts: Options) -> tuple[Optional[float], st
                   f"plan.platforms.{platform}.node_mtbf_hours in the site {site.name}")
 
 
-def _runs(refs: Sequence[str], recipe_name: str, site: Optional[str]) -> list[meas.Measurement]:
+def _runs(refs: Sequence[str], recipe_name: str,
+          resolve: Callable[[str, int], JobSpec]) -> list[meas.Measurement]:
     """The throughput each finished run logged in its metrics.jsonl."""
     from pathlib import Path
 
-    from .. import api, runs
+    from .. import runs
     found: list[meas.Measurement] = []
     for ref in refs:
         run = runs.find(ref)
@@ -181,7 +182,7 @@ def _runs(refs: Sequence[str], recipe_name: str, site: Optional[str]) -> list[me
         if used < 3:
             raise ConfigError(f"--from-run {ref}: {path}: {used} timed steps after warm-up; "
                               "at least 3 are needed")
-        spec = api.job_spec(run.recipe, run.nodes, site=site)
+        spec = resolve(run.recipe, run.nodes)
         if spec.recipe.name != recipe_name:
             raise ConfigError(f"--from-run {ref}: the run trained {spec.recipe.name}, not "
                               f"{recipe_name}")
@@ -217,13 +218,20 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
 
     opts = opts or Options()
     site = sites.load(site_ref)
-    base = api.job_spec(recipe_ref, None, overrides=overrides, site=site_ref)
+    # A site without Slurm plans for its Batch queue (its node limit, its paths).
+    backend = "batch" if site.slurm.max_nodes == 0 and site.batch is not None else "slurm"
+
+    def resolve(ref: str, nodes: Optional[int], sets: Sequence[str] = ()) -> JobSpec:
+        return api.job_spec(ref, nodes, overrides=sets, site=site_ref,
+                            backend=backend)  # type: ignore[arg-type]
+
+    base = resolve(recipe_ref, None, overrides)
     name, platform = base.recipe.name, base.recipe.platform
     table = meas.published()
     extra: list[meas.Measurement] = []
     for path in opts.measurement_files:
         extra += meas.user_file(path)
-    extra += _runs(opts.from_runs, name, site_ref)
+    extra += _runs(opts.from_runs, name, lambda ref, n: resolve(ref, n))
     points, notes = _points(name, table, extra)
 
     transfer = next((t for t in table.transfers if t.recipe == name), None)
@@ -231,7 +239,7 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     shape: Optional[Curve] = None
     source_points: list[meas.Measurement] = []
     if transfer is not None:
-        source = api.job_spec(transfer.source_recipe, None, site=site_ref)
+        source = resolve(transfer.source_recipe, None)
         source_points, _ = _points(transfer.source_recipe, table, extra)
         # samples/s of this model = samples/s of the source x (its FLOPs per sample / ours)
         scale = (model.flops_per_token(source) * source.recipe.model.seq_length
@@ -247,9 +255,9 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
                      f"{transfer.source_recipe} x {scale:.3f} (training FLOPs per sample, "
                      f"{transfer.source_recipe} / {name}), because {transfer.why}")
     else:
-        raise ConfigError(f"{name}: no measured throughput (recipes/measurements.yaml has none "
-                          "for it); add rows of your own with --measurements FILE or "
-                          "--from-run RUN")
+        raise ConfigError(f"{name}: no measured throughput (recipes/measurements/published.yaml "
+                          "has none for it); add rows of your own with --measurements FILE "
+                          "or --from-run RUN")
 
     # the target, in samples
     seq = base.recipe.model.seq_length
@@ -301,7 +309,7 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     skipped: list[Skipped] = []
     for n in node_counts:
         try:
-            spec = api.job_spec(recipe_ref, n, overrides=overrides, site=site_ref)
+            spec = resolve(recipe_ref, n, overrides)
         except RuleError as exc:
             skipped.append(Skipped(n, str(exc).split(": ", 1)[-1]))
             continue
