@@ -57,3 +57,22 @@ def test_scaling_efficiency_follows_per_accelerator_throughput() -> None:
             assert abs(float(total.replace(",", "")) / int(accelerators)
                        - float(per_accelerator)) < 0.01
             assert abs(float(per_accelerator) / base * 100 - float(efficiency.rstrip(" %"))) < 0.1
+
+
+def test_the_planners_measurements_are_the_published_tables() -> None:
+    """recipes/measurements/published.yaml holds the same figures as the tables here, row for
+    row (and anchors that exist)."""
+    from jobgen.planning import measurements
+    headings = {anchor(h) for h in re.findall(r"^## (.+)$", SOURCES, re.MULTILINE)}
+    groups = measurements.published().measurements
+    assert {g.recipe for g in groups} == {"neox20b", "pythia6.9b", "bert1.5b", "bert-large"}
+    for group in groups:
+        cited = re.search(r"recipes/SOURCES\.md#([a-z0-9_-]+)", group.source)
+        assert cited and cited.group(1) in headings, group.source
+        rows = table_after(group.recipe)
+        published = {int(r[0]): float(r[1 if len(r) == 3 else 2].replace(",", ""))
+                     for r in rows}
+        assert {row.nodes: row.samples_per_s for row in group.rows} == published, group.recipe
+        for row, table_row in zip(group.rows, rows):
+            if row.per_dollar is not None:
+                assert row.per_dollar == int(table_row[2].replace(",", ""))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
+from ..plan import current_umask
 from .planner import Interval, Result
 
 
@@ -182,6 +183,7 @@ def plot(result: Result, path: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             fig.savefig(out, format="png", dpi=110)
+        os.chmod(tmp, 0o666 & ~current_umask())   # as any file the user writes, not 0600
         os.replace(tmp, path)
     except OSError as exc:
         raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None
