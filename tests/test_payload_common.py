@@ -544,7 +544,8 @@ while steps < 20:
         os.kill(os.getpid(), signal.SIGUSR1)
     if stop.agreed():
         break
-print(f"rank {rank} stopped after step {steps} (heard: {stop.requested})", flush=True)
+# one write per line: two ranks share the pipe, and print's separate newline could interleave
+os.write(1, f"rank {rank} stopped after step {steps} (heard: {stop.requested})\n".encode())
 dist.destroy_process_group()
 """
 

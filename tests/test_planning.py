@@ -208,6 +208,24 @@ def test_the_recommended_interval_beats_the_recipes_when_they_differ() -> None:
     assert f.write_s == pytest.approx(result.checkpoint_bytes / 1.2e9)
 
 
+def test_a_simulation_too_large_to_finish_is_refused(jobgen: Callable) -> None:
+    result = jobgen("plan", "bert-large", "--nodes", "1", "--samples", "1e12",
+                    "--simulate", "1000000")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --simulate 1000000: at 1 nodes with a checkpoint "
+                                    "every 200 steps that is about ")
+
+
+@pytest.mark.parametrize("recipe", ["neox20b", "pythia6.9b", "llama2-7b", "bert1.5b",
+                                    "bert-large"])
+def test_every_recipe_plans_at_its_own_node_count(jobgen: Callable, recipe: str) -> None:
+    result = jobgen("plan", recipe)
+    assert result.exit_code == 0, result.stderr
+    nodes = api.job_spec(recipe).nodes
+    assert f"  nodes: {nodes}\n" in result.stdout
+    assert "Failures: expected goodput" in result.stdout
+
+
 def test_simulate_prints_both_figures(jobgen: Callable) -> None:
     result = jobgen("plan", "bert1.5b", "--nodes", "8,16", "--samples", "2e9",
                     "--price", "13.11", "--simulate", "300", "--seed", "5")

@@ -16,6 +16,8 @@ from .model import Curve, Throughput
 
 # Node counts: "16,32,64" or "4..64" (doubling from the first to the last) or both.
 MAX_NODES = 100_000
+# Random draws a --simulate may take (about 10 s of Python per 10^7).
+SIMULATION_LIMIT = 2e7
 
 
 def parse_nodes(text: str) -> list[int]:
@@ -383,6 +385,11 @@ def _failures(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: flo
         wall = failures.expected_wall(work, seconds, write, restart, mtbf)
         sim = None
         if opts.simulate:
+            draws = opts.simulate * (work / seconds + 2 * wall / mtbf)
+            if draws > SIMULATION_LIMIT:
+                raise ConfigError(f"--simulate {opts.simulate}: at {nodes} nodes with a "
+                                  f"checkpoint every {k:,} steps that is about {draws:.2g} "
+                                  f"random draws (at most {SIMULATION_LIMIT:.0e}); use fewer runs")
             sim = failures.simulate(work, seconds, write, restart, mtbf, opts.simulate,
                                     opts.seed)
         cost = wall / 3600 * nodes * price if price is not None else None
