@@ -546,6 +546,7 @@ while steps < 20:
         break
 # one write per line: two ranks share the pipe, and print's separate newline could interleave
 os.write(1, f"rank {rank} stopped after step {steps} (heard: {stop.requested})\n".encode())
+dist.barrier()        # neither rank tears gloo down while the other still talks to it
 dist.destroy_process_group()
 """
 
