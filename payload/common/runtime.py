@@ -6,6 +6,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 # Variables that tell us some launcher (torchrun, deepspeed, mpirun, srun) set up the ranks.
 _LAUNCHER_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -91,3 +92,26 @@ def run_main(main: Callable[[], int], prog: str) -> None:
         print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         code = 1
     sys.exit(code)
+
+
+def finish_distributed(dist: Any) -> None:
+    """End this rank's part once training is done and saved: wait for every rank, then leave.
+
+    On gloo the process group is not torn down: its teardown races with a peer that has already
+    left (torch 2.13 on CPU: "terminate called without an active exception", SIGABRT, after
+    every step and checkpoint was done), and a failed exit would make the job count a failure and
+    requeue. The process exits at once instead, its output flushed; the kernel closes its
+    sockets. Other backends (HCCL on Gaudi) tear down as usual.
+    """
+    dist.barrier()
+    if dist.get_backend() != "gloo":
+        dist.destroy_process_group()
+        return
+    import logging
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)

@@ -25,6 +25,7 @@ from common.runtime import (
     batch_positions,
     dist_coords,
     ensure_process_env,
+    finish_distributed,
     run_main,
     step_seed,
 )
@@ -279,8 +280,7 @@ class Trainer:
 
     def run(self) -> None:
         run_invocation(self, self.args)
-        self.dist.barrier()
-        self.dist.destroy_process_group()
+        finish_distributed(self.dist)
 
 
 def main(argv: list[str] | None = None) -> int:

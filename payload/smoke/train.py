@@ -36,6 +36,7 @@ from common.runtime import (
     batch_positions,
     dist_coords,
     ensure_process_env,
+    finish_distributed,
     run_main,
     step_seed,
 )
@@ -296,8 +297,7 @@ class SmokeTrainer:
 
     def run(self) -> None:
         run_invocation(self, self.args)
-        self.dist.barrier()
-        self.dist.destroy_process_group()
+        finish_distributed(self.dist)
 
 
 def main(argv: list[str] | None = None) -> int:
