@@ -43,20 +43,35 @@ class _Folder(click.Path):
         return super().convert(value, param, ctx)
 
 
-class _Seconds(click.ParamType):
-    """A finite number of seconds, more than 0 and at most a day."""
+class _Amount(click.ParamType):
+    """A finite number more than 0 (1.8e12 tokens, a price, hours), at most `upper` if given."""
 
-    name = "seconds"
+    name = "number"
+
+    def __init__(self, upper: Optional[float] = None, unit: str = "") -> None:
+        self.upper, self.unit = upper, unit
 
     def convert(self, value: Any, param: Optional[click.Parameter],
                 ctx: Optional[click.Context]) -> Any:
+        unit = f" {self.unit}" if self.unit else ""
         try:
-            seconds = float(value)
+            number = float(value)
         except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not (math.isfinite(seconds) and 0 < seconds <= 86400):
-            self.fail(f"{value} must be more than 0 and at most 86400 seconds", param, ctx)
-        return seconds
+            self.fail(f"{value!r} is not a number{' of' + unit if unit else ''}", param, ctx)
+        if self.upper is not None:
+            if not (math.isfinite(number) and 0 < number <= self.upper):
+                self.fail(f"{value} must be more than 0 and at most {self.upper:g}{unit}",
+                          param, ctx)
+        elif not (math.isfinite(number) and number > 0):
+            self.fail(f"{value} must be a number more than 0", param, ctx)
+        return number
+
+
+def _Seconds() -> _Amount:
+    """A number of seconds, more than 0 and at most a day."""
+    amount = _Amount(86400, "seconds")
+    amount.name = "seconds"
+    return amount
 
 
 TEXT = _Text()
@@ -475,22 +490,6 @@ def cancel(job: str, backend: Optional[str], site: Optional[str],
     """Cancel JOB (a run name or a job id); a job that already ended is left alone."""
     impl, ref = _job(job, backend, site, endpoint_url)
     click.echo(impl.cancel(ref))
-
-
-class _Amount(click.ParamType):
-    """A finite number more than 0 (1.8e12 tokens, a price, hours)."""
-
-    name = "number"
-
-    def convert(self, value: Any, param: Optional[click.Parameter],
-                ctx: Optional[click.Context]) -> Any:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not (math.isfinite(number) and number > 0):
-            self.fail(f"{value} must be a number more than 0", param, ctx)
-        return number
 
 
 @cli.command("plan")

@@ -300,6 +300,17 @@ def test_bad_options_are_one_line_errors(jobgen: Callable, args: list[str],
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--price", "-1"], "Invalid value for '--price': -1 must be a number more than 0"),
+    (["--tokens", "x"], "Invalid value for '--tokens': 'x' is not a number"),
+])
+def test_bad_numbers_are_one_line_usage_errors(jobgen_proc: Callable, args: list[str],
+                                               message: str) -> None:
+    result = jobgen_proc("plan", "neox20b", *args)
+    assert result.returncode == 2
+    assert result.stderr == f"error: jobgen plan: {message} (see 'jobgen plan --help')\n"
+
+
 def test_a_measurement_file_with_a_bad_row_names_the_row(tmp_path: Path,
                                                        jobgen: Callable) -> None:
     bad = tmp_path / "rows.yaml"

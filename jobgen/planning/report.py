@@ -29,7 +29,7 @@ def _sci(value: float) -> str:
     return f"{value:.3g}" if value < 1e6 else f"{value:.2e}"
 
 
-def _interval_cells(iv: Interval, unit_steps: bool = True) -> list[str]:
+def _interval_cells(iv: Interval) -> list[str]:
     cells = [f"{iv.steps:,} ({_duration(iv.seconds)})", f"{100 * iv.goodput:.2f} %"]
     if iv.simulation is not None:
         sim = iv.simulation
