@@ -34,6 +34,8 @@ class Run:
     smoke: bool = False
     endpoint_url: Optional[str] = None   # Batch: the --endpoint-url given, if any
     queue: Optional[str] = None          # Batch: the job queue
+    max_steps: Optional[int] = None      # the training pass's last step (jobgen watch: eta)
+    seq_length: Optional[int] = None     # tokens per sample (jobgen watch: tokens/s)
 
     @property
     def scheduler(self) -> str:

@@ -38,10 +38,17 @@ class EventLog:
     """Writes events for rank 0: to stdout always, to ``metrics_path`` when one is given."""
 
     def __init__(self, rank: int, metrics_path: Path | None = None,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, env: Any = None) -> None:
+        import os
+
+        env = os.environ if env is None else env
         self.enabled = rank == 0
         self.metrics_path = metrics_path
         self.stream = stream
+        # One process per node (its local rank 0) also says when the node starts each step: a
+        # node that stops saying so while the others go on is the one that hangs (jobgen watch).
+        self.node = node_index(env)
+        self.beats = str(env.get("LOCAL_RANK", "0")) == "0"
 
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
@@ -54,6 +61,25 @@ class EventLog:
             # Append and close each time: the file stays valid JSONL however the job ends.
             with open(self.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(line + "\n")
+
+
+    def beat(self, phase: str, step: int) -> None:
+        """``beat``: this node is starting optimizer step ``step`` (stdout only: the node's log)."""
+        if not self.beats:
+            return
+        out = self.stream or sys.stdout
+        out.write(format_event("beat", phase=phase, node=self.node, step=step,
+                               time=now_iso()) + "\n")
+        out.flush()
+
+
+def node_index(env: Any) -> int:
+    """This node's index in the job: torchrun's GROUP_RANK, else the job's node rank."""
+    for name in ("GROUP_RANK", "JOBGEN_NODE_RANK", "SLURM_NODEID"):
+        text = str(env.get(name, "")).strip()
+        if text.isdigit():
+            return int(text)
+    return 0
 
 
 def read_events(text: str) -> list[dict[str, Any]]:

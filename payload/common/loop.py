@@ -99,7 +99,11 @@ def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int,
     train = phase == "train"
     saved_at = runner.step
     stopped = False
+    before_step = getattr(runner, "before_step", None)
     while runner.step < target:
+        if before_step is not None:
+            before_step()   # a rehearsal's injected fault, before the node says it started
+        runner.log.beat(phase, runner.step + 1)
         numbers = runner.train_step()
         runner.log.emit("step", phase=phase, step=runner.step,
                         consumed_samples=runner.consumed, **numbers)

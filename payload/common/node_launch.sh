@@ -48,6 +48,9 @@ node_launch() {
   : "${MASTER_ADDR:?}" "${MASTER_PORT:?}" "${JOBGEN_LOG_DIR:?}" "${JOBGEN_WORKDIR:?}" "${JOBGEN_PROGRAM:?}"
   local log_dir="$JOBGEN_LOG_DIR/node-$node_rank"
   mkdir -p "$log_dir" || return 1
+  # Which host this node is (Slurm's node name; the host name elsewhere): `jobgen watch` names a
+  # node that hangs or keeps failing by it.
+  printf '%s\n' "${SLURMD_NODENAME:-$(hostname 2>/dev/null || uname -n)}" >"$log_dir/host" 2>/dev/null || true
   node_setup
   # The trainer runs by absolute path from the submission directory, so that the job's relative
   # paths keep their meaning.

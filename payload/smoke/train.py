@@ -11,7 +11,27 @@ passes the submitter's environment on to the job, so ``VAR=... jobgen submit ...
 - ``JOBGEN_SMOKE_STEP_DELAY=SECONDS``: sleep this long in every optimizer step (both passes), so
   that a job runs long enough to be killed mid-training.
 - ``JOBGEN_SMOKE_FAIL_AT_STEP=N``: fail with an error (exit status 1) when about to run optimizer
-  step N, in every invocation and either pass (N <= --compile-steps fails the compile pass too).
+  step N, in every invocation and either pass (N <= --compile-steps fails the compile pass too);
+  with ``JOBGEN_SMOKE_FAIL_NODE=K`` only on node K (the job's node index, from 0).
+
+What ``jobgen watch`` catches, in the training pass only (the compile pass trains as usual):
+
+- ``JOBGEN_SMOKE_SPIKE_AT_STEP=N``: a gradient-norm spike at step N: that step's loss is
+  back-propagated x100, so the norm before clipping is 100 times the usual (clipping keeps the
+  update sane, and the next step is normal again, as most real spikes are).
+- ``JOBGEN_SMOKE_LOSS_SPIKE_AT_STEP=N``: before step N the output layer's weights are multiplied
+  by 30, as a bad update would do: the loss jumps (the tiny model is still near ln(vocab), so
+  a bad batch alone would not show), and training pulls it back down over the next steps.
+- ``JOBGEN_SMOKE_SLOW_AT_STEP=N``: from step N on, every step takes
+  ``JOBGEN_SMOKE_SLOW_SECONDS`` (default 1) longer: a throughput drop.
+- ``JOBGEN_SMOKE_DIVERGE_AT_STEP=N``: from step N on, the learning rate is 1000 times the
+  schedule's and gradients are not clipped: the run really diverges.
+- ``JOBGEN_SMOKE_NAN_AT_STEP=N``: step N's loss is NaN, and so are the weights after it.
+- ``JOBGEN_SMOKE_HANG_AT_STEP=N``: node ``JOBGEN_SMOKE_HANG_NODE`` (default: the last) stops before
+  step N and never goes on; the others wait for it in the next collective.
+
+The last three happen once per run (a file in --output-dir remembers it), so that the job a
+watcher requeued or rolled back trains on normally.
 """
 from __future__ import annotations
 
@@ -27,7 +47,7 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.events import EventLog, open_tensorboard
+from common.events import EventLog, node_index, open_tensorboard
 from common.init import scale_output_projections
 from common.loop import agreed_newest, run_invocation, sealed_save
 from common.optim import parameter_groups
@@ -49,6 +69,15 @@ OUTPUT_PROJECTIONS = {"gpt_neox": ("attention.dense", "mlp.dense_4h_to_h"),
 STATE_FILE = "state.pt"
 STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
 FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
+FAIL_NODE_ENV = "JOBGEN_SMOKE_FAIL_NODE"
+FAULT_STEPS = {fault: f"JOBGEN_SMOKE_{fault.upper()}_AT_STEP"
+               for fault in ("spike", "loss_spike", "slow", "diverge", "nan", "hang")}
+SLOW_SECONDS_ENV = "JOBGEN_SMOKE_SLOW_SECONDS"
+HANG_NODE_ENV = "JOBGEN_SMOKE_HANG_NODE"
+ONCE_PER_RUN = ("diverge", "nan", "hang")
+SPIKE_FACTOR = 100.0
+DIVERGE_LR_FACTOR = 1000.0
+LOSS_SPIKE_FACTOR = 30.0
 
 
 class InjectedFailure(RuntimeError):
@@ -70,6 +99,35 @@ def fault_knobs(env: Any = os.environ) -> tuple[float, int | None]:
     if not fail_text.isdigit() or int(fail_text) < 1:
         raise PayloadError(f"{FAIL_AT_ENV}={fail_text!r} must be a step number >= 1")
     return delay, int(fail_text)
+
+
+def _step_number(name: str, text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise PayloadError(f"{name}={text!r} must be a step number >= 1")
+    return int(text)
+
+
+def watch_faults(env: Any = os.environ) -> dict[str, Any]:
+    """The faults asked for that `jobgen watch` catches: {"spike": step, ...} for those set, with
+    "slow_seconds", "hang_node" (None: the last node) and "fail_node" (None: every node)."""
+    faults: dict[str, Any] = {}
+    for fault, name in FAULT_STEPS.items():
+        text = env.get(name, "").strip()
+        if text:
+            faults[fault] = _step_number(name, text)
+    slow = env.get(SLOW_SECONDS_ENV, "").strip() or "1"
+    try:
+        faults["slow_seconds"] = float(slow)
+    except ValueError:
+        raise PayloadError(f"{SLOW_SECONDS_ENV}={slow!r} is not a number of seconds") from None
+    if not 0 <= faults["slow_seconds"] < float("inf"):
+        raise PayloadError(f"{SLOW_SECONDS_ENV}={slow!r} must be a finite number >= 0")
+    for key, name in (("hang_node", HANG_NODE_ENV), ("fail_node", FAIL_NODE_ENV)):
+        text = env.get(name, "").strip()
+        if text and not text.isdigit():
+            raise PayloadError(f"{name}={text!r} must be a node index (0, 1, ...)")
+        faults[key] = int(text) if text else None
+    return faults
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -181,7 +239,10 @@ class SmokeTrainer:
 
         self.args, self.torch, self.dist = args, torch, dist
         self.step_delay, self.fail_at = fault_knobs()
-        self.rank, self.world, _ = dist_coords()
+        self.faults = watch_faults()
+        self.rank, self.world, self.local_rank = dist_coords()
+        self.node = node_index(os.environ)
+        self.nnodes = max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
         dist.init_process_group("gloo")
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         self.model = build_model(args)
@@ -213,6 +274,38 @@ class SmokeTrainer:
         self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
                             if self.training else None)
         self.step, self.consumed = 0, 0
+        # Once-per-run faults: armed unless an earlier invocation of this run already had them.
+        self.armed = {fault for fault in ONCE_PER_RUN
+                      if self.training and fault in self.faults
+                      and not self._fault_marker(fault).exists()}
+
+    def _fault_marker(self, fault: str) -> Path:
+        return self.args.output_dir / f".jobgen-smoke-{fault}"
+
+    def _fires(self, fault: str, step: int) -> bool:
+        """Whether ``fault`` acts on ``step`` (the step about to run); remembers a once-per-run
+        fault on disk the first time it acts."""
+        at = self.faults.get(fault)
+        if not self.training or at is None:
+            return False
+        if fault not in ONCE_PER_RUN:
+            return step >= at if fault == "slow" else step == at
+        if fault not in self.armed or step < at:
+            return False
+        if step == at and self.local_rank == 0:
+            self._fault_marker(fault).write_text(f"{step}\n", encoding="utf-8")
+        return True
+
+    def before_step(self) -> None:
+        """The injected hang: this node stops before the step, before it says it started it."""
+        step = self.step + 1
+        hang_node = self.faults.get("hang_node")
+        hang_node = self.nnodes - 1 if hang_node is None else hang_node
+        if self.node == hang_node and self._fires("hang", step):
+            print(f"{PROG}: {FAULT_STEPS['hang']}={step}: node {self.node} (rank {self.rank}) "
+                  f"stops before step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
 
     def schedule_params(self) -> dict[str, Any]:
         args = self.args
@@ -228,13 +321,26 @@ class SmokeTrainer:
 
     def train_step(self) -> dict[str, Any]:
         torch, args = self.torch, self.args
-        if self.fail_at is not None and self.step + 1 == self.fail_at:
+        step = self.step + 1
+        fail_node = self.faults.get("fail_node")
+        if self.fail_at == step and fail_node in (None, self.node):
             raise InjectedFailure(f"{FAIL_AT_ENV}={self.fail_at}: injected failure before step "
                                   f"{self.fail_at} of the {args.phase} pass (rank {self.rank})")
         if self.step_delay:
             time.sleep(self.step_delay)
+        if self._fires("slow", step):
+            time.sleep(self.faults["slow_seconds"])
+        diverging = self._fires("diverge", step)
+        loss_scale = SPIKE_FACTOR if self._fires("spike", step) else 1.0
+        if self._fires("nan", step):
+            loss_scale = float("nan")
+        if self._fires("loss_spike", step):
+            with torch.no_grad():
+                self.model.get_output_embeddings().weight.mul_(LOSS_SPIKE_FACTOR)
         torch.manual_seed(step_seed(args.seed, self.step + 1, self.rank))
         lr = learning_rate(self.step, **self.schedule_params())
+        if diverging:
+            lr *= DIVERGE_LR_FACTOR
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         started = time.perf_counter()
@@ -250,9 +356,10 @@ class SmokeTrainer:
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             with nullcontext() if last else self.ddp.no_sync():
                 loss = self.ddp(input_ids=tokens, labels=tokens).loss
-                (loss / len(micro_batches)).backward()
+                (loss * loss_scale / len(micro_batches)).backward()
             loss_sum += loss.detach()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                              float("inf") if diverging else args.grad_clip)
         self.optimizer.step()
         self.dist.all_reduce(loss_sum)
         digests = [torch.zeros((), dtype=torch.int64) for _ in range(self.world)]

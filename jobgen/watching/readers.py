@@ -1,0 +1,292 @@
+"""Readers: what a run writes, turned into `Observation`s, read incrementally while it runs.
+
+- the payloads' JSON-line events (payload/common/events.py): rank 0's in node 0's log of each
+  allocation (``RUN_DIR/logs/JOB/restart-N/node-K/train.log``, ``attempt-N`` on Batch), every
+  node's ``beat`` (the node starts a step) in its own log; ``RUN_DIR/train/metrics.jsonl`` (the
+  same events, the NxD and BERT programs' metrics file) where there are no node logs;
+- TensorBoard event files (NeMo's Lightning logger under ``RUN_DIR/nemo``; any other trainer's),
+  where the run writes no JSON events;
+- the per-node logs themselves: when each last grew, and how each node's pass ended.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .observations import Observation, number, parse_time
+from .tfrecord import EventFile
+
+ALLOCATION = re.compile(r"^(restart|attempt)-(\d+)$")
+LIFECYCLE = ("start", "resume", "checkpoint", "done", "stopped")
+# TensorBoard tags, first match wins: NeMo's (neuronx-nemo-megatron logs these names), then the
+# ``train/<key>`` form jobgen's payloads write, then common spellings.
+TAGS = {
+    "loss": ("reduced_train_loss", "train/loss", "train_loss", "loss"),
+    "grad_norm": ("gradient_norm", "train/grad_norm", "grad_norm"),
+    "param_norm": ("parameter_norm", "train/param_norm", "param_norm"),
+    "lr": ("lr", "train/lr", "learning_rate"),
+    "consumed": ("consumed_samples", "train/consumed_samples"),
+    "samples_per_s": ("throughput", "train/samples_per_s", "samples_per_s"),
+}
+
+
+class LineReader:
+    """A growing text file read line by line: each `read` returns the complete lines added since
+    the last one (a line still being written waits), and notes when the file last grew."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.grew_at: Optional[float] = None
+
+    def read(self, now: float) -> list[str]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return []
+        if not data:
+            return []
+        self.offset += len(data)
+        self.grew_at = now
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        return [line.decode("utf-8", "replace") for line in lines]
+
+
+def observation(event: dict[str, Any], source: str, restart: int,
+                node: Optional[int] = None) -> Optional[Observation]:
+    """One of our payloads' events as an Observation (None for kinds the watch does not use)."""
+    kind = event.get("event")
+    when = parse_time(event.get("time"))
+    if when is None or kind not in ("step", "beat", *LIFECYCLE):
+        return None
+    step = event.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    consumed = event.get("consumed_samples")
+    node_field = event.get("node")
+    return Observation(
+        kind=kind, time=when, source=source, restart=restart,
+        phase=str(event.get("phase", "train")), step=step,
+        node=node_field if isinstance(node_field, int) else node,
+        loss=number(event.get("loss"), "loss" in event),
+        grad_norm=number(event.get("grad_norm"), "grad_norm" in event),
+        param_norm=number(event.get("param_norm"), "param_norm" in event),
+        lr=number(event.get("lr"), "lr" in event),
+        consumed=consumed if isinstance(consumed, int) and not isinstance(consumed, bool)
+        else None,
+        samples_per_s=number(event.get("samples_per_s"), "samples_per_s" in event),
+        extra={k: v for k, v in event.items() if k in ("max_steps", "world_size", "checkpoint",
+                                                       "signal", "global_batch_size")})
+
+
+def parse_lines(lines: list[str], source: str, restart: int,
+                node: Optional[int] = None) -> list[Observation]:
+    out = []
+    for line in lines:
+        line = line.strip()
+        if not line.startswith('{"event"'):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            found = observation(event, source, restart, node)
+            if found is not None:
+                out.append(found)
+    return out
+
+
+@dataclass
+class NodeEnd:
+    """How one node's flow ended in one allocation (job.status and the node's host)."""
+    node: int
+    host: str
+    status: Optional[int]
+    what: str
+    at: float = 0.0          # when the node recorded it (the status file's modification time)
+
+
+@dataclass
+class Allocation:
+    """One allocation of the job (a restart-N or attempt-N folder)."""
+    index: int
+    job: str
+    folder: Path
+    logs: dict[int, LineReader] = field(default_factory=dict)
+
+    def nodes(self) -> list[int]:
+        found = []
+        for entry in self.folder.glob("node-*"):
+            text = entry.name[5:]
+            if text.isdigit():
+                found.append(int(text))
+        return sorted(found)
+
+    def host(self, node: int) -> str:
+        try:
+            return (self.folder / f"node-{node}" / "host").read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
+
+    def ends(self) -> list[NodeEnd]:
+        out = []
+        for node in self.nodes():
+            status, what, at = None, "", 0.0
+            path = self.folder / f"node-{node}" / "job.status"
+            try:
+                code, _, what = path.read_text(encoding="utf-8").strip().partition(" ")
+                status = int(code) if code.isdigit() else None
+                at = path.stat().st_mtime
+            except OSError:
+                pass
+            out.append(NodeEnd(node, self.host(node), status, what, at))
+        return out
+
+
+class RunReader:
+    """Everything a run folder holds, read incrementally. ``jobs`` gives the job ids whose log
+    folders belong to the run being watched (None: every job folder, oldest first)."""
+
+    def __init__(self, run_dir: Path, jobs: Optional[Callable[[], list[str]]] = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.run_dir = run_dir
+        self.jobs = jobs
+        self.clock = clock
+        self.allocations: list[Allocation] = []
+        self.metrics: Optional[LineReader] = None
+        self.metrics_restart = -1
+        self.tensorboard: dict[Path, EventFile] = {}
+        self.json_seen = False
+        self.notes: list[str] = []
+
+    # --- discovery ------------------------------------------------------------------------------
+
+    def _job_folders(self) -> list[Path]:
+        root = self.run_dir / "logs"
+        if self.jobs is not None:
+            return [root / job for job in self.jobs() if (root / job).is_dir()]
+        if not root.is_dir():
+            return []
+        folders = [p for p in root.iterdir() if p.is_dir()]
+        return sorted(folders, key=lambda p: (p.stat().st_mtime, p.name))
+
+    def _discover(self) -> None:
+        known = {a.folder for a in self.allocations}
+        for job_folder in self._job_folders():
+            found = []
+            for entry in job_folder.iterdir():
+                match = ALLOCATION.match(entry.name)
+                if match and entry.is_dir() and entry not in known:
+                    found.append((int(match.group(2)), entry))
+            for _, folder in sorted(found):
+                self.allocations.append(Allocation(len(self.allocations), job_folder.name,
+                                                   folder))
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def read(self) -> list[Observation]:
+        """The observations added since the last read, in order within each source."""
+        now = self.clock()
+        self._discover()
+        out: list[Observation] = []
+        for alloc in self.allocations:
+            for node in alloc.nodes():
+                reader = alloc.logs.get(node)
+                if reader is None:
+                    reader = alloc.logs[node] = LineReader(alloc.folder / f"node-{node}" /
+                                                           "train.log")
+                lines = reader.read(now)
+                found = parse_lines(lines, "events", alloc.index, node)
+                # Rank 0 speaks for the job from node 0; every node speaks for itself in beats.
+                out += [o for o in found if o.kind == "beat" or node == 0]
+        if not self.allocations:
+            out += self._read_metrics(now)
+        if any(o.kind != "beat" for o in out):
+            self.json_seen = True
+        if not self.json_seen and not (self.run_dir / "train" / "metrics.jsonl").exists():
+            out += self._read_tensorboard()
+        out.sort(key=lambda o: (o.restart, o.time))
+        return out
+
+    def _read_metrics(self, now: float) -> list[Observation]:
+        path = self.run_dir / "train" / "metrics.jsonl"
+        if self.metrics is None:
+            if not path.exists():
+                return []
+            self.metrics = LineReader(path)
+        out = []
+        for found in parse_lines(self.metrics.read(now), "events", max(self.metrics_restart, 0)):
+            if found.kind == "start":   # each invocation of the training pass starts with one
+                self.metrics_restart += 1
+                found = _with_restart(found, self.metrics_restart)
+            elif self.metrics_restart > 0:
+                found = _with_restart(found, self.metrics_restart)
+            out.append(found)
+        return out
+
+    def _read_tensorboard(self) -> list[Observation]:
+        files = sorted((p for p in self.run_dir.rglob("events.out.tfevents.*")
+                        if "checkpoints" not in p.parts),
+                       key=lambda p: (p.stat().st_mtime if p.exists() else 0, p.name))
+        out: list[Observation] = []
+        for path in files:
+            reader = self.tensorboard.get(path)
+            if reader is None:
+                reader = self.tensorboard[path] = EventFile(path)
+                if len(self.tensorboard) > 1:   # a new writer: the trainer started again
+                    out.append(Observation("start", path.stat().st_mtime, "tensorboard",
+                                           restart=len(self.tensorboard) - 1))
+            restart = list(self.tensorboard).index(path)
+            by_step: dict[int, dict[str, float]] = defaultdict(dict)
+            times: dict[int, float] = {}
+            for scalar in reader.read():
+                by_step[scalar.step][scalar.tag] = scalar.value
+                times[scalar.step] = max(times.get(scalar.step, 0.0), scalar.wall_time)
+            if reader.damaged and reader.damaged not in self.notes:
+                self.notes.append(reader.damaged)
+            for step in sorted(by_step):
+                values = by_step[step]
+                picked = {key: next((values[t] for t in tags if t in values), None)
+                          for key, tags in TAGS.items()}
+                if all(v is None for v in picked.values()):
+                    continue
+                consumed = picked["consumed"]
+                out.append(Observation(
+                    "step", times[step], "tensorboard", restart=restart, step=step,
+                    loss=picked["loss"], grad_norm=picked["grad_norm"],
+                    param_norm=picked["param_norm"], lr=picked["lr"],
+                    samples_per_s=picked["samples_per_s"],
+                    consumed=int(consumed) if consumed is not None and consumed == consumed
+                    else None))
+        return out
+
+    # --- what the nodes say about themselves ----------------------------------------------------
+
+    def silence(self, now: float) -> dict[int, float]:
+        """Seconds since each node's log of the newest allocation last grew."""
+        if not self.allocations:
+            return {}
+        alloc = self.allocations[-1]
+        return {node: now - reader.grew_at for node, reader in alloc.logs.items()
+                if reader.grew_at is not None}
+
+    def hosts(self, restart: int) -> dict[int, str]:
+        if 0 <= restart < len(self.allocations):
+            alloc = self.allocations[restart]
+            return {node: alloc.host(node) for node in alloc.nodes()}
+        return {}
+
+
+def _with_restart(found: Observation, restart: int) -> Observation:
+    from dataclasses import replace
+    return replace(found, restart=restart)
