@@ -239,3 +239,61 @@ def test_bad_flag_fails_the_launch(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert ("smoke-train: error: --hidden-size 66 is not divisible by --num-heads 4"
             in result.stderr.splitlines())
+
+
+def test_watch_fault_switches_parse() -> None:
+    faults = smoke_module().watch_faults
+    assert faults({}) == {"slow_seconds": 1.0, "hang_node": None, "fail_node": None}
+    got = faults({"JOBGEN_SMOKE_SPIKE_AT_STEP": "5", "JOBGEN_SMOKE_HANG_AT_STEP": "7",
+                  "JOBGEN_SMOKE_HANG_NODE": "1", "JOBGEN_SMOKE_SLOW_SECONDS": "0.5"})
+    assert (got["spike"], got["hang"], got["hang_node"], got["slow_seconds"]) == (5, 7, 1, 0.5)
+    for env, message in [
+        ({"JOBGEN_SMOKE_NAN_AT_STEP": "0"}, "JOBGEN_SMOKE_NAN_AT_STEP='0' must be a step"),
+        ({"JOBGEN_SMOKE_HANG_NODE": "last"}, "must be a node index"),
+        ({"JOBGEN_SMOKE_SLOW_SECONDS": "inf"}, "must be a finite number >= 0"),
+    ]:
+        with pytest.raises(PayloadError, match=message):
+            faults(env)
+
+
+def test_injected_spikes_are_real_and_every_node_beats(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    need("torch", "transformers")
+    monkeypatch.setenv("JOBGEN_SMOKE_SPIKE_AT_STEP", "5")
+    monkeypatch.setenv("JOBGEN_SMOKE_LOSS_SPIKE_AT_STEP", "7")
+    result = launch(ARGS + ["--output-dir", str(tmp_path / "out")], tmp_path)
+    steps = {e["step"]: e for e in events_of(result, "step") if e["phase"] == "train"}
+    norms = {n: e["grad_norm"] for n, e in steps.items()}
+    assert norms[5] > 30 * max(norms[4], norms[6])          # x100 back-propagated at step 5
+    assert steps[7]["loss"] > 1.2 * steps[6]["loss"]         # output layer x30 before step 7
+    # One beat per step from the node's local rank 0, before the step's own event.
+    beats = [e for e in events_of(result, "beat") if e["phase"] == "train"]
+    assert [(b["node"], b["step"]) for b in beats] == [(0, n) for n in range(1, 10)]
+
+
+def test_an_injected_hang_happens_once_per_run(tmp_path: Path) -> None:
+    need("torch", "transformers")
+    out = tmp_path / "out"
+    env = dict(os.environ, JOBGEN_SMOKE_HANG_AT_STEP="4", JOBGEN_SMOKE_HANG_NODE="0",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, str(PROGRAM), *ARGS, "--output-dir", str(out)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / ".jobgen-smoke-hang").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert proc.poll() is None             # still there, doing nothing
+    proc.kill()
+    stdout, stderr = proc.communicate()
+    assert "JOBGEN_SMOKE_HANG_AT_STEP=4: node 0 (rank 0) stops before step 4" in stderr
+    assert max(e["step"] for e in read_events(stdout) if e["event"] == "step") == 3
+    again = subprocess.run([sys.executable, str(PROGRAM), *ARGS, "--output-dir", str(out)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                           check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [e["step"] for e in read_events(again.stdout) if e["event"] == "done"] == [9]

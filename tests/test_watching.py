@@ -1,0 +1,454 @@
+"""`jobgen watch` without a cluster: the TensorBoard reader against the real writer, the
+detectors on recorded streams (HLAT's spike rule at its edge, growth, non-finite values, loss
+spikes, hangs and the silent node, throughput drops, a node that keeps failing), rollback on
+real checkpoint folders, the notification command, Batch's requeue and stop over HTTP against
+moto's server, and the command line's usage errors. The same detectors and actions against a
+real Slurm job: tests/test_watch_e2e.py."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "payload") not in sys.path:
+    sys.path.insert(0, str(ROOT / "payload"))
+
+from common import checkpoints  # noqa: E402
+from common.events import format_event  # noqa: E402
+from test_batch_client import aws, moto_inprocess, moto_url, run_name, submit  # noqa: E402,F401
+
+from jobgen.watching import actions, tfrecord  # noqa: E402
+from jobgen.watching.detectors import Detectors, Rules  # noqa: E402
+from jobgen.watching.observations import Observation  # noqa: E402
+from jobgen.watching.readers import NodeEnd, RunReader  # noqa: E402
+from jobgen.watching.watcher import Policy, Watch  # noqa: E402
+
+T0 = 1_790_000_000.0
+
+
+def step(n: int, *, t: float | None = None, loss: float | None = 2.0,
+         norm: float | None = 1.0, consumed: int | None = None, restart: int = 0) -> Observation:
+    return Observation("step", T0 + n if t is None else t, "events", restart=restart, step=n,
+                       loss=loss, grad_norm=norm,
+                       consumed=consumed if consumed is not None else n * 8)
+
+
+def feed(det: Detectors, observations: list[Observation]) -> list[Any]:
+    alerts = []
+    for obs in observations:
+        alerts += det.observe(obs, obs.time)
+    return alerts
+
+
+def kinds(alerts: list[Any]) -> list[tuple[str, Any]]:
+    return [(a.kind, a.step) for a in alerts]
+
+
+# --- TensorBoard event files ----------------------------------------------------------------------
+
+NEMO_TAGS = ("reduced_train_loss", "lr", "gradient_norm", "parameter_norm", "global_step",
+             "consumed_samples", "throughput")
+
+
+def write_nemo_events(folder: Path, steps: range, spike_at: int = -1, nan_at: int = -1) -> None:
+    """Scalars under neuronx-nemo-megatron's tag names, written by the real writer."""
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(str(folder))
+    for n in steps:
+        norm = 40.0 if n == spike_at else 1.0 + 0.01 * (n % 3)
+        loss = math.nan if n >= nan_at > 0 else 5.0 - 0.01 * n
+        values = {"reduced_train_loss": loss, "lr": 1e-4, "gradient_norm": norm,
+                  "parameter_norm": 1600.0, "global_step": float(n),
+                  "consumed_samples": float(n * 256), "throughput": 100.0}
+        for tag in NEMO_TAGS:
+            writer.add_scalar(tag, values[tag], n, walltime=T0 + n)
+    writer.close()
+
+
+def test_event_file_reader_matches_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("torch.utils.tensorboard")
+    write_nemo_events(tmp_path, range(1, 6), nan_at=5)
+    path = next(tmp_path.glob("events.out.tfevents.*"))
+    ours = tfrecord.EventFile(path).read()
+    assert len(ours) == 5 * len(NEMO_TAGS)
+    loss = {s.step: s.value for s in ours if s.tag == "reduced_train_loss"}
+    assert loss[1] == pytest.approx(4.99) and math.isnan(loss[5])
+    assert {s.wall_time for s in ours if s.step == 3} == {T0 + 3}
+    loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
+    theirs = []
+    for event in loader.EventFileLoader(str(path)).Load():
+        for value in event.summary.value:
+            theirs.append((value.tag, event.step, value.simple_value
+                           if value.HasField("simple_value") else value.tensor.float_val[0]))
+    mine = [(s.tag, s.step, s.value) for s in ours]
+    assert len(mine) == len(theirs)
+    for (tag, n, v), (tag2, n2, v2) in zip(mine, theirs):
+        assert (tag, n) == (tag2, n2) and (v == pytest.approx(v2) or math.isnan(v) and
+                                           math.isnan(v2))
+
+
+def test_event_file_reader_waits_for_a_record_being_written_and_stops_at_damage(
+        tmp_path: Path) -> None:
+    pytest.importorskip("torch.utils.tensorboard")
+    write_nemo_events(tmp_path / "full", range(1, 4))
+    data = next((tmp_path / "full").glob("events.out.tfevents.*")).read_bytes()
+    growing = tmp_path / "events.out.tfevents.1.host"
+    growing.write_bytes(data[:-7])                    # the last record not complete yet
+    reader = tfrecord.EventFile(growing)
+    first = reader.read()
+    with growing.open("ab") as handle:
+        handle.write(data[-7:])
+    second = reader.read()
+    assert len(first) + len(second) == 3 * len(NEMO_TAGS) and second
+    bad = bytearray(data)
+    bad[-3] ^= 0xFF                                   # the last record's checksum
+    damaged = tmp_path / "events.out.tfevents.2.host"
+    damaged.write_bytes(bytes(bad))
+    broken = tfrecord.EventFile(damaged)
+    assert len(broken.read()) == 3 * len(NEMO_TAGS) - 1 and broken.damaged
+
+
+def test_masked_crc32c_known_value() -> None:
+    # CRC-32C of "123456789" is 0xE3069283 (the standard check value).
+    assert tfrecord.crc32c(b"123456789") == 0xE3069283
+    header = struct.pack("<Q", 24)
+    assert tfrecord.masked_crc(header) == \
+        ((((tfrecord.crc32c(header) >> 15) | (tfrecord.crc32c(header) << 17)) + 0xA282EAD8)
+         & 0xFFFFFFFF)
+
+
+def test_recorded_nemo_run_is_judged_from_its_tensorboard_file(
+        tmp_path: Path, jobgen_proc: Callable[..., Any]) -> None:
+    pytest.importorskip("torch.utils.tensorboard")
+    run = tmp_path / "run"
+    write_nemo_events(run / "nemo" / "version_0", range(1, 61), spike_at=30, nan_at=50)
+    result = jobgen_proc("watch", "--run-dir", str(run), "--json")
+    assert result.returncode == 1, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    alerts = [(r["kind"], r["step"]) for r in records if r["type"] == "alert"]
+    assert alerts == [("grad_spike", 30), ("nonfinite", 50)]
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 61))
+    assert steps[0]["source"] == "tensorboard" and steps[0]["consumed"] == 256
+    assert steps[-1]["loss"] is None            # NaN, written as null
+    summary = records[-1]
+    assert summary["type"] == "summary" and summary["alert_counts"] == {"grad_spike": 1,
+                                                                        "nonfinite": 1}
+
+
+# --- the detectors --------------------------------------------------------------------------------
+
+def test_hlat_spike_rule_at_its_edge() -> None:
+    """A spike is a norm above r + 0.1, r the mean of the last 20 (here exactly 1.0)."""
+    below = Detectors()
+    assert feed(below, [step(n, norm=1.0) for n in range(1, 21)]) == []
+    assert feed(below, [step(21, norm=1.0999)]) == []
+    det = Detectors()
+    feed(det, [step(n, norm=1.0) for n in range(1, 21)])
+    alerts = feed(det, [step(21, norm=1.1001)])
+    assert kinds(alerts) == [("grad_spike", 21)]
+    assert alerts[0].values["mean"] == 1.0
+    # One-step spikes (HLAT: over 86 % of them) come back: no divergence.
+    assert feed(det, [step(n, norm=1.0) for n in range(23, 40)]) == []
+
+
+def test_window_and_margin_are_configurable() -> None:
+    det = Detectors(Rules(spike_window=5, spike_margin=0.5))
+    feed(det, [step(n, norm=1.0) for n in range(1, 6)])
+    assert feed(det, [step(6, norm=1.4)]) == []
+    assert kinds(feed(det, [step(7, norm=1.6)])) == [("grad_spike", 7)]
+
+
+def test_a_spike_that_does_not_come_back_is_divergence() -> None:
+    det = Detectors()
+    feed(det, [step(n) for n in range(1, 11)])
+    alerts = feed(det, [step(n, norm=2.0) for n in range(11, 16)])
+    assert kinds(alerts) == [("grad_spike", 11), ("divergence", 15)]
+    assert alerts[1].since_step == 11 and alerts[1].category == "diverge"
+    assert feed(det, [step(n, norm=2.0) for n in range(16, 30)]) == []   # said once
+
+
+def test_sustained_growth_above_three_times_the_lowest() -> None:
+    det = Detectors(Rules(spike_margin=100.0))   # the spike rule out of the way
+    feed(det, [step(n, norm=1.0) for n in range(1, 11)])
+    assert feed(det, [step(n, norm=2.9) for n in range(11, 20)]) == []
+    alerts = feed(det, [step(n, norm=3.2) for n in range(20, 25)])
+    assert kinds(alerts) == [("divergence", 24)] and alerts[0].since_step == 20
+
+
+def test_non_finite_loss_or_norm_at_once() -> None:
+    det = Detectors()
+    feed(det, [step(n) for n in range(1, 4)])
+    alerts = feed(det, [step(4, loss=math.nan)])
+    assert kinds(alerts) == [("nonfinite", 4)] and "loss" in alerts[0].message
+    det2 = Detectors()
+    assert kinds(feed(det2, [step(1, norm=math.nan)])) == [("nonfinite", 1)]
+
+
+def test_null_in_our_events_is_non_finite_and_absent_is_not_measured(tmp_path: Path) -> None:
+    metrics = tmp_path / "train" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    lines = [format_event("start", phase="train", time="2026-11-23T10:00:00.000+00:00"),
+             format_event("step", phase="train", step=1, lr=1e-3,
+                          time="2026-11-23T10:00:01.000+00:00"),
+             format_event("step", phase="train", step=2, loss=float("nan"), grad_norm=1.0,
+                          time="2026-11-23T10:00:02.000+00:00")]
+    metrics.write_text("\n".join(lines) + "\n" + lines[0][:10])   # a line being written
+    observed = RunReader(tmp_path).read()
+    assert [o.kind for o in observed] == ["start", "step", "step"]
+    assert observed[1].loss is None and math.isnan(observed[2].loss or 0.0)
+
+
+def test_loss_spike_once_per_spike() -> None:
+    det = Detectors()
+    feed(det, [step(n, loss=4.0) for n in range(1, 11)])
+    alerts = feed(det, [step(11, loss=6.5), step(12, loss=6.0), step(13, loss=4.0),
+                        step(14, loss=7.0)])
+    assert kinds(alerts) == [("loss_spike", 11), ("loss_spike", 14)]
+
+
+def test_throughput_drop_against_the_allocations_own_median() -> None:
+    det = Detectors()
+    t, obs = T0, []
+    for n in range(1, 30):
+        t += 1.0 if n < 20 else 2.5
+        obs.append(step(n, t=t))
+    alerts = feed(det, obs)
+    assert kinds(alerts) == [("throughput_drop", 22)]
+    assert alerts[0].values["baseline"] == pytest.approx(8.0)
+
+
+def test_hang_after_k_times_the_median_step_names_the_node_that_did_not_start() -> None:
+    det = Detectors(Rules(hang_factor=5, hang_min_s=0))
+    for n in range(1, 6):
+        det.observe(step(n), T0 + n)
+        for node in (0, 1):
+            det.observe(Observation("beat", T0 + n + 0.1, "events", step=n + 1, node=node),
+                        T0 + n + 0.1)
+    det.observe(Observation("beat", T0 + 6.1, "events", step=7, node=0), T0 + 6.1)
+    det.observe(step(6), T0 + 6.0)
+    assert det.tick(T0 + 6.1 + 4.9) == []                       # 5 x 1 s not yet passed
+    alerts = det.tick(T0 + 6.1 + 5.1, hosts={1: "n2"})
+    assert kinds(alerts) == [("hang", 6), ("node_silent", 6)]
+    assert alerts[1].node == 1 and alerts[1].host == "n2" and "never started step 7" in \
+        alerts[1].message
+    assert alerts[0].node == 1 and alerts[0].category == "hang"
+    assert det.tick(T0 + 100) == []                             # said once
+
+
+def test_hang_floor_and_silent_logs_without_beats() -> None:
+    det = Detectors(Rules(hang_factor=5, hang_min_s=60))
+    feed(det, [step(n) for n in range(1, 6)])
+    assert det.tick(T0 + 5 + 59) == []
+    alerts = det.tick(T0 + 5 + 61, silence={0: 2.0, 1: 61.0, 2: 1.0})
+    assert kinds(alerts) == [("hang", 5), ("node_silent", 5)] and alerts[1].node == 1
+
+
+def test_resume_counts_the_steps_trained_again_and_forgets_what_came_after() -> None:
+    det = Detectors()
+    feed(det, [step(n) for n in range(1, 15)])
+    det.observe(Observation("start", T0 + 100, "events", restart=1), T0 + 100)
+    det.observe(Observation("resume", T0 + 101, "events", restart=1, step=8), T0 + 101)
+    assert det.steps_lost == 14 - 8
+    assert max(s for s, _ in det.norms) == 8
+
+
+def test_a_node_that_fails_first_in_two_allocations() -> None:
+    det = Detectors()
+    ends = [[NodeEnd(0, "n1", 1, "train", at=5.0), NodeEnd(1, "n2", 1, "train", at=4.0)],
+            [NodeEnd(0, "n1", 143, "train", at=9.0), NodeEnd(1, "n2", 1, "train", at=8.0)]]
+    assert det.restarts(ends[:1]) == []
+    alerts = det.restarts(ends)
+    assert kinds(alerts) == [("bad_node", None)] and alerts[0].host == "n2"
+    assert "scontrol update nodename=n2 state=drain" in alerts[0].message
+    assert det.restarts(ends) == []
+
+
+# --- rollback -------------------------------------------------------------------------------------
+
+def make_checkpoints(root: Path, steps: list[int]) -> None:
+    for n in steps:
+        checkpoints.prepare_save_dir(root, n)
+        (root / checkpoints.tag_for(n) / "state.pt").write_bytes(b"x")
+        checkpoints.mark_complete(root, n, {"consumed_samples": n * 8})
+
+
+def test_rollback_moves_newer_checkpoints_aside_and_the_resume_takes_the_older(
+        tmp_path: Path) -> None:
+    root = tmp_path / "train" / "checkpoints"
+    make_checkpoints(root, [4, 8, 12, 16])
+    (root / checkpoints.tag_for(20)).mkdir()      # a save that never completed
+    target, layout = actions.rollback_target(tmp_path, before=10)
+    assert (target, layout) == (8, "jobgen")
+    text = actions.roll_back(tmp_path, 8, layout)
+    assert "moved 3 newer checkpoint(s)" in text
+    newest = checkpoints.newest_complete(root)
+    assert newest is not None and newest.step == 8
+    assert (root / "latest").read_text() == checkpoints.tag_for(8)
+    aside = next(tmp_path.glob("train/rolled-back-*"))
+    assert sorted(p.name for p in aside.iterdir()) == [checkpoints.tag_for(n)
+                                                      for n in (12, 16, 20)]
+    assert actions.rollback_target(tmp_path, before=4) == \
+        (None, f"no complete checkpoint in {root} before step 4")
+
+
+def test_rollback_of_nemo_checkpoints_by_the_step_in_their_names(tmp_path: Path) -> None:
+    root = tmp_path / "nemo" / "checkpoints"
+    root.mkdir(parents=True)
+    for n in (100, 200, 300):
+        (root / f"megatron_neox--step={n}-consumed_samples={n * 256}.0.ckpt").write_text("x")
+    (root / "megatron_neox--step=300-consumed_samples=76800.0-last.ckpt").write_text("x")
+    assert actions.rollback_target(tmp_path, before=250) == (200, "nemo")
+    actions.roll_back(tmp_path, 200, "nemo")
+    assert sorted(p.name for p in root.iterdir()) == [
+        "megatron_neox--step=100-consumed_samples=25600.0.ckpt",
+        "megatron_neox--step=200-consumed_samples=51200.0.ckpt"]
+    assert actions.rollback_target(tmp_path / "elsewhere", 10)[0] is None
+
+
+class FakeController:
+    """Only for the watch loop's bookkeeping; the real controllers are tested against Slurm
+    (tests/test_watch_e2e.py) and moto (below)."""
+
+    def __init__(self) -> None:
+        self.job_id, self.calls, self.ended = "42", [], False
+
+    def state(self) -> tuple[str, bool]:
+        return ("COMPLETED", True) if self.ended else ("RUNNING", False)
+
+    def requeue(self, prepare: Any = None, exclude: Any = None) -> str:
+        self.calls.append(("requeue", prepare() if prepare else None, exclude))
+        return "requeued"
+
+    def stop(self) -> str:
+        self.calls.append(("stop", None, None))
+        return "stopped"
+
+
+class Quiet:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def node_log(run: Path, restart: int, node: int) -> Path:
+    path = run / "logs" / "42" / f"restart-{restart}" / f"node-{node}" / "train.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_watch_rolls_back_once_to_the_checkpoint_before_the_trouble(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path / "train" / "checkpoints", [4, 8, 12])
+    lines = []
+    for n in range(1, 16):
+        norm = 1.0 if n < 11 else 50.0
+        lines.append(format_event("step", phase="train", step=n, consumed_samples=n * 8,
+                                  loss=5.0, grad_norm=norm,
+                                  time=f"2026-11-23T10:00:{n:02d}.000+00:00"))
+    node_log(tmp_path, 0, 0).write_text("\n".join(lines) + "\n")
+    controller = FakeController()
+    watch = Watch(RunReader(tmp_path, lambda: ["42"]), Detectors(), Policy(on_diverge="rollback"),
+                  controller, Quiet(), log_path=tmp_path / "watch.jsonl")
+    watch.poll()
+    assert [c[0] for c in controller.calls] == ["requeue"]
+    # Divergence began at step 11: its numbers came from the weights after step 10, so the
+    # checkpoint must be older than step 10: step 8.
+    assert "resuming from step 8" in controller.calls[0][1]
+    records = [json.loads(line) for line in (tmp_path / "watch.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in records] == ["alert", "alert", "action"]
+    assert records[-1]["what"] == "rollback" and records[-1]["reason"].startswith("step 15")
+    watch.poll()
+    assert len(controller.calls) == 1      # nothing more until the new allocation trains
+
+
+def test_max_actions_and_stop(tmp_path: Path) -> None:
+    lines = [format_event("step", phase="train", step=n, loss=None if n > 3 else 1.0,
+                          time=f"2026-11-23T10:00:{n:02d}.000+00:00") for n in range(1, 6)]
+    node_log(tmp_path, 0, 0).write_text("\n".join(lines) + "\n")
+    controller = FakeController()
+    watch = Watch(RunReader(tmp_path, lambda: ["42"]), Detectors(),
+                  Policy(on_diverge="stop", max_actions=0), controller, Quiet())
+    watch.poll()
+    assert controller.calls == [] and [a.kind for a in watch.summary.alerts] == ["nonfinite"]
+    controller2 = FakeController()
+    watch2 = Watch(RunReader(tmp_path, lambda: ["42"]), Detectors(), Policy(on_diverge="stop"),
+                   controller2, Quiet())
+    watch2.poll()
+    assert controller2.calls == [("stop", None, None)]
+
+
+# --- notification ---------------------------------------------------------------------------------
+
+def test_notify_passes_the_alert_as_data_never_as_code(tmp_path: Path) -> None:
+    out = tmp_path / "got"
+    hostile = "$(touch " + str(tmp_path / "pwned") + ")`touch x`"
+    ok, text = actions.notify(f'printf "%s|" "$JOBGEN_ALERT_MESSAGE" > {out}; cat >> {out}',
+                              {"message": hostile}, {"JOBGEN_ALERT_MESSAGE": hostile})
+    assert ok, text
+    message, _, payload = out.read_text().partition("|")
+    assert message == hostile and json.loads(payload) == {"message": hostile}
+    assert not (tmp_path / "pwned").exists()
+    ok, text = actions.notify("echo broken >&2; exit 3", {}, {})
+    assert not ok and text == "the notification command exited with status 3: broken"
+
+
+# --- Batch: requeue is terminate and submit again -------------------------------------------------
+
+@pytest.mark.moto
+def test_batch_requeue_submits_the_same_definition_again(jobgen: Any, aws: str) -> None:  # noqa: F811
+    from jobgen import runs
+    from jobgen.backends import JobRef
+    from jobgen.backends import batch as batch_backend
+    name = run_name()
+    job_id, _ = submit(jobgen, "--run-name", name)
+    run = runs.find(name)
+    assert run is not None
+    client = batch_backend._client(JobRef(job_id, run))
+    seen: list[str] = []
+    controller = actions.BatchController(client, job_id, seen.append)
+    before = client.describe_jobs(jobs=[job_id])["jobs"][0]
+    text = controller.requeue()
+    assert controller.job_id != job_id and seen == [controller.job_id]
+    assert text.endswith(f"submitted again as {controller.job_id} (was {job_id})")
+    after = client.describe_jobs(jobs=[controller.job_id])["jobs"][0]
+    for key in ("jobName", "jobQueue", "jobDefinition"):
+        assert after[key] == before[key]
+    assert after["nodeProperties"]["numNodes"] == 2
+    state, _ = controller.state()
+    assert state in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED")
+    assert "already" in controller.stop() or controller.stop()
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    ((), "give JOB (a run name or a job id) or --run-dir FOLDER"),
+    (("--run-dir", ".", "--on-hang", "stop"), "act on a job: give JOB"),
+    (("123", "--notify", "mail me"), "--notify 'mail me': give cmd:COMMAND"),
+    (("123", "--on-hang", "notify"), "the notify action needs --notify cmd:COMMAND"),
+    (("--run-dir", "no-such-folder"), "--run-dir no-such-folder: no such folder"),
+    (("123", "--poll", "0"), "Invalid value for '--poll'"),
+])
+def test_usage_errors_are_one_line(args: tuple[str, ...], message: str, tmp_path: Path,
+                                   jobgen_proc: Callable[..., Any]) -> None:
+    result = jobgen_proc("watch", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_render_does_not_import_the_watch() -> None:
+    import subprocess
+    code = ("import sys; from jobgen.cli import main; sys.argv=['jobgen','render','neox20b',"
+            "'--nodes','4']; import io, contextlib\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(sys.argv[1:])\n"
+            "print([m for m in sys.modules if m.startswith('jobgen.watching')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.stdout.strip().splitlines()[-1] == "[]"
