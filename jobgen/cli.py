@@ -597,6 +597,8 @@ def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
 @click.option("--drop", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
               default=0.3, show_default=True,
               help="A throughput drop: the recent median this fraction below the earlier one.")
+@click.option("--drop-steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Steps in the recent median (the earlier one needs twice as many).")
 @click.option("--restarts-per-node", type=click.IntRange(min=1), default=2, show_default=True,
               help="A bad node: the first to fail in this many allocations.")
 @_job_backend

@@ -102,7 +102,7 @@ def watch_job(impl_name: str, ref: Any, *, run_dir: Optional[Path], rules: Rules
                           "unknown; give --run-dir")
     if not run_dir.is_dir():
         view.note(f"the run folder {run_dir} is not visible here (yet); watching for it")
-    log_path = run_dir / WATCH_LOG if run_dir.is_dir() and os.access(run_dir, os.W_OK) else None
+    log_path = run_dir / WATCH_LOG
     watch = Watch(RunReader(run_dir, jobs), Detectors(rules), policy, controller, view,
                   run_name=run.name if run else "", max_steps=max_steps,
                   seq_length=seq_length, log_path=log_path)

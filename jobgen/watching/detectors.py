@@ -2,11 +2,13 @@
 recorded stream is judged exactly as a live one.
 
 - gradient-norm spike (HLAT, arXiv 2404.10630): a step whose norm exceeds r + margin, r the mean
-  of the last `spike_window` (20) norms. Spike steps stay out of r, so that one spike does not
-  hide the next; r needs `MIN_HISTORY` steps first. A spike that has not come back after
-  `spike_patience` steps is divergence.
-- sustained growth: `growth_steps` consecutive norms above `growth_factor` (3) x the lowest r
-  seen: divergence (HLAT: growth above 3x the lowest value precedes divergence).
+  of the last `spike_window` (20) norms, spikes included as HLAT defines it; r needs
+  `MIN_HISTORY` steps first. A spike that has not come back after `spike_patience` steps is
+  reported as sustained (HLAT saw those precede divergence). It is not acted on: with an absolute
+  margin, a norm that settles a little higher (the end of warmup does that) looks the same, and a
+  rollback on that signal would throw good steps away.
+- divergence: `growth_steps` consecutive norms above `growth_factor` (3) x the lowest r seen
+  (HLAT: growth above 3x the lowest value precedes divergence).
 - a non-finite loss or gradient norm: divergence, at once.
 - loss spike: a loss above (1 + `loss_spike`) x the mean of the last `spike_window` losses (one
   alert until it is back below (1 + `loss_spike` / 2) x the mean; none once divergence is known).
@@ -167,20 +169,21 @@ class Detectors:
                     self.now, since_step=step, fault_time=obs.time,
                     values={"grad_norm": norm, "mean": mean}))
             self.spike_len += 1
-            if self.spike_len >= rules.spike_patience and not self.diverged:
-                self.diverged = True
+            if self.spike_len == rules.spike_patience:
                 first = self.spike[0]
                 alerts.append(Alert(
-                    "divergence", step, f"step {step}: the gradient norm has stayed above the "
-                    f"running mean + {rules.spike_margin} for {self.spike_len} steps since step "
-                    f"{first} ({_fmt(norm)} against {_fmt(mean)})", self.now, since_step=first,
-                    fault_time=self.spike[1], values={"grad_norm": norm, "mean": mean}))
+                    "sustained_spike", step, f"step {step}: the gradient norm has stayed above "
+                    f"its running mean + {rules.spike_margin} for {self.spike_len} steps since "
+                    f"step {first} ({_fmt(norm)} against {_fmt(mean)}); HLAT saw such spikes "
+                    "precede divergence", self.now, since_step=first, fault_time=self.spike[1],
+                    values={"grad_norm": norm, "mean": mean}))
         else:
             self.spike, self.spike_len = None, 0
-            self.norms.append((step, norm))
-            if len(self.norms) >= MIN_HISTORY:
-                running = statistics.fmean(v for _, v in self.norms)
-                self.lowest = running if self.lowest is None else min(self.lowest, running)
+        # HLAT's r: the mean of the last `spike_window` steps, spikes included.
+        self.norms.append((step, norm))
+        if len(self.norms) >= MIN_HISTORY:
+            running = statistics.fmean(v for _, v in self.norms)
+            self.lowest = running if self.lowest is None else min(self.lowest, running)
         if self.lowest is not None and norm > rules.growth_factor * self.lowest:
             if self.growth is None:
                 self.growth, self.growth_len = (step, obs.time), 0
@@ -189,10 +192,10 @@ class Detectors:
                 self.diverged = True
                 alerts.append(Alert(
                     "divergence", step, f"step {step}: the gradient norm has been above "
-                    f"{rules.growth_factor} x its lowest running mean ({_fmt(self.lowest)}) for "
-                    f"{self.growth_len} steps since step {self.growth[0]} (now {_fmt(norm)})",
-                    self.now, since_step=self.growth[0], fault_time=self.growth[1],
-                    values={"grad_norm": norm, "lowest": self.lowest}))
+                    f"{rules.growth_factor:g} x its lowest running mean ({_fmt(self.lowest)}) "
+                    f"for {self.growth_len} steps since step {self.growth[0]} (now "
+                    f"{_fmt(norm)})", self.now, since_step=self.growth[0],
+                    fault_time=self.growth[1], values={"grad_norm": norm, "lowest": self.lowest}))
         else:
             self.growth, self.growth_len = None, 0
         return alerts

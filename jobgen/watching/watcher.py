@@ -80,7 +80,7 @@ class Watch:
         self.reader, self.detectors, self.policy = reader, detectors, policy
         self.controller, self.view, self.clock = controller, view, clock
         self.run_name, self.seq_length = run_name, seq_length
-        self.log_path = log_path
+        self.log_path = log_path     # created with the first alert (the run folder exists then)
         self.status = Status(job_id=controller.job_id if controller else "",
                              max_steps=max_steps)
         self.summary = Summary(self.status.job_id, "")
@@ -114,8 +114,10 @@ class Watch:
             else len(self.reader.allocations) - 1
         alerts += self.detectors.restarts([a.ends() for a in self.reader.allocations[:done]],
                                           self.blamed)
+        for alert in alerts:      # every alert is shown and logged before anything is done
+            self._record(alert)
         for alert in alerts:
-            self._alert(alert)
+            self._decide(alert)
         self.view.status(self.status)
         self.finished = finished
         return finished
@@ -164,12 +166,14 @@ class Watch:
             st.eta_s = max(0, st.max_steps - obs.step) * median
         self.view.observation(obs)
 
-    def _alert(self, alert: Alert) -> None:
+    def _record(self, alert: Alert) -> None:
         self.summary.alerts.append(alert)
         self.status.last_alert = f"{alert.kind}@{alert.step}" if alert.step is not None \
             else alert.kind
         self.view.alert(alert)
         self._log({"type": "alert", **alert.as_dict()})
+
+    def _decide(self, alert: Alert) -> None:
         what = self.policy.action_for(alert)
         if what is None or self.controller is None or self.finished:
             return
