@@ -9,8 +9,8 @@ from typing import Any, Optional
 # Alert kinds, and the policy each one falls under (--on-diverge, --on-hang, or report only).
 CATEGORY = {
     "grad_spike": "report", "sustained_spike": "report", "loss_spike": "report",
-    "throughput_drop": "report", "bad_node": "report", "divergence": "diverge", "nonfinite": "diverge",
-    "hang": "hang", "node_silent": "hang",
+    "throughput_drop": "report", "bad_node": "report",
+    "divergence": "diverge", "nonfinite": "diverge", "hang": "hang", "node_silent": "hang",
 }
 
 

@@ -102,7 +102,9 @@ class Watch:
             self.status.state = state
             self.view.state(self.status.job_id, state)
         alerts: list[Alert] = []
-        for obs in self.reader.read():
+        observed = self.reader.read()
+        now = self.clock()            # after reading: nothing read is newer than the alert
+        for obs in observed:
             if self.controller is None:   # a recording: its own times are the clock
                 alerts += self.detectors.tick(obs.time)
             alerts += self.detectors.observe(obs, now if self.controller else obs.time)
