@@ -93,16 +93,22 @@ def _cleanup_and_figures(request: pytest.FixtureRequest) -> Iterator[None]:
     alive = [j for j in SUBMITTED if _squeue_state(j)]
     if alive:
         subprocess.run(["scancel", *alive], capture_output=True, timeout=30, check=False)
-    if FIGURES:
-        lines = ["", "---- Slurm e2e figures ----"] + [f"{k}: {v}" for k, v in FIGURES.items()]
-        capture = request.config.pluginmanager.get_plugin("capturemanager")
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if capture is None or reporter is None:
-            print("\n".join(lines))
-            return
-        with capture.global_and_fixture_disabled():   # shown even when the tests passed
-            for line in lines:
-                reporter.write_line(line)
+    show_figures(request, "Slurm e2e figures", FIGURES)
+
+
+def show_figures(request: pytest.FixtureRequest, title: str, figures: dict[str, str]) -> None:
+    """Print measured figures after the module's tests, shown even when they all passed."""
+    if not figures:
+        return
+    lines = ["", f"---- {title} ----"] + [f"{k}: {v}" for k, v in figures.items()]
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if capture is None or reporter is None:
+        print("\n".join(lines))
+        return
+    with capture.global_and_fixture_disabled():
+        for line in lines:
+            reporter.write_line(line)
 
 
 def job_env(**extra: str) -> dict[str, str]:

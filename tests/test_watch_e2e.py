@@ -32,6 +32,7 @@ from test_slurm_e2e import (  # noqa: F401
     job_env,
     job_fields,
     read_events,
+    show_figures,
     unique,
 )
 
@@ -114,7 +115,8 @@ def start(tmp: Path, state: Path, recipe: str, label: str, faults: dict[str, str
 
 
 @pytest.fixture(scope="module")
-def watched(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Watched]]:  # noqa: F811
+def watched(cluster: int, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+            request: pytest.FixtureRequest) -> Iterator[dict[str, Watched]]:
     tmp = tmp_path_factory.mktemp("watch")
     state = tmp / "state"
     started = time.monotonic()
@@ -149,9 +151,7 @@ def watched(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 job.watcher.kill()
             subprocess.run(["scancel", job.job_id], capture_output=True, timeout=30,
                            check=False)
-        if FIGURES:
-            print("\n---- watch e2e figures ----\n" +
-                  "\n".join(f"{k}: {v}" for k, v in FIGURES.items()))
+        show_figures(request, "watch e2e figures", FIGURES)
 
 
 def _of(alerts: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

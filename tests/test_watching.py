@@ -454,3 +454,48 @@ def test_render_does_not_import_the_watch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_hang_on_a_host_that_already_failed_the_job_requeues_without_it(
+        tmp_path: Path) -> None:
+    for restart in (0, 1):
+        for node, code in ((0, "143"), (1, "1")):
+            folder = node_log(tmp_path, restart, node).parent
+            (folder / "host").write_text(f"n{node + 1}\n")
+            (folder / "job.status").write_text(f"{code} train\n")
+    for node in (0, 1):
+        folder = node_log(tmp_path, 2, node).parent
+        (folder / "host").write_text(f"n{node + 1}\n")
+    lines = [format_event("step", phase="train", step=n, loss=1.0, grad_norm=1.0,
+                          time=f"2026-11-23T10:00:{n:02d}.000+00:00") for n in range(1, 6)]
+    node_log(tmp_path, 2, 0).write_text("\n".join(
+        lines + [format_event("beat", phase="train", node=0, step=6,
+                              time="2026-11-23T10:00:05.100+00:00")]) + "\n")
+    node_log(tmp_path, 2, 1).write_text(format_event(
+        "beat", phase="train", node=1, step=5, time="2026-11-23T10:00:04.100+00:00") + "\n")
+    clock = [T0]
+    controller = FakeController()
+    watch = Watch(RunReader(tmp_path, lambda: ["42"], clock=lambda: clock[0]),
+                  Detectors(Rules(hang_min_s=30)), Policy(on_hang="requeue"), controller,
+                  Quiet(), clock=lambda: clock[0])
+    watch.poll()
+    assert [a.kind for a in watch.summary.alerts] == ["bad_node"] and controller.calls == []
+    clock[0] += 31
+    watch.poll()
+    assert [a.kind for a in watch.summary.alerts][1:] == ["hang", "node_silent"]
+    assert controller.calls == [("requeue", None, "n2")]
+
+
+def test_terminal_view_redraws_one_line() -> None:
+    import io
+
+    from jobgen.watching.view import TerminalView
+    from jobgen.watching.watcher import Status
+    out = io.StringIO()
+    view = TerminalView(out)
+    view.status(Status(job_id="7", state="RUNNING", step=12, max_steps=24, loss=2.5,
+                       grad_norm=math.nan, tokens_per_s=12345.0, eta_s=3725))
+    text = out.getvalue()
+    assert text.startswith("\r\x1b[K") and "\n" not in text
+    assert "step 12/24" in text and "gnorm nan" in text and "12,345 tok/s" in text
+    assert "eta 1:02:05" in text
