@@ -125,12 +125,16 @@ class Watch:
         return finished
 
     def run(self, poll_s: float) -> Summary:
-        while not self.poll():
-            if self.controller is None:
-                break
-            time.sleep(poll_s)
-        if self.controller is not None:
-            self.poll()   # what the job wrote as it ended
+        try:
+            while not self.poll():
+                if self.controller is None:
+                    break
+                time.sleep(poll_s)
+            if self.controller is not None:
+                self.poll()   # what the job wrote as it ended
+        except KeyboardInterrupt:
+            self.finish()     # Ctrl-C: the summary so far, then the usual exit status 130
+            raise
         return self.finish()
 
     def finish(self) -> Summary:
