@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .observations import Observation, number, parse_time
-from .tfrecord import EventFile
+from .tfrecord import EventFile, read_from
 
 ALLOCATION = re.compile(r"^(restart|attempt)-(\d+)$")
 LIFECYCLE = ("start", "resume", "checkpoint", "done", "stopped")
@@ -46,12 +46,7 @@ class LineReader:
         self.grew_at: Optional[float] = None
 
     def read(self, now: float) -> list[str]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
+        data = read_from(self.path, self.offset)
         if not data:
             return []
         self.offset += len(data)

@@ -147,6 +147,16 @@ def scalars(event: bytes) -> list[Scalar]:
     return out
 
 
+def read_from(path: Path, offset: int) -> bytes:
+    """What a growing file holds from `offset` on (nothing when it cannot be read now)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read()
+    except OSError:
+        return b""
+
+
 class EventFile:
     """Reads an event file incrementally: each `read` returns the scalars of the records
     completed since the last one."""
@@ -159,12 +169,7 @@ class EventFile:
     def read(self) -> list[Scalar]:
         if self.damaged:
             return []
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
+        data = read_from(self.path, self.offset)
         out: list[Scalar] = []
         pos = 0
         while len(data) - pos >= 12:
