@@ -15,9 +15,10 @@ def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] 
              compile_mode: CompileMode = "auto", smoke: bool = False,
              run_name: Optional[str] = None,
              slurm: Optional[Mapping[str, Optional[str]]] = None) -> JobSpec:
-    """Load, override, validate and resolve a recipe for a node count on a site; `slurm`:
+    """Load (with the recipe's overlay for `backend`), override, validate and resolve a recipe
+    for a node count on a site; `slurm`:
     per-job overrides of the site's Slurm values (`{"partition": ..., "time": ...}`)."""
-    rec, source = recipe.load(ref, list(overrides))
+    rec, source = recipe.load(ref, list(overrides), backend)
     return resolve(rec, source, sites.load(site), nodes, backend=backend,
                    compile_mode=compile_mode, smoke=smoke, run_name=run_name, slurm=slurm)
 

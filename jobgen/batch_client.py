@@ -80,11 +80,15 @@ def _config(message: str) -> ConfigError:
     return ConfigError(redact(message))
 
 
-def _region(site: Site) -> tuple[Optional[str], str]:
-    """The region and where it came from: the site profile, AWS_REGION (which botocore itself
-    ignores), AWS_DEFAULT_REGION, or else the AWS profile (left to botocore)."""
-    if site.batch and site.batch.region:
-        return site.batch.region, f"site {site.name}: batch.region"
+def _region(site: Site, service: str = "batch") -> tuple[Optional[str], str]:
+    """The region and where it came from: the site profile (its sagemaker section for
+    SageMaker, else its batch section), AWS_REGION (which botocore itself ignores),
+    AWS_DEFAULT_REGION, or else the AWS profile (left to botocore)."""
+    order = ("sagemaker", "batch") if service == "sagemaker" else ("batch", "sagemaker")
+    for key in order:
+        section = getattr(site, key, None)
+        if section is not None and section.region:
+            return section.region, f"site {site.name}: {key}.region"
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         if os.environ.get(name):
             return os.environ[name], name
@@ -148,7 +152,8 @@ def _aws_file(var: str, default: str) -> str:
     return os.environ.get(var) or f"~/.aws/{default}"
 
 
-def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch") -> Any:
+def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch",
+           region_of: Optional[str] = None) -> Any:
     """A boto3 client for `service` ("batch" or "logs") in the site's region (else the
     environment's). Without `endpoint_url` boto3 itself honours AWS_ENDPOINT_URL. Set-up
     mistakes are blamed on what holds them: the site file, an option, a variable, a file."""
@@ -157,7 +162,7 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
     import botocore.config
     import botocore.exceptions as bce
 
-    region, region_from = _region(site)
+    region, region_from = _region(site, region_of or service)
     if region is not None and not REGION_RE.fullmatch(region):
         error = _config if region_from.startswith("site ") else _remote
         raise error(f"{region_from}: {region!r} is not an AWS region name (like us-east-1)")

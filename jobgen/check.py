@@ -77,7 +77,7 @@ def _render_matrix(site: Optional[str], names: list[str], backend: Backend,
     rows = []
     for name in names:
         try:
-            recipe, source = recipe_module.load(name)
+            recipe, source = recipe_module.load(name, backend=backend)
         except JobgenError as exc:   # every node count fails the same way: one message each
             rows += [Row(name, n, "FAILED", str(exc)) for n in counts]
             continue

@@ -17,7 +17,9 @@ from .payloads import Launch, compile_cache_env, compile_key, env_block
 from .record import record
 from .spec import JobSpec
 
-Executor = Literal["slurm", "batch", "submitit", "local"]
+Executor = Literal["slurm", "batch", "submitit", "local", "sagemaker", "eks"]
+# Executors whose nodes are containers: their entrypoint (env/containers/) finds the node's place.
+CONTAINERS = ("batch", "sagemaker", "eks")
 Passes = Literal["both", "compile", "train"]
 
 # What the executor sets on each node, at run time.
@@ -92,7 +94,10 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         return p if not base or p.startswith("/") else f"{base}/{p}"
 
     ((cache_var, cache_value),) = compile_cache_env(spec, "DIR").items()
-    shared = executor != "batch"   # Slurm and submitit nodes share the submission folder
+    container = executor in CONTAINERS
+    # Slurm and submitit nodes share the submission folder; EKS pods share the FSx claim;
+    # Batch and SageMaker nodes have their own disks (the entrypoint says so on the node).
+    shared = not container or (executor == "eks" and bool(site.eks and site.eks.shared_pvc))
     return NodeContract(
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),
@@ -106,22 +111,23 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_PASSES="" if passes == "both" else passes,
         JOBGEN_COMPILE_MODE=spec.compile_mode,
         JOBGEN_COMPILE_CACHE=path(site.paths.compile_cache),
-        # Batch nodes have no node-local cache step (the site's shared volume is the cache).
+        # Batch and SageMaker nodes have no node-local cache step (their cache is their own).
         JOBGEN_LOCAL_COMPILE_CACHE=(site.paths.local_compile_cache or "")
-        if executor != "batch" else "",
+        if executor not in ("batch", "sagemaker") else "",
         JOBGEN_COMPILE_KEY=compile_key(spec, lau),
         JOBGEN_CACHE_VAR=cache_var,
         JOBGEN_CACHE_SUFFIX=cache_value[len("DIR"):],
         JOBGEN_NODES=str(spec.nodes),
-        JOBGEN_MAX_RESTARTS=str(recipe.job.max_restarts) if executor != "batch" else "",
+        # Containers are restarted by their service (retry strategy, backoff limit).
+        JOBGEN_MAX_RESTARTS=str(recipe.job.max_restarts) if not container else "",
         JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
         JOBGEN_SHARED_FS="1" if shared else "",
         # submitit's nodes share the folder: the main node writes, the others' trainers start
         # once it has reached the rendezvous. Slurm's controller does it once itself.
-        JOBGEN_SETUP_ON={"submitit": "main", "slurm": "", "batch": "", "local": ""}[executor],
+        JOBGEN_SETUP_ON={"submitit": "main", "eks": "main" if shared else ""}.get(executor, ""),
         JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if executor in ("slurm", "submitit")
         else "",
-        JOBGEN_ACTIVATE=(site.setup.activate or "") if executor != "batch" else "",
+        JOBGEN_ACTIVATE=(site.setup.activate or "") if not container else "",
         # Only the sbatch script's controller forwards Slurm's time-limit warning.
         JOBGEN_STOP_SIGNAL=lau.stop_signal if executor == "slurm" else "",
         JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",

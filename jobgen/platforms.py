@@ -1,5 +1,6 @@
 """Facts per instance type, as data: one file per platform (`env/platforms/<name>.yaml`; shipped:
-trn1.32xlarge, trn1n.32xlarge, dl1.24xlarge). Recipes name a platform; the spec and the backends
+trn1.32xlarge, trn1n.32xlarge, dl1.24xlarge,
+p4d.24xlarge). Recipes name a platform; the spec and the backends
 read its worker count, devices and network interfaces from here. A user adds a platform without
 editing jobgen: a file in a folder named by JOBGEN_PLATFORMS (folders separated by `:`, searched
 before the shipped ones). Files are read when a platform is first asked for."""
@@ -22,7 +23,7 @@ _NAME_RE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
 @record
 class Platform:
     name: str
-    accelerator: Literal["neuron", "hpu"]
+    accelerator: Literal["neuron", "hpu", "cuda"]
     workers_per_node: int  # ranks started per node (NeuronCores on trn1, HPUs on dl1)
     devices: int           # /dev entries per node (Trainium chips, Gaudi cards)
     efa_interfaces: int

@@ -58,6 +58,13 @@ class Parallelism:
     # style, where the global batch grows with the node count).
     global_batch_size: Optional[int] = None
     gradient_accumulation: Optional[int] = None
+    # Sharded data parallelism (FSDP/SMP v2): parameters, gradients and optimizer state are
+    # sharded over groups of this many ranks and replicated across groups (hybrid sharding);
+    # 0: not used by the trainer.
+    hybrid_shard: int = 0
+    # SMP v2 activation offloading to host memory, and how many layers ahead it loads back.
+    activation_offloading: bool = False
+    activation_loading_horizon: int = 2
 
 
 @record
@@ -359,10 +366,62 @@ def check_names(recipe: Recipe, where: str) -> None:
                           "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
 
 
-def load(ref: str, overrides: Optional[list[str]] = None) -> tuple[Recipe, str]:
-    """Load and strictly validate a recipe; returns it with the name used in error messages."""
+# Backends a recipe may carry an overlay for (`backends:`): where the same model is trained with
+# another trainer or instance type (SageMaker's model-parallel library runs on GPU instances).
+OVERLAY_BACKENDS = ("slurm", "batch", "local", "sagemaker", "eks")
+# Sections an overlay replaces whole instead of merging key by key: their keys belong to one
+# trainer (a Neuron runtime variable means nothing to a GPU trainer).
+OVERLAY_REPLACES = ("env", "launch")
+
+
+def _merged(base: dict[str, Any], overlay: dict[str, Any], top: bool = True) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) \
+                and not (top and key in OVERLAY_REPLACES):
+            out[key] = _merged(out[key], value, top=False)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overlay(data: dict[str, Any], backend: Optional[str], where: str) -> dict[str, Any]:
+    """Take the recipe's `backends:` section out of `data` and, for `backend`, apply its overlay
+    (values replace the recipe's; mappings merge, except env and launch, which are replaced)."""
+    data = dict(data)
+    overlays = data.pop("backends", None)
+    if overlays is None:
+        return data
+    if not isinstance(overlays, dict):
+        raise ConfigError(f"{where}: backends: must be a mapping of backend name to recipe "
+                          "values")
+    for name, overlay in overlays.items():
+        if name not in OVERLAY_BACKENDS:
+            raise ConfigError(f"{where}: backends.{name}: not a backend (backends: "
+                              f"{', '.join(OVERLAY_BACKENDS)})")
+        if not isinstance(overlay, dict):
+            raise ConfigError(f"{where}: backends.{name}: must be a mapping of recipe values")
+        for key in overlay:
+            if key in ("name", "backends"):
+                raise ConfigError(f"{where}: backends.{name}.{key}: cannot be changed per "
+                                  "backend")
+    chosen = overlays.get(backend) if backend else None
+    return _merged(data, chosen) if chosen else data
+
+
+def overlay_of(ref: str, backend: str) -> dict[str, Any]:
+    """The recipe's overlay for `backend` as written (for `jobgen show`), or {}."""
     path, shown = locate(ref)
-    data = load_yaml(path, shown)
+    found = load_yaml(path, shown).get("backends") or {}
+    return dict(found.get(backend) or {}) if isinstance(found, dict) else {}
+
+
+def load(ref: str, overrides: Optional[list[str]] = None,
+         backend: Optional[str] = None) -> tuple[Recipe, str]:
+    """Load and strictly validate a recipe, with its overlay for `backend` applied, then the
+    overrides; returns it with the name used in error messages."""
+    path, shown = locate(ref)
+    data = apply_overlay(load_yaml(path, shown), backend, shown)
     if overrides:
         data = apply_overrides(data, overrides, shown)
     recipe = schema.build(Recipe, data, shown)

@@ -86,6 +86,61 @@ class BatchSite:
 
 
 @record
+class FsxInput:
+    """An FSx for Lustre file system a SageMaker job reads its data from (and, rw, writes to)."""
+    file_system_id: str
+    directory_path: str                  # /MOUNT-NAME/path inside the file system
+    access_mode: Literal["ro", "rw"] = "ro"
+
+
+@record
+class SageMakerSite:
+    """SageMaker training jobs: the account's role, images and storage (env/sites/*.yaml)."""
+    role_arn: Optional[str] = None
+    region: Optional[str] = None
+    images: Optional[dict[str, str]] = None     # platform name -> training image URI
+    # Where a run's checkpoints live between attempts: S3URI/RUN-NAME, synced from and restored
+    # to /opt/ml/checkpoints/RUN-NAME on every node (a retried or resubmitted run resumes).
+    checkpoint_s3_uri: Optional[str] = None
+    output_s3_uri: Optional[str] = None         # the job's model.tar.gz and output (required)
+    data_s3_uri: Optional[str] = None           # the training data, as channel "train"
+    fsx: Optional[FsxInput] = None              # or from FSx for Lustre (needs subnets)
+    subnets: Optional[tuple[str, ...]] = None
+    security_group_ids: Optional[tuple[str, ...]] = None
+    volume_size_gb: int = 500                   # each instance's EBS volume
+    max_runtime_hours: int = 120                # the stopping condition (at most 28 days)
+    max_nodes: int = 16
+    payload_dir: Optional[str] = None           # payload/ inside the image (/opt/jobgen/payload)
+    entrypoint: str = "/opt/jobgen/sagemaker-entrypoint.sh"
+    rendezvous_timeout_s: int = 900
+    compile_cache: str = "/opt/ml/checkpoints/compile-cache"  # kept in S3 with checkpoints
+    smoke_instance_type: Optional[str] = None   # a CPU instance for --smoke (ml.c5.4xlarge)
+    keep_alive_s: int = 0                       # warm pool: seconds instances stay for the next
+
+
+@record
+class EksSite:
+    """An Amazon EKS cluster with the Neuron, EFA (and NVIDIA / Habana) device plugins."""
+    namespace: str = "default"
+    images: Optional[dict[str, str]] = None     # platform name -> image URI
+    shared_pvc: Optional[str] = None            # the FSx for Lustre PersistentVolumeClaim
+    shared_mount: str = "/fsx"                  # where it is mounted (the site's paths are on it)
+    # The compile cache each node's training pass reads: a hostPath on the node's own disk
+    # (HLAT: a cache on shared FSx caused timeouts); the compile pass writes the shared one.
+    local_cache_host_path: str = "/var/tmp/jobgen-compile-cache"
+    training_operator: bool = False             # Kubeflow's PyTorchJob instead of an Indexed Job
+    service_account: Optional[str] = None
+    efa_interfaces: Optional[dict[str, int]] = None  # per platform (default: all it has)
+    max_nodes: int = 16
+    payload_dir: Optional[str] = None
+    entrypoint: str = "/opt/jobgen/eks-entrypoint.sh"
+    rendezvous_timeout_s: int = 900
+    context: Optional[str] = None               # the kubeconfig context (default: current)
+    smoke_cpu: str = "4"                        # what a --smoke pod asks for
+    smoke_memory: str = "8Gi"
+
+
+@record
 class PlatformFacts:
     """What `jobgen plan` needs to know about one instance type at this site."""
     # Rate name (on_demand, reserved_3y, ...) -> US dollars per node-hour.
@@ -134,6 +189,8 @@ class Site:
     paths: Paths
     setup: Setup = Setup()
     batch: Optional[BatchSite] = None
+    sagemaker: Optional[SageMakerSite] = None
+    eks: Optional[EksSite] = None
     plan: PlanSite = PlanSite()
 
     @property
@@ -163,6 +220,10 @@ def _check_plan(plan: PlanSite, shown: str) -> None:
     if plan.rate is not None and not schema.NAME_RE.fullmatch(plan.rate):
         raise ConfigError(f"{shown}: plan.rate: {schema.describe(plan.rate)} must match "
                           f"{schema.NAME_RE.pattern}")
+
+
+# A Kubernetes namespace or object name (RFC 1123 label).
+K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def site_names() -> list[str]:
@@ -200,6 +261,27 @@ def load(ref: Optional[str] = None) -> Site:
         if site.batch.smoke is not None:
             numbers += [("batch.smoke.vcpus", site.batch.smoke.vcpus, 1),
                         ("batch.smoke.memory_mib", site.batch.smoke.memory_mib, 512)]
+    if site.sagemaker is not None:
+        numbers += [("sagemaker.max_nodes", site.sagemaker.max_nodes, 0),
+                    ("sagemaker.volume_size_gb", site.sagemaker.volume_size_gb, 1),
+                    ("sagemaker.max_runtime_hours", site.sagemaker.max_runtime_hours, 1),
+                    ("sagemaker.rendezvous_timeout_s", site.sagemaker.rendezvous_timeout_s, 1),
+                    ("sagemaker.keep_alive_s", site.sagemaker.keep_alive_s, 0)]
+        if site.sagemaker.max_runtime_hours > 28 * 24:
+            raise ConfigError(f"{shown}: sagemaker.max_runtime_hours: "
+                              f"{site.sagemaker.max_runtime_hours} is more than SageMaker's "
+                              "28 days (672)")
+    if site.eks is not None:
+        numbers += [("eks.max_nodes", site.eks.max_nodes, 0),
+                    ("eks.rendezvous_timeout_s", site.eks.rendezvous_timeout_s, 1)]
+        if not K8S_NAME_RE.fullmatch(site.eks.namespace):
+            raise ConfigError(f"{shown}: eks.namespace: {schema.describe(site.eks.namespace)} "
+                              "is not a Kubernetes name (lower case letters, digits, '-')")
+        for key, value in (("eks.shared_mount", site.eks.shared_mount),
+                           ("eks.local_cache_host_path", site.eks.local_cache_host_path)):
+            if not value.startswith("/"):
+                raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must be an "
+                                  "absolute path")
     for key, number, least in numbers:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
@@ -212,10 +294,11 @@ def load(ref: Optional[str] = None) -> Site:
         if name not in PLATFORMS:
             raise ConfigError(f"{shown}: slurm.platforms: {schema.describe(name)} is not a "
                               f"platform jobgen knows ({', '.join(sorted(PLATFORMS))})")
-    region = site.batch.region if site.batch else None
-    if region is not None and not REGION_RE.fullmatch(region):
-        raise ConfigError(f"{shown}: batch.region: {schema.describe(region)} is not an AWS "
-                          "region name (like us-east-1)")
+    for key, region in (("batch.region", site.batch.region if site.batch else None),
+                        ("sagemaker.region", site.sagemaker.region if site.sagemaker else None)):
+        if region is not None and not REGION_RE.fullmatch(region):
+            raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
+                              "region name (like us-east-1)")
     local_cache = site.paths.local_compile_cache
     if local_cache is not None and not local_cache.startswith("/"):
         # Each node's own disk: payload/common/sync_cache.sh refuses a relative path at run time.

@@ -62,9 +62,12 @@ class Rehearsal:
 def rehearsal(recipe: Recipe) -> Rehearsal:
     s, steps = recipe.schedule, SMOKE["max_steps"]
     bert = recipe.model.family == "bert"
+    fsdp = recipe.payload == "smp_fsdp"   # rehearses itself, sharded over 2 processes a node
     return Rehearsal(
         family=recipe.model.family,
-        trainer="habana_deepspeed/pretrain_bert.py" if bert else "smoke/train.py",
+        trainer="habana_deepspeed/pretrain_bert.py" if bert else
+        "smp_fsdp/train_fsdp.py" if fsdp else "smoke/train.py",
+        workers_per_node=2 if fsdp else 1,
         num_layers=SMOKE["num_layers"], hidden_size=SMOKE["hidden_size"],
         num_heads=SMOKE["num_heads"], intermediate_size=SMOKE["intermediate_size"],
         seq_length=SMOKE["seq_length"], vocab_size=SMOKE["vocab_size"],
@@ -77,7 +80,13 @@ def rehearsal(recipe: Recipe) -> Rehearsal:
         decay_steps=max(2, round(steps * (s.decay_steps or s.max_steps) / s.max_steps)),
         max_predictions=SMOKE["max_predictions"], samples=SMOKE["samples"])
 CompileMode = Literal["auto", "always", "never"]
-Backend = Literal["slurm", "batch", "local"]
+Backend = Literal["slurm", "batch", "local", "sagemaker", "eks"]
+# Backends whose nodes are containers with jobgen's payload/ in the image.
+CONTAINER_BACKENDS = ("batch", "sagemaker", "eks")
+# Where a SageMaker node keeps a run (synced to and restored from the site's S3 URI) and finds
+# its data channel.
+SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
+SAGEMAKER_DATA = "/opt/ml/input/data/train"
 
 
 @record
@@ -266,8 +275,9 @@ class JobSpec:
     def payload_dir(self) -> str:
         """Where jobgen's payload/ is on the nodes: the site's shared copy under Slurm, the
         image's copy in an AWS Batch container."""
-        if self.backend == "batch":
-            return (self.site.batch.payload_dir if self.site.batch else None) or IMAGE_PAYLOAD_DIR
+        if self.backend in CONTAINER_BACKENDS:
+            section = getattr(self.site, self.backend)
+            return (section.payload_dir if section else None) or IMAGE_PAYLOAD_DIR
         return self.site.payload_dir
 
     def data_path(self, path: str) -> str:
@@ -286,7 +296,7 @@ class JobSpec:
             "compile_mode": self.compile_mode,
             "smoke": self.smoke,
             **({"slurm": {k: v for k, v in dataclasses.asdict(self.slurm).items()
-                          if v is not None}} if self.backend != "batch" else {}),
+                          if v is not None}} if self.backend in ("slurm", "local") else {}),
             "derived": {
                 "workers_per_node": self.workers_per_node,
                 "world_size": self.world_size,
@@ -467,11 +477,23 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
                               f"{site.name} has {', '.join(site.slurm.platforms)} nodes "
                               "(slurm.platforms)")
         limit, key = site.slurm.max_nodes, "slurm.max_nodes"
-    elif site.batch is None:
-        raise ConfigError(f"site {site.name} has no batch section (job queue, images, roles): "
-                          "use a site with one (like dl1-batch), or the Slurm backend")
     else:
-        limit, key = (site.batch.max_nodes if site.batch else 0), "batch.max_nodes"
+        section = getattr(site, backend)
+        if section is None:
+            example = {"batch": "dl1-batch", "sagemaker": "sagemaker", "eks": "eks"}[backend]
+            raise ConfigError(f"site {site.name} has no {backend} section: use a site with one "
+                              f"(like {example}), or the Slurm backend")
+        limit, key = section.max_nodes, f"{backend}.max_nodes"
+        if backend == "sagemaker":
+            # A SageMaker node keeps the run in its checkpoint folder (synced to S3) and reads
+            # the data channel; the compile cache goes to S3 with the checkpoints.
+            site = dataclasses.replace(site, paths=dataclasses.replace(
+                site.paths, work_dir=SAGEMAKER_CHECKPOINTS, data_dir=SAGEMAKER_DATA,
+                compile_cache=section.compile_cache, local_compile_cache=None))
+        elif backend == "eks":
+            # The training pass reads the compile cache from the node's own disk (hostPath).
+            site = dataclasses.replace(site, paths=dataclasses.replace(
+                site.paths, local_compile_cache=section.local_cache_host_path))
     if n > limit:
         raise RuleError(f"--nodes {n}: site {site.name} allows at most {limit} nodes "
                         f"({key})")
@@ -479,11 +501,11 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if not schema.NAME_RE.fullmatch(name):
         raise ConfigError(f"--run-name: {schema.describe(name)} must match "
                           f"{schema.NAME_RE.pattern}")
-    if backend == "batch":
+    if backend in CONTAINER_BACKENDS:
         given = sorted(k for k, v in (slurm or {}).items() if v is not None)
         if given:
-            raise ConfigError(f"--{given[0]}: a Slurm setting; an AWS Batch job takes its "
-                              "queue and limits from the site's batch section")
+            raise ConfigError(f"--{given[0]}: a Slurm setting; a {backend} job takes its "
+                              f"limits from the site's {backend} section")
         request = SlurmRequest()
     else:
         request = slurm_request(site, recipe, slurm or {}, n)

@@ -62,8 +62,10 @@ RUN python3 -m pip freeze | grep -iE '^(torch|numpy|habana[-_a-z]*)==' > /tmp/ke
 # jobgen: the payload and the entrypoint the job definition's command names.
 COPY payload/ /opt/jobgen/payload/
 COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
-RUN chmod 0755 /opt/jobgen/entrypoint.sh \
- && bash -n /opt/jobgen/entrypoint.sh \
+# The same image on SageMaker training jobs and EKS pods (their entrypoints).
+COPY env/containers/sagemaker-entrypoint.sh env/containers/eks-entrypoint.sh /opt/jobgen/
+RUN chmod 0755 /opt/jobgen/*.sh \
+ && for f in /opt/jobgen/*.sh; do bash -n "$f"; done \
  && python3 -m py_compile /opt/jobgen/payload/common/batch_setup.py
 
 # Relative site paths (the `local` site's jobgen-runs/...) are taken from here.

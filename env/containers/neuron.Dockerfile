@@ -80,8 +80,10 @@ RUN rm -f /tmp/keep.txt
 # jobgen: the payload and the entrypoint the job definition's command names.
 COPY payload/ /opt/jobgen/payload/
 COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
-RUN chmod 0755 /opt/jobgen/entrypoint.sh \
- && bash -n /opt/jobgen/entrypoint.sh \
+# The same image on SageMaker training jobs and EKS pods (their entrypoints).
+COPY env/containers/sagemaker-entrypoint.sh env/containers/eks-entrypoint.sh /opt/jobgen/
+RUN chmod 0755 /opt/jobgen/*.sh \
+ && for f in /opt/jobgen/*.sh; do bash -n "$f"; done \
  && python3 -m py_compile /opt/jobgen/payload/common/batch_setup.py
 
 # CMD, not ENTRYPOINT: the Batch job definition's command names the entrypoint and its arguments.

@@ -14,8 +14,8 @@ if TYPE_CHECKING:   # not imported when rendering: only the types are needed her
     from ..runs import Run
     from ..spec import JobSpec
 
-BACKENDS = ("slurm", "batch", "submitit", "local")
-SUBMITTED = ("slurm", "batch", "submitit")   # the ones that hand the job to a scheduler
+BACKENDS = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")
+SUBMITTED = ("slurm", "batch", "submitit", "sagemaker", "eks")   # the ones that hand the job to a scheduler
 Echo = Callable[[str], None]
 
 

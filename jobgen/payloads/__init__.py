@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..platforms import get as platform_of
 from ..recipe import Recipe
 from ..spec import JobSpec
-from . import habana_deepspeed, neuron_nemo, neuronx_distributed, smoke
+from . import habana_deepspeed, neuron_nemo, neuronx_distributed, smoke, smp_fsdp
 from .base import Launch, Pass, Payload, compile_cache_env, compile_key, env_block
 
 __all__ = ["BUILT_IN", "ENTRY_POINTS", "REGISTRY", "Launch", "Pass", "Payload", "check_recipe",
@@ -29,7 +29,8 @@ __all__ = ["BUILT_IN", "ENTRY_POINTS", "REGISTRY", "Launch", "Pass", "Payload", 
 
 ENTRY_POINTS = "jobgen.payloads"
 BUILT_IN: dict[str, Payload] = {p.name: p for p in (
-    neuron_nemo.PAYLOAD, neuronx_distributed.PAYLOAD, habana_deepspeed.PAYLOAD)}
+    neuron_nemo.PAYLOAD, neuronx_distributed.PAYLOAD, habana_deepspeed.PAYLOAD,
+    smp_fsdp.PAYLOAD)}
 
 
 class _Registry(Mapping[str, Payload]):
@@ -186,6 +187,9 @@ def key_report(recipe: Recipe) -> dict[str, Any]:
 def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
     """The launch of this spec: the smoke stand-in for a rehearsal, else the payload's own."""
     if spec.smoke:
+        # Programs that run on CPU rehearse themselves; the Neuron ones have the smoke trainer.
+        if spec.recipe.payload == "smp_fsdp":
+            return smp_fsdp.build(spec)
         return smoke.build(spec)
     payload = REGISTRY.get(spec.recipe.payload)
     if payload is None:

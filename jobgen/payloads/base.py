@@ -53,7 +53,7 @@ class Fixed:
 @record
 class Payload:
     name: str
-    accelerator: Literal["neuron", "hpu"]     # the platforms it runs on
+    accelerator: Literal["neuron", "hpu", "cuda"]  # the platforms it runs on
     families: tuple[str, ...]                 # model.family values it can train
     honours: frozenset[str]                   # recipe keys that reach the trainer or the job
     build: Callable[[JobSpec], Launch]

@@ -28,6 +28,14 @@ FLOW_WHO=${FLOW_WHO:-jobgen}
 
 flow_say() { printf '%s: %s\n' "$FLOW_WHO" "$*" >&2; }
 flow_is_count() { case $1 in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
+# flow_next_attempt ROOT NODE: the folder of this node's next attempt under ROOT
+# (ROOT/attempt-N, N counting the attempts this node already logged there), for services that
+# restart a job's containers without telling them how often (SageMaker retries, EKS pods).
+flow_next_attempt() {
+  local n=1
+  while [ -e "$1/attempt-$n/node-$2" ]; do n=$((n + 1)); done
+  printf '%s/attempt-%s\n' "$1" "$n"
+}
 flow_absolute() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$1" ;; esac; }
 
 # flow_init: check the job-wide contract and make its paths absolute (relative ones are taken

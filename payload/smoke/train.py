@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common.events import EventLog, node_index, open_tensorboard
 from common.init import scale_output_projections
 from common.loop import agreed_newest, run_invocation, sealed_save
+from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.optim import parameter_groups
 from common.runtime import (
     PayloadError,
@@ -63,9 +64,6 @@ from common.runtime import (
 from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "smoke-train"
-# The projections that write into the residual stream, per family (Hugging Face names).
-OUTPUT_PROJECTIONS = {"gpt_neox": ("attention.dense", "mlp.dense_4h_to_h"),
-                      "llama": ("o_proj", "down_proj")}
 STATE_FILE = "state.pt"
 STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
 FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
@@ -195,38 +193,10 @@ def validate(args: argparse.Namespace) -> None:
         raise PayloadError("--steps must be -1 (no bound) or >= 0")
 
 
-def synthetic_tokens(position: int, seq_length: int, vocab_size: int, seed: int) -> list[int]:
-    """Sample ``position`` of the stream: an arithmetic run ``a, a+d, a+2d, … (mod vocab)``.
-
-    Start and stride come from the position and seed alone (no RNG state to checkpoint); after two
-    tokens the rest is predictable, so the loss falls quickly and visibly.
-    """
-    start = (seed * 7_919 + position * 104_729) % vocab_size
-    stride = 1 + (position * 31 + seed) % 5
-    return [(start + k * stride) % vocab_size for k in range(seq_length)]
-
-
 def samples_digest(tokens: Any, previous: int = 0) -> int:
     """CRC-32 of the token rows a rank read, chained over its micro-batches: the step events
     carry one per rank, so a test can see which samples a resumed run read."""
     return zlib.crc32(tokens.contiguous().numpy().tobytes(), previous)
-
-
-def build_model(args: argparse.Namespace) -> Any:
-    import transformers
-
-    common: dict[str, Any] = {
-        "vocab_size": args.vocab_size, "hidden_size": args.hidden_size,
-        "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_heads,
-        "intermediate_size": args.intermediate_size,
-        "max_position_embeddings": args.seq_length, "initializer_range": args.init_std}
-    if args.family == "gpt_neox":
-        # GPT-NeoX 20B / Pythia style: rotary on a quarter of each head, parallel residual.
-        # ``rotary_pct`` is the 4.x name; 5.x still accepts it (into rope_parameters).
-        common.update(rotary_pct=0.25, use_parallel_residual=True)
-        return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**common))
-    llama = transformers.LlamaConfig(num_key_value_heads=args.num_heads, **common)
-    return transformers.LlamaForCausalLM(llama)
 
 
 class SmokeTrainer:
