@@ -395,9 +395,13 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
 @_spec_options
 @click.option("--dry-run", is_flag=True,
               help="Print each emulated node's command and environment; run nothing.")
+@click.option("--backend", "run_backend", type=click.Choice(["local", "sagemaker", "eks"]),
+              default="local", show_default=True,
+              help="Whose nodes to emulate: jobgen's own, the SageMaker training job's "
+                   "instances or the EKS job's pods (their rendered commands and environment).")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
         compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
-        **slurm: Optional[str]) -> None:
+        run_backend: str, **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from . import local_runner
@@ -405,7 +409,12 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     if given:
         raise click.UsageError(f"--{given[0]} is a Slurm setting; `jobgen run` uses no "
                                "scheduler")
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "local")
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
+    if dry_run and run_backend != "local":
+        import json
+        for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run")):
+            click.echo(json.dumps({"node": index, "argv": argv, "env": env}, indent=2))
+        return
     if dry_run:
         from . import backends
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)

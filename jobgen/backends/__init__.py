@@ -15,7 +15,8 @@ if TYPE_CHECKING:   # not imported when rendering: only the types are needed her
     from ..spec import JobSpec
 
 BACKENDS = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")
-SUBMITTED = ("slurm", "batch", "submitit", "sagemaker", "eks")   # the ones that hand the job to a scheduler
+# The ones that hand the job to a scheduler.
+SUBMITTED = ("slurm", "batch", "submitit", "sagemaker", "eks")
 Echo = Callable[[str], None]
 
 

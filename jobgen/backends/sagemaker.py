@@ -158,23 +158,30 @@ def _channels(spec: JobSpec) -> list[dict[str, Any]]:
                       "or fsx (file_system_id, directory_path)")
 
 
+def seconds_of(text: str) -> Optional[int]:
+    """A recipe's job.time_limit (Slurm's formats) in seconds; None for no limit."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:   # D-H[:M[:S]]
+        parts += [0] * (3 - len(parts))
+        return max(1, int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2])
+    if len(parts) == 1:    # M
+        return max(1, parts[0] * 60)
+    if len(parts) == 2:    # M:S
+        return max(1, parts[0] * 60 + parts[1])
+    return max(1, parts[0] * 3600 + parts[1] * 60 + parts[2])   # H:M:S
+
+
 def _time_limit_s(spec: JobSpec) -> int:
     """The stopping condition: the recipe's time limit where it has one, else the site's."""
     sm = spec.site.sagemaker
     assert sm is not None
     limit = sm.max_runtime_hours * 3600
-    text = spec.recipe.job.time_limit
-    if text and text.upper() not in ("UNLIMITED", "INFINITE"):
-        days, _, clock = text.rpartition("-")
-        parts = [int(p) for p in clock.split(":")]
-        if days:   # D-H[:M[:S]]
-            parts += [0] * (3 - len(parts))
-            seconds = int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-        else:      # M, M:S, H:M:S
-            seconds = {1: lambda p: p[0] * 60, 2: lambda p: p[0] * 60 + p[1],
-                       3: lambda p: p[0] * 3600 + p[1] * 60 + p[2]}[len(parts)](parts)
-        limit = min(limit, max(1, seconds))
-    return limit
+    recipe_limit = seconds_of(spec.recipe.job.time_limit) if spec.recipe.job.time_limit \
+        else None
+    return min(limit, recipe_limit) if recipe_limit else limit
 
 
 def training_job(spec: JobSpec) -> dict[str, Any]:

@@ -247,8 +247,11 @@ class FsdpTrainer:
         here: no image with torch.sagemaker is available to the tests."""
         import functools
 
-        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
-        from torch.distributed.fsdp import ShardingStrategy
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel,
+            MixedPrecision,
+            ShardingStrategy,
+        )
         from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
         args, torch = self.args, self.torch

@@ -1,0 +1,342 @@
+"""The EKS backend: Kubernetes manifests for one multi-node training job.
+
+The plain form runs on any cluster: a headless Service that gives every pod a stable name, and an
+Indexed Job with one pod per node (pod K's host name is JOB-K, so the main node is JOB-0.SERVICE
+for the rendezvous). Where the site says Kubeflow's training operator is installed, the job is a
+PyTorchJob instead (a Master and N-1 Workers; the operator sets MASTER_ADDR and RANK).
+
+Each pod runs the image's EKS entrypoint (env/containers/eks-entrypoint.sh) with the payload
+launcher and the two passes' arguments, asks for all of its node's accelerators and EFA
+interfaces through the device plugins, mounts the site's FSx claim (run folders, data, the
+shared compile cache) and a hostPath on the node's own disk for the compile cache the training
+pass reads. A failed pod is restarted in place (restartPolicy OnFailure) within a backoffLimit
+of the recipe's restarts times the pods, and resumes from the newest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Optional
+
+from .. import launch, node
+from ..errors import ConfigError, RemoteError
+from ..plan import Plan, PlannedFile
+from ..spec import JobSpec
+from . import Echo, JobRef, SubmitOptions, Submitted
+
+# The Kubernetes release whose schemas the manifests are checked against (EKS standard support).
+K8S_VERSION = "1.31"
+# Device plugin resources, per accelerator: Neuron devices (Trainium chips), Gaudi cards, GPUs.
+DEVICE_RESOURCE = {"neuron": "aws.amazon.com/neuron", "hpu": "habana.ai/gaudi",
+                   "cuda": "nvidia.com/gpu"}
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+LABEL = "jobgen/job"
+MANAGED = {"app.kubernetes.io/managed-by": "jobgen"}
+
+
+def job_name(spec: JobSpec) -> str:
+    """An RFC 1123 name short enough for the pods' host names (JOB-K, at most 63)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", spec.run_name.lower()).strip("-")[:52].strip("-")
+    return name or "jobgen"
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    site, platform = spec.site, spec.platform
+    assert site.eks is not None
+    if spec.rehearsal is not None:
+        ask = {"cpu": site.eks.smoke_cpu, "memory": site.eks.smoke_memory}
+        return {"requests": ask, "limits": ask}
+    efa = (site.eks.efa_interfaces or {}).get(platform.name, platform.efa_interfaces)
+    if not 0 <= efa <= platform.efa_interfaces:
+        raise ConfigError(f"site {site.name}: eks.efa_interfaces.{platform.name}: {efa} is not "
+                          f"between 0 and {platform.efa_interfaces}")
+    limits: dict[str, Any] = {DEVICE_RESOURCE[platform.accelerator]: platform.devices}
+    if efa:
+        limits[EFA_RESOURCE] = efa
+    return {"limits": limits, "requests": dict(limits)}
+
+
+def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
+    site, platform = spec.site, spec.platform
+    eks = site.eks
+    assert eks is not None
+    image = (eks.images or {}).get(platform.name)
+    if not image:
+        raise ConfigError(f"site {site.name}: eks.images has no image for {platform.name}")
+    lau = launch.for_spec(spec, "eks")
+    contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s)
+    env = node.environment(spec, lau, contract)
+    env["JOBGEN_K8S_JOB"] = name
+    if not operator:   # the operator sets MASTER_ADDR itself
+        env["JOBGEN_MAIN_HOST"] = f"{name}-0.{name}"
+    container: dict[str, Any] = {
+        "name": "pytorch" if operator else "trainer",   # the operator's required name
+        "image": image,
+        "command": ["/bin/bash", eks.entrypoint],
+        "args": [lau.launcher, *node.flow_args(lau)],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "resources": _resources(spec),
+        "ports": [{"name": "pytorchjob-port" if operator else "rendezvous",
+                   "containerPort": spec.recipe.job.master_port}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if eks.shared_pvc:
+        container["volumeMounts"].append({"name": "shared", "mountPath": eks.shared_mount})
+        volumes.append({"name": "shared",
+                        "persistentVolumeClaim": {"claimName": eks.shared_pvc}})
+    if contract.JOBGEN_LOCAL_COMPILE_CACHE:
+        container["volumeMounts"].append({"name": "local-compile-cache",
+                                          "mountPath": contract.JOBGEN_LOCAL_COMPILE_CACHE})
+        volumes.append({"name": "local-compile-cache", "hostPath": {
+            "path": eks.local_cache_host_path, "type": "DirectoryOrCreate"}})
+    pod: dict[str, Any] = {"restartPolicy": "OnFailure", "containers": [container],
+                           "volumes": volumes}
+    if spec.rehearsal is None:
+        # EFA registers memory with the NIC; the real job runs on its platform's nodes only.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        pod["nodeSelector"] = {"node.kubernetes.io/instance-type": platform.name}
+        pod["tolerations"] = [{"key": DEVICE_RESOURCE[platform.accelerator],
+                               "operator": "Exists", "effect": "NoSchedule"}]
+    if not operator:
+        pod["subdomain"] = name   # JOB-K.SERVICE resolves through the headless Service
+    if eks.service_account:
+        pod["serviceAccountName"] = eks.service_account
+    return pod
+
+
+def _deadline(spec: JobSpec) -> Optional[int]:
+    """activeDeadlineSeconds from the recipe's time limit, if it has one."""
+    if not spec.recipe.job.time_limit:
+        return None
+    from .sagemaker import seconds_of
+    return seconds_of(spec.recipe.job.time_limit)
+
+
+def manifests(spec: JobSpec) -> list[dict[str, Any]]:
+    site = spec.site
+    eks = site.eks
+    if eks is None:
+        raise ConfigError(f"site {site.name}: has no eks section (namespace, images, FSx claim)")
+    name = job_name(spec)
+    labels = {**MANAGED, "jobgen/recipe": spec.recipe.name, "jobgen/run": name}
+    meta = {"name": name, "namespace": eks.namespace, "labels": labels}
+    template_meta = {"labels": {**labels, LABEL: name}}
+    restarts = spec.recipe.job.max_restarts
+    deadline = _deadline(spec)
+    if eks.training_operator:
+        pod = _pod_spec(spec, name, operator=True)
+        replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure",
+                                               "template": {"metadata": template_meta,
+                                                            "spec": pod}}}
+        if spec.nodes > 1:
+            replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "OnFailure",
+                                  "template": {"metadata": template_meta, "spec": pod}}
+        run_policy: dict[str, Any] = {"backoffLimit": restarts * spec.nodes,
+                                      "cleanPodPolicy": "None"}
+        if deadline:
+            run_policy["activeDeadlineSeconds"] = deadline
+        return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
+                 "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas}}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                        "selector": {LABEL: name},
+                        "ports": [{"name": "rendezvous", "port": spec.recipe.job.master_port}]}}
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes,
+        # Each restart of the job can cost one pod restart per node.
+        "backoffLimit": restarts * spec.nodes,
+        "template": {"metadata": template_meta, "spec": _pod_spec(spec, name, operator=False)}}
+    if deadline:
+        job_spec["activeDeadlineSeconds"] = deadline
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+    return [service, job]
+
+
+def validate(docs: list[dict[str, Any]], where: str) -> None:
+    """Each manifest against the Kubernetes schemas (kubernetes-validate); a PyTorchJob's pod
+    template as a PodTemplate (the operator's own schema is not bundled)."""
+    import kubernetes_validate
+    for doc in docs:
+        targets = [doc]
+        if doc["kind"] == "PyTorchJob":
+            targets = [{"apiVersion": "v1", "kind": "PodTemplate",
+                        "metadata": {"name": f"{doc['metadata']['name']}-{role.lower()}"},
+                        "template": replica["template"]}
+                       for role, replica in doc["spec"]["pytorchReplicaSpecs"].items()]
+        for target in targets:
+            try:
+                kubernetes_validate.validate(target, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                raise ConfigError(f"{where}: {target['kind']} {path}: {exc.message}") from None
+
+
+def render_yaml(docs: list[dict[str, Any]]) -> str:
+    import yaml
+    return "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=100) for doc in docs)
+
+
+def plan(spec: JobSpec) -> Plan:
+    docs = manifests(spec)
+    try:
+        import kubernetes_validate  # noqa: F401  (the [eks] extra: validated where installed)
+    except ImportError:
+        pass
+    else:
+        validate(docs, f"manifests for {spec.source}")
+    name = f"{spec.run_name}.k8s.yaml"
+    return Plan(backend="eks", files=(PlannedFile(name, render_yaml(docs)),), primary=name,
+                submit_argv=("kubectl", "apply", "-f", "{primary}"))
+
+
+# --- the job once it is submitted -----------------------------------------------------------
+
+def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
+    return render_yaml(manifests(spec))
+
+
+def _api(site: Any) -> Any:
+    """An API client from the kubeconfig, as kubectl reads it (KUBECONFIG, ~/.kube/config)."""
+    try:
+        import kubernetes
+    except ImportError:
+        raise ConfigError("--backend eks needs the kubernetes package, which is not "
+                          "installed: pip install 'jobgen[eks]'") from None
+    try:
+        return kubernetes.config.new_client_from_config(
+            context=site.eks.context if site.eks else None)
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        raise ConfigError(f"kubeconfig: {exc}") from None
+
+
+def _call(method: Any, *args: Any, **kwargs: Any) -> Any:
+    import kubernetes
+    try:
+        return method(*args, **kwargs)
+    except kubernetes.client.ApiException as exc:
+        detail = exc.reason
+        try:
+            detail = json.loads(exc.body).get("message", detail)
+        except (TypeError, ValueError):
+            pass
+        raise RemoteError(f"Kubernetes {method.__name__}: {detail} ({exc.status})") from None
+    except OSError as exc:   # urllib3's connection errors are OSErrors
+        raise RemoteError(f"Kubernetes API: cannot connect: {exc}") from None
+
+
+def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
+    import kubernetes
+    if options.chain:
+        raise ConfigError("--chain is for Slurm (the pods run both passes)")
+    docs = manifests(spec)
+    api = _api(spec.site)
+    ns = docs[0]["metadata"]["namespace"]
+    for doc in docs:
+        if doc["kind"] == "Service":
+            _call(kubernetes.client.CoreV1Api(api).create_namespaced_service, ns, doc)
+        elif doc["kind"] == "Job":
+            _call(kubernetes.client.BatchV1Api(api).create_namespaced_job, ns, doc)
+        else:
+            _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
+                  "kubeflow.org", "v1", ns, "pytorchjobs", doc)
+    name = docs[-1]["metadata"]["name"]
+    return Submitted((name,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
+                               f"namespace {ns}",))
+
+
+def _where(ref: JobRef) -> tuple[Any, Any]:
+    from .. import site as sites
+    site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
+                      if ref.run else None)
+    if site.eks is None:
+        raise ConfigError(f"site {site.name}: has no eks section (namespace)")
+    return site, _api(site)
+
+
+def _pods(api: Any, ns: str, name: str) -> list[Any]:
+    import kubernetes
+    found = _call(kubernetes.client.CoreV1Api(api).list_namespaced_pod, ns,
+                  label_selector=f"{LABEL}={name}")
+    return list(found.items)
+
+
+def _index(pod: Any) -> int:
+    labels = pod.metadata.labels or {}
+    annotations = pod.metadata.annotations or {}
+    for source in (labels, annotations):
+        for key in ("batch.kubernetes.io/job-completion-index",
+                    "training.kubeflow.org/replica-index"):
+            if key in source:
+                value = int(source[key])
+                role = labels.get("training.kubeflow.org/replica-type", "")
+                return value + 1 if role == "worker" else value
+    return -1
+
+
+def status(ref: JobRef) -> dict[str, Any]:
+    import kubernetes
+    site, api = _where(ref)
+    ns = site.eks.namespace
+    job = _call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, ref.job_id, ns)
+    st = job.status
+    conditions = [c.type for c in (st.conditions or []) if c.status == "True"]
+    state = ("Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions
+             else "Running" if st.active else "Pending")
+    pods = {_index(p): p.status.phase for p in _pods(api, ns, ref.job_id)}
+    return {"job_id": ref.job_id, "state": state, "active": st.active or 0,
+            "succeeded": st.succeeded or 0, "failed": st.failed or 0,
+            "pods": {str(k): v for k, v in sorted(pods.items())}}
+
+
+def status_lines(ref: JobRef) -> list[str]:
+    s = status(ref)
+    lines = [f"{s['job_id']}: {s['state']} (active {s['active']}, succeeded {s['succeeded']}, "
+             f"failed pods {s['failed']})"]
+    lines += [f"  node {k}: {v}" for k, v in s["pods"].items()]
+    return lines
+
+
+def wait(ref: JobRef, echo: Echo, poll_s: float = 15.0) -> int:
+    seen = None
+    while True:
+        state = status(ref)["state"]
+        if state != seen:
+            echo(f"{ref.job_id}: {state}\n")
+            seen = state
+        if state in ("Complete", "Failed"):
+            return 0 if state == "Complete" else 1
+        time.sleep(poll_s)
+
+
+def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> None:
+    """Pod `node`'s log (node 0: the main pod)."""
+    import kubernetes
+    site, api = _where(ref)
+    ns = site.eks.namespace
+    want = node_index or 0
+    pods = [p for p in _pods(api, ns, ref.job_id) if _index(p) == want]
+    if not pods:
+        raise RemoteError(f"job {ref.job_id}: no pod for node {want} in namespace {ns}")
+    core = kubernetes.client.CoreV1Api(api)
+    if follow:
+        stream = _call(core.read_namespaced_pod_log, pods[0].metadata.name, ns, follow=True,
+                       _preload_content=False)
+        for chunk in stream.stream():
+            echo(chunk.decode("utf-8", "replace"))
+        return
+    echo(_call(core.read_namespaced_pod_log, pods[0].metadata.name, ns))
+
+
+def cancel(ref: JobRef) -> str:
+    import kubernetes
+    site, api = _where(ref)
+    ns = site.eks.namespace
+    body = kubernetes.client.V1DeleteOptions(propagation_policy="Foreground")
+    _call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, ref.job_id, ns, body=body)
+    try:
+        _call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, ref.job_id, ns)
+    except RemoteError:
+        pass   # a PyTorchJob has no Service of ours
+    return f"deleted job {ref.job_id} (and its pods) in namespace {ns}"
