@@ -35,7 +35,8 @@ RETRY_MODE, MAX_ATTEMPTS = "standard", 5
 NO_CREDENTIALS = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`")
 BATCH_EXTRA = "pip install 'jobgen[batch]'"
-SERVICE_ENV = {"batch": "BATCH", "logs": "CLOUDWATCH_LOGS"}   # AWS_ENDPOINT_URL_<this>
+SERVICE_ENV = {"batch": "BATCH", "logs": "CLOUDWATCH_LOGS",   # AWS_ENDPOINT_URL_<this>
+               "sagemaker": "SAGEMAKER"}
 # Where each client's endpoint came from, for messages about not reaching it.
 _ORIGINS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 

@@ -237,8 +237,10 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
               help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
               help="Try every node count from 1 to this (or the site's limit, if lower).")
-@click.option("--backend", type=click.Choice(["slurm", "batch"]), default="slurm",
-              show_default=True, help="Check sbatch scripts, or Batch job definitions.")
+@click.option("--backend", type=click.Choice(["slurm", "batch", "sagemaker", "eks"]),
+              default="slurm", show_default=True,
+              help="Check sbatch scripts, Batch job definitions, SageMaker training job "
+                   "requests or EKS manifests.")
 @_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
           no_shellcheck: bool, max_nodes: int, backend: str, as_json: bool) -> None:
@@ -260,7 +262,8 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
 
 _endpoint_option = click.option(
     "--endpoint-url", metavar="URL", type=TEXT,
-    help="Batch: an AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or AWS's own.")
+    help="Batch, SageMaker: an AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or "
+         "AWS's own.")
 
 
 def _submit_options(func: F) -> F:
@@ -325,18 +328,18 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     import os
 
     from . import backends, runs
-    if backend != "batch":
-        for given, option in ((queue, "--queue"), (endpoint_url, "--endpoint-url")):
-            if given is not None:
-                raise click.UsageError(f"{option} is for --backend batch")
+    if queue is not None and backend != "batch":
+        raise click.UsageError("--queue is for --backend batch")
+    if endpoint_url is not None and backend not in ("batch", "sagemaker"):
+        raise click.UsageError("--endpoint-url is for --backend batch or sagemaker")
     if chain and backend != "slurm":
         raise click.UsageError(f"--chain is for --backend slurm ({backend} runs both passes in "
                                "one job)")
     if chain and sweeps:
         raise click.UsageError("--chain and --sweep together are not supported: submit the "
                                "sweep as one job per combination (both passes in each)")
-    if backend == "batch":
-        _need_aws_sdk()
+    if backend in ("batch", "sagemaker"):
+        _need_aws_sdk(backend)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, slurm)
     specs = [spec]
     if sweeps:
@@ -370,7 +373,8 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
         for note in done.notes:
             click.echo(note, err=True)
         click.echo(" ".join(done.job_ids) + (f"  {one.run_name}" if len(specs) > 1 else ""))
-        run_dir = one.run_dir if backend == "batch" else os.path.abspath(one.run_dir)
+        run_dir = one.run_dir if backend in ("batch", "sagemaker", "eks") \
+            else os.path.abspath(one.run_dir)
         record = runs.Run(name=one.run_name, backend=backend, job_id=done.job_id,
                           recipe=one.recipe.name, nodes=one.nodes, site=site_ref or "",
                           run_dir=run_dir, submitted=runs.now(), jobs=done.job_ids,
@@ -384,7 +388,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             click.echo(f"warning: {warning}", err=True)
         refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
     if wait:
-        default_poll = 15.0 if backend == "batch" else 2.0
+        default_poll = 15.0 if backend in ("batch", "sagemaker", "eks") else 2.0
         statuses = [impl.wait(ref, lambda m: click.echo(m, err=True),
                               poll if poll is not None else default_poll) for ref in refs]
         raise SystemExit(max(statuses))
@@ -447,14 +451,15 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
     else:   # Batch job ids are UUIDs; Slurm's are numbers
         uuid = re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}(#\d+)?", ref)
         name, job_id = backend or ("batch" if uuid else "slurm"), ref
-    if name == "batch":
-        _need_aws_sdk()
+    if name in ("batch", "sagemaker"):
+        _need_aws_sdk(name)
     elif endpoint_url is not None:
-        raise click.UsageError("--endpoint-url is for Batch jobs")
+        raise click.UsageError("--endpoint-url is for Batch and SageMaker jobs")
     return backends.get(name), backends.JobRef(job_id, found, site, endpoint_url)
 
 
-_job_backend = click.option("--backend", type=click.Choice(["slurm", "batch"]),
+_job_backend = click.option("--backend", type=click.Choice(["slurm", "batch", "sagemaker",
+                                                          "eks"]),
                             help="Whose job id this is, for ids jobgen did not record "
                                  "(default: slurm).")
 
@@ -684,9 +689,9 @@ def runs_cmd(last: int, no_state: bool, as_json: bool) -> None:
 
 def _need_aws_sdk(backend: str = "batch") -> None:
     """Without the [batch] extra, one line naming it (exit 2) before anything is written."""
-    if backend == "batch":
+    if backend in ("batch", "sagemaker"):
         from .batch_client import require_sdk
-        require_sdk("--backend batch", ("botocore",))
+        require_sdk(f"--backend {backend}", ("botocore",))
 
 
 @cli.group("batch")

@@ -72,7 +72,7 @@ def sagemaker_commands(spec: JobSpec, job_id: str,
     hosts = [f"algo-{i + 1}" for i in range(spec.nodes)]
     algorithm = request["AlgorithmSpecification"]
     out = []
-    for index, host in enumerate(hosts):
+    for host in hosts:
         opt_ml = root / host / "opt" / "ml"
         moves = _image_moves(spec, site.entrypoint, "sagemaker-entrypoint.sh") + [
             ("/opt/ml/", f"{opt_ml}/")]

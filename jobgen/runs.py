@@ -23,7 +23,7 @@ RECORD = "runs.jsonl"
 @_record.record
 class Run:
     name: str                  # the run name (the run folder's name; reruns of it resume)
-    backend: str               # slurm | submitit | batch
+    backend: str               # slurm | submitit | batch | sagemaker | eks
     job_id: str                # the job that trains (the second one of a --chain)
     recipe: str
     nodes: int

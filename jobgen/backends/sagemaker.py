@@ -13,6 +13,7 @@ states (botocore does not check those before sending).
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -37,6 +38,7 @@ METRICS = (
 )
 
 
+@functools.lru_cache(maxsize=1)
 def _sdk() -> Any:
     from ..batch_client import require_sdk
     require_sdk("--backend sagemaker", ("botocore",))

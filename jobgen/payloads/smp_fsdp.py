@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RuleError
 from ..spec import JobSpec
 from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 
@@ -92,6 +92,13 @@ def build(spec: JobSpec) -> Launch:
     if spec.recipe.checkpoint.every_steps is None and spec.rehearsal is None:
         raise ConfigError(f"{spec.source}: checkpoint.every_seconds: the FSDP program "
                           "checkpoints by step only; set checkpoint.every_steps")
+    p = spec.recipe.parallelism
+    shard = (p.hybrid_shard or spec.workers_per_node) if spec.rehearsal is None \
+        else spec.workers_per_node
+    tensor = p.tensor if spec.rehearsal is None else 1
+    if spec.world_size % (shard * tensor):
+        raise RuleError(f"{spec.source}: parallelism.hybrid_shard: {shard} x tensor {tensor} "
+                        f"does not divide the {spec.world_size} GPUs of {spec.nodes} nodes")
     # Gradient accumulation and the other batch numbers come from the spec (COMMON_KEYS).
     return Launch(stop_signal=STOP_SIGNAL, launcher="smp_fsdp/launch.sh",
                   workdir=posixpath.join(spec.payload_dir, "smp_fsdp"),

@@ -1,0 +1,388 @@
+"""The SageMaker and EKS backends: what they render for every recipe (validated with botocore's
+SageMaker model and with kubernetes-validate's Kubernetes schemas), the recipe overlay that moves
+Llama 2-7B to SMP v2, submission over HTTP to moto's server (SageMaker), and CPU rehearsals of the
+rendered containers (`jobgen run --backend sagemaker|eks --smoke`) that complete both passes."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_batch_client import _aws_env, aws, moto_inprocess, moto_url  # noqa: E402,F401
+
+from jobgen import api, recipe  # noqa: E402
+from jobgen.backends import eks, sagemaker  # noqa: E402
+from jobgen.errors import ConfigError, JobgenError, RuleError  # noqa: E402
+
+RECIPES = ("neox20b", "pythia6.9b", "llama2-7b", "bert1.5b", "bert-large")
+Jobgen = Callable[..., Any]
+
+
+def spec(name: str, backend: str, nodes: int | None = None, *overrides: str,
+         site: str = "sagemaker", smoke: bool = False) -> Any:
+    return api.job_spec(name, nodes, overrides=overrides, site=site, backend=backend,
+                        smoke=smoke)
+
+
+# --- SageMaker: the request ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_sagemaker_renders_or_refuses_every_recipe(name: str) -> None:
+    nodes = 16 if name == "llama2-7b" else 4
+    if name.startswith("bert"):
+        # botocore's model lists no ml.dl1.24xlarge training instances.
+        with pytest.raises(RuleError, match="SageMaker training has no ml.dl1.24xlarge"):
+            sagemaker.training_job(spec(name, "sagemaker", nodes))
+        return
+    s = spec(name, "sagemaker", nodes)
+    req = sagemaker.training_job(s)   # validated with botocore's model inside
+    assert req["ResourceConfig"]["InstanceCount"] == nodes
+    assert req["ResourceConfig"]["InstanceType"] == f"ml.{s.platform.name}"
+    assert req["CheckpointConfig"] == {"S3Uri": f"s3://jobgen-example-bucket/checkpoints/"
+                                                f"{s.run_name}", "LocalPath": s.run_dir}
+    assert s.run_dir.startswith("/opt/ml/checkpoints/")
+    assert req["RetryStrategy"] == {"MaximumRetryAttempts": s.recipe.job.max_restarts}
+    assert req["VpcConfig"]["Subnets"] == ["subnet-0123456789abcdef0"]
+    channel = req["InputDataConfig"][0]
+    assert channel["ChannelName"] == "train"
+    assert channel["DataSource"]["FileSystemDataSource"]["FileSystemType"] == "FSxLustre"
+    # The flow's arguments survive the trip through the hyperparameters, in order.
+    pieces = sorted(k for k in req["HyperParameters"] if k.startswith("jobgen_args_"))
+    args = json.loads("".join(req["HyperParameters"][k] for k in pieces))
+    from jobgen import launch, node
+    lau = launch.for_spec(s, "sagemaker")
+    assert args == node.flow_args(lau)
+    assert req["AlgorithmSpecification"]["ContainerArguments"] == [lau.launcher]
+    assert all(len(v) <= 512 for v in req["Environment"].values())
+    assert req["Environment"]["JOBGEN_RUN_DIR"] == s.run_dir
+
+
+def test_sagemaker_request_for_llama_carries_smp_v2_configuration() -> None:
+    req = sagemaker.training_job(spec("llama2-7b", "sagemaker"))
+    assert req["ResourceConfig"] == {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 128,
+                                     "VolumeSizeInGB": 500}
+    assert json.loads(req["HyperParameters"]["mp_parameters"]) == {
+        "tensor_parallel_degree": 8, "hybrid_shard_degree": 16,
+        "sm_activation_offloading": True, "activation_loading_horizon": 2,
+        "random_seed": 1234}
+    args = json.loads(req["HyperParameters"]["jobgen_args_00"])
+    assert args[args.index("--tensor-parallel") + 1] == "8"
+    assert args[args.index("--data-dir") + 1] == (
+        "/opt/ml/input/data/train/wikicorpus_llama2_tokenized_4k")
+    # The Neuron runtime settings of the recipe do not follow it to the GPUs.
+    assert not any(k.startswith("NEURON_") for k in req["Environment"])
+    assert req["StoppingCondition"] == {"MaxRuntimeInSeconds": 120 * 3600}
+
+
+def test_sagemaker_requests_pass_the_aws_cli_json_shape() -> None:
+    """What `aws sagemaker create-training-job --cli-input-json` reads: the operation's input
+    members, nothing else."""
+    import botocore.session
+    shape = botocore.session.get_session().get_service_model("sagemaker") \
+        .operation_model("CreateTrainingJob").input_shape
+    req = sagemaker.training_job(spec("neox20b", "sagemaker", 4))
+    assert set(req) <= set(shape.members)
+    assert set(shape.required_members) <= set(req)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["Environment"].update(X="y" * 513), "513 characters"),
+    (lambda r: r["AlgorithmSpecification"].update(ContainerArguments=["a"] * 101), "101 items"),
+    (lambda r: r["ResourceConfig"].update(InstanceType="ml.nope.24xlarge"), "not one SageMaker"),
+    (lambda r: r.update(TrainingJobName="bad_name"), "does not match"),
+    (lambda r: r["ResourceConfig"].update(InstanceCount="4"), "InstanceCount"),
+    (lambda r: r.pop("RoleArn"), "RoleArn"),
+])
+def test_sagemaker_validation_refuses_what_sagemaker_would(change: Callable[[dict], Any],
+                                                           message: str) -> None:
+    req = copy.deepcopy(sagemaker.training_job(spec("neox20b", "sagemaker", 4)))
+    change(req)
+    with pytest.raises(ConfigError, match=message):
+        sagemaker.validate(req, "test")
+
+
+def test_sagemaker_time_limit_and_smoke_instance() -> None:
+    req = sagemaker.training_job(spec("neox20b", "sagemaker", 4, "job.time_limit=1-02:00:00"))
+    assert req["StoppingCondition"]["MaxRuntimeInSeconds"] == 26 * 3600
+    smoke = sagemaker.training_job(spec("llama2-7b", "sagemaker", 2, smoke=True))
+    assert smoke["ResourceConfig"]["InstanceType"] == "ml.c5.4xlarge"
+    assert "InputDataConfig" not in smoke and "mp_parameters" not in smoke["HyperParameters"]
+
+
+def test_smp_payload_refuses_what_it_cannot_do(jobgen: Jobgen) -> None:
+    result = jobgen("render", "llama2-7b", "--backend", "sagemaker", "--site", "sagemaker",
+                    "--nodes", "16", "--set", "precision=bf16_sr")
+    assert result.exit_code == 2, result.output
+    assert "precision: payload smp_fsdp cannot use 'bf16_sr'" in result.output
+    result = jobgen("render", "llama2-7b", "--backend", "sagemaker", "--site", "sagemaker",
+                    "--nodes", "4")
+    assert result.exit_code == 2
+    assert "parallelism.hybrid_shard: 16 x tensor 8 does not divide the 32 GPUs" in result.output
+    result = jobgen("render", "llama2-7b", "--backend", "sagemaker", "--site", "sagemaker",
+                    "--nodes", "16", "--set", "parallelism.zero1=true")
+    assert "parallelism.zero1: payload smp_fsdp accepts only False" in result.output
+
+
+# --- the overlay ------------------------------------------------------------------------------
+
+def test_overlay_applies_only_to_its_backend() -> None:
+    assert spec("llama2-7b", "slurm", site="local").recipe.payload == "neuronx_distributed"
+    s = spec("llama2-7b", "sagemaker", 16)
+    assert (s.recipe.payload, s.recipe.platform, s.recipe.precision) == (
+        "smp_fsdp", "p4d.24xlarge", "bf16")
+    assert s.recipe.env == {}                 # replaced whole, not merged
+    assert s.recipe.optim.lr == 3.0e-4        # the rest of the recipe is the recipe's
+    assert s.recipe.parallelism.micro_batch_size == 1   # merged key by key
+    # --set comes after the overlay.
+    assert spec("llama2-7b", "sagemaker", 16, "parallelism.hybrid_shard=8") \
+        .recipe.parallelism.hybrid_shard == 8
+
+
+def test_overlay_errors_name_the_file_and_key(write_recipe: Any) -> None:
+    bad = write_recipe("llama2-7b", {"backends": {"kubernetes": {"precision": "bf16"}}})
+    with pytest.raises(ConfigError, match=r"backends\.kubernetes: not a backend"):
+        recipe.load(str(bad), backend="sagemaker")
+    bad = write_recipe("llama2-7b", {"backends": {"eks": {"name": "other"}}})
+    with pytest.raises(ConfigError, match=r"backends\.eks\.name: cannot be changed"):
+        recipe.load(str(bad), backend="eks")
+    bad = write_recipe("llama2-7b", {"backends": {"eks": {"optim": {"lr": "fast"}}}})
+    with pytest.raises(JobgenError, match="optim.lr"):
+        recipe.load(str(bad), backend="eks")
+
+
+# --- SageMaker: submission against moto's server -------------------------------------------------
+
+@pytest.mark.moto
+def test_sagemaker_submit_status_logs_cancel_over_http(jobgen: Jobgen, aws: str,  # noqa: F811
+                                                       tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    monkeypatch.chdir(tmp_path)
+    run = f"t-{uuid.uuid4().hex[:8]}"
+    first = jobgen("submit", "llama2-7b", "--backend", "sagemaker", "--nodes", "16",
+                   "--run-name", run)
+    assert first.exit_code == 0, first.output
+    name = first.stdout.strip().splitlines()[-1]
+    assert name.startswith(run + "-")
+    client = boto3.client("sagemaker", region_name="us-east-1", endpoint_url=aws)
+    stored = client.describe_training_job(TrainingJobName=name)
+    # What moto stored is what `jobgen render` prints (the same request, sent over HTTP).
+    rendered = json.loads(jobgen("render", "llama2-7b", "--backend", "sagemaker", "--nodes",
+                                 "16", "--run-name", run).stdout)
+    assert stored["HyperParameters"] == rendered["HyperParameters"]
+    assert stored["ResourceConfig"]["InstanceCount"] == 16
+    assert stored["CheckpointConfig"] == rendered["CheckpointConfig"]
+    # Names are never reused: the same request again gets -2.
+    again = jobgen("submit", "llama2-7b", "--backend", "sagemaker", "--nodes", "16",
+                   "--run-name", run)
+    assert again.exit_code == 0 and again.stdout.strip().endswith(name + "-2"), again.output
+    status = jobgen("status", name, "--backend", "sagemaker", "--site", "local")
+    assert status.exit_code == 0 and f"{name}: Completed" in status.output, status.output
+    # CloudWatch: the stream of instance 2 (algo-2), as SageMaker names it.
+    logs = boto3.client("logs", region_name="us-east-1", endpoint_url=aws)
+    try:
+        logs.create_log_group(logGroupName=sagemaker.LOG_GROUP)
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    for host, text in (("algo-1", "node zero"), ("algo-2", "node one says hello")):
+        stream = f"{name}/{host}-1700000000"
+        logs.create_log_stream(logGroupName=sagemaker.LOG_GROUP, logStreamName=stream)
+        logs.put_log_events(logGroupName=sagemaker.LOG_GROUP, logStreamName=stream,
+                            logEvents=[{"timestamp": int(time.time() * 1000),
+                                        "message": text}])
+    shown = jobgen("logs", name, "--backend", "sagemaker", "--site", "local", "--node", "1")
+    assert shown.exit_code == 0 and shown.stdout == "node one says hello\n", shown.output
+    # moto has no StopTrainingJob: the request reaches it and its refusal is one line, exit 1.
+    stop = jobgen("cancel", name, "--backend", "sagemaker", "--site", "local")
+    assert stop.exit_code == 1 and "StopTrainingJob" in stop.output
+    assert "Traceback" not in stop.output and len(stop.output.strip().splitlines()) == 1
+
+
+# --- EKS: the manifests --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("operator", [False, True])
+def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
+                                                 write_site: Any) -> None:
+    pytest.importorskip("kubernetes_validate")
+    site = "sagemaker"
+    if operator:
+        site = str(write_site("sagemaker", {"eks.training_operator": True}))
+    s = api.job_spec(name, 4, site=site, backend="eks")
+    docs = eks.manifests(s)
+    eks.validate(docs, "test")   # strict: unknown fields are errors
+    if operator:
+        (job,) = docs
+        assert job["kind"] == "PyTorchJob"
+        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+        pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    else:
+        service, job = docs
+        assert service["spec"]["clusterIP"] == "None"
+        assert job["spec"]["completionMode"] == "Indexed"
+        assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+        assert job["spec"]["backoffLimit"] == 4 * s.recipe.job.max_restarts
+        pod = job["spec"]["template"]["spec"]
+        assert pod["subdomain"] == service["metadata"]["name"]
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+        name = job["metadata"]["name"]
+        assert env["JOBGEN_MAIN_HOST"] == f"{name}-0.{name}"
+    limits = pod["containers"][0]["resources"]["limits"]
+    resource = eks.DEVICE_RESOURCE[s.platform.accelerator]
+    assert limits[resource] == s.platform.devices
+    assert limits["vpc.amazonaws.com/efa"] == s.platform.efa_interfaces
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "fsx-claim"
+    assert volumes["local-compile-cache"]["hostPath"]["path"] == "/local/jobgen-compile-cache"
+    assert pod["restartPolicy"] == "OnFailure"
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": s.platform.name}
+
+
+def test_eks_validation_catches_a_bad_manifest() -> None:
+    pytest.importorskip("kubernetes_validate")
+    docs = eks.manifests(api.job_spec("neox20b", 2, site="sagemaker", backend="eks"))
+    bad = copy.deepcopy(docs)
+    bad[1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limit"] = {}
+    with pytest.raises(ConfigError, match="limit"):
+        eks.validate(bad, "test")
+    bad = copy.deepcopy(docs)
+    bad[1]["spec"]["completions"] = "four"
+    with pytest.raises(ConfigError, match="completions"):
+        eks.validate(bad, "test")
+
+
+def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path) -> None:
+    """`kubectl apply --dry-run=client` needs an API server for discovery only; a static
+    discovery document (the groups and kinds the manifests use) stands in for it. Schema
+    validation is kubernetes-validate's, above."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    import http.server
+    import threading
+    discovery = {
+        "/api": {"kind": "APIVersions", "versions": ["v1"]},
+        "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+             "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]},
+        "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "services", "namespaced": True, "kind": "Service",
+             "verbs": ["create", "get", "patch"]}]},
+        "/apis/batch/v1": {"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
+            {"name": "jobs", "namespaced": True, "kind": "Job",
+             "verbs": ["create", "get", "patch"]}]},
+    }
+
+    class Discovery(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:   # noqa: N802
+            path = self.path.split("?")[0]
+            body = json.dumps(discovery[path]).encode() if path in discovery else b"{}"
+            # Objects do not exist yet: apply creates them.
+            self.send_response(200 if path in discovery else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Discovery)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        text = eks.render_yaml(eks.manifests(api.job_spec("llama2-7b", 2, site="sagemaker",
+                                                          backend="eks")))
+        proc = subprocess.run(
+            [kubectl, "apply", "--dry-run=client", "--validate=false", "-o", "name",
+             f"--server=http://127.0.0.1:{server.server_port}", "-f", "-"],
+            input=text, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "KUBECONFIG": str(tmp_path / "none")})
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["service/llama2-7b-2n", "job.batch/llama2-7b-2n"]
+
+
+def test_eks_submit_without_a_cluster_is_one_line(jobgen_proc: Any, tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    proc = jobgen_proc("submit", "neox20b", "--backend", "eks", "--site", "sagemaker",
+                       "--nodes", "2", cwd=tmp_path,
+                       env={"KUBECONFIG": str(tmp_path / "missing-kubeconfig")})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: kubeconfig:") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["sagemaker", "eks"])
+def test_check_covers_the_backend(jobgen: Jobgen, backend: str) -> None:
+    if backend == "eks":
+        pytest.importorskip("kubernetes_validate")
+    result = jobgen("check", "--backend", backend, "--site", "sagemaker", "--max-nodes", "16",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    rows = {(r["recipe"], r["nodes"]): r["status"] for r in report["rows"]}
+    assert rows[("llama2-7b", 16)] == "ok"
+    assert rows[("neox20b", 4)] == "ok"
+    expected_bert = "skipped" if backend == "sagemaker" else "ok"
+    assert rows[("bert1.5b", 8)] == expected_bert
+
+
+# --- rehearsals on CPU -----------------------------------------------------------------------------
+
+def _rehearse(jobgen_proc: Any, tmp_path: Path, backend: str) -> str:
+    proc = jobgen_proc("run", "llama2-7b", "--backend", backend, "--smoke", "--nodes", "2",
+                       "--run-name", f"rh-{backend}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
+        jobgen_proc: Any, tmp_path: Path) -> None:
+    out = _rehearse(jobgen_proc, tmp_path, "sagemaker")
+    assert "jobgen[sagemaker algo-1]" in out and "jobgen[sagemaker algo-2]" in out
+    starts = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines()
+              if '"event": "start"' in line]
+    # The FSDP program itself: 2 instances x 2 processes, sharded in pairs, on gloo.
+    assert {s["phase"] for s in starts} == {"compile", "train"}
+    assert all(s["world_size"] == 4 and s["sharding"] == {"replicas": 2, "shard_group": 2}
+               and s["smp"] is False for s in starts)
+    steps = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines()
+             if '"event": "step"' in line]
+    assert [s["step"] for s in steps if s["phase"] == "compile"] == [1, 2, 3]
+    assert max(s["step"] for s in steps if s["phase"] == "train") == 24
+    # Each instance has its own /opt/ml; node 0's holds the run's sharded checkpoints.
+    root = next((tmp_path / ".jobgen-rehearsal").iterdir())
+    ckpt = root / "algo-1/opt/ml/checkpoints/rh-sagemaker/train/checkpoints/step_00000024"
+    assert (ckpt / "COMPLETE").is_file()
+    # Sharded: each instance wrote its own ranks' shards to its own disk (SageMaker uploads
+    # both to the job's S3 URI and restores all of them on every instance of a retry).
+    assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    other = root / "algo-2/opt/ml/checkpoints/rh-sagemaker/train/checkpoints/step_00000024"
+    assert sorted(p.name for p in other.glob("*.distcp")) == ["__2_0.distcp", "__3_0.distcp"]
+    assert not (other / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
+                                                        tmp_path: Path) -> None:
+    out = _rehearse(jobgen_proc, tmp_path, "eks")
+    assert "jobgen[eks pod 0]" in out and "jobgen[eks pod 1]" in out
+    assert "training pass finished" in out
+    run = tmp_path / "jobgen-runs" / "rh-eks"
+    assert (run / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
+    (logs,) = (run / "logs").iterdir()
+    assert sorted(p.name for p in (logs / "attempt-1").iterdir() if p.is_dir()) == [
+        "node-0", "node-1"]
+    # The training pass read the compile cache from each pod's node-local copy.
+    root = next((tmp_path / ".jobgen-rehearsal").iterdir())
+    assert sorted(p.name for p in root.iterdir()) == ["node-0", "node-1"]
