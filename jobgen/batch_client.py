@@ -85,11 +85,10 @@ def _region(site: Site, service: str = "batch") -> tuple[Optional[str], str]:
     """The region and where it came from: the site profile (its sagemaker section for
     SageMaker, else its batch section), AWS_REGION (which botocore itself ignores),
     AWS_DEFAULT_REGION, or else the AWS profile (left to botocore)."""
-    order = ("sagemaker", "batch") if service == "sagemaker" else ("batch", "sagemaker")
-    for key in order:
-        section = getattr(site, key, None)
-        if section is not None and section.region:
-            return section.region, f"site {site.name}: {key}.region"
+    key = "sagemaker" if service == "sagemaker" else "batch"
+    section = getattr(site, key, None)
+    if section is not None and section.region:
+        return section.region, f"site {site.name}: {key}.region"
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         if os.environ.get(name):
             return os.environ[name], name

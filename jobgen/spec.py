@@ -480,9 +480,11 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     else:
         section = getattr(site, backend)
         if section is None:
-            example = {"batch": "dl1-batch", "sagemaker": "sagemaker", "eks": "eks"}[backend]
-            raise ConfigError(f"site {site.name} has no {backend} section: use a site with one "
-                              f"(like {example}), or the Slurm backend")
+            example, holds = {"batch": ("dl1-batch", "job queue, images, roles"),
+                              "sagemaker": ("sagemaker", "role, images, S3 locations"),
+                              "eks": ("sagemaker", "namespace, images, FSx claim")}[backend]
+            raise ConfigError(f"site {site.name} has no {backend} section ({holds}): use a "
+                              f"site with one (like {example}), or the Slurm backend")
         limit, key = section.max_nodes, f"{backend}.max_nodes"
         if backend == "sagemaker":
             # A SageMaker node keeps the run in its checkpoint folder (synced to S3) and reads

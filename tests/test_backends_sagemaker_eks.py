@@ -336,7 +336,7 @@ def test_check_covers_the_backend(jobgen: Jobgen, backend: str) -> None:
     assert rows[("bert1.5b", 8)] == expected_bert
 
 
-# --- rehearsals on CPU -----------------------------------------------------------------------------
+# --- rehearsals on CPU ------------------------------------------------------------------------
 
 def _rehearse(jobgen_proc: Any, tmp_path: Path, backend: str) -> str:
     proc = jobgen_proc("run", "llama2-7b", "--backend", backend, "--smoke", "--nodes", "2",

@@ -44,7 +44,7 @@ def candidates(path: str, value: Any) -> list[str]:
     if value is None:
         return ["2", "3"] if is_int else ["0.5", "0.25"]
     if is_int:
-        return [str(value * 2), str(value + 1)]
+        return [str(value * 2), str(value + 1)] if value else ["1", "2"]
     return [repr(value / 2 if value else 0.5), repr(value * 0.75 if value else 0.25)]
 
 

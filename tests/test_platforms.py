@@ -29,7 +29,8 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_shipped_platforms() -> None:
-    assert list(platforms.PLATFORMS) == ["dl1.24xlarge", "trn1.32xlarge", "trn1n.32xlarge"]
+    assert list(platforms.PLATFORMS) == ["dl1.24xlarge", "p4d.24xlarge", "trn1.32xlarge",
+                                         "trn1n.32xlarge"]
     trn1 = platforms.PLATFORMS["trn1.32xlarge"]
     assert (trn1.accelerator, trn1.workers_per_node, trn1.devices, trn1.efa_interfaces,
             trn1.vcpus, trn1.memory_mib) == ("neuron", 32, 16, 8, 128, 512 * 1024)
@@ -56,7 +57,7 @@ def test_a_platform_of_ones_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     derived = json.loads(out)["derived"]
     assert (derived["workers_per_node"], derived["world_size"]) == (16, 32)
     monkeypatch.setenv(platforms.PATH_ENV, str(tmp_path))
-    assert "trn1-half" in platforms.PLATFORMS and len(platforms.PLATFORMS) == 4
+    assert "trn1-half" in platforms.PLATFORMS and len(platforms.PLATFORMS) == 5
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -80,7 +81,7 @@ def test_bad_platform_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fre
 
 def test_unknown_platform_names_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"^r\.yaml: platform: unknown platform 'trn9' "
-                                          r"\(platforms: dl1\.24xlarge, trn1\.32xlarge, "
+                                          r"\(platforms: dl1\.24xlarge, p4d\.24xlarge, trn1\.32xlarge, "
                                           r"trn1n\.32xlarge; add one"):
         platforms.get("trn9", "r.yaml")
     assert "../x" not in platforms.PLATFORMS

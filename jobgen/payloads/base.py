@@ -83,6 +83,9 @@ COMMON_KEYS = frozenset({
 })
 
 
+LATER_KEYS = {"hybrid_shard": 0, "activation_offloading": False, "activation_loading_horizon": 2}
+
+
 def compile_key(spec: JobSpec, lau: Launch) -> str:
     """Names the graphs a compile pass produces, for the cache marker: what shapes the model and
     the training step (model, parallelism and the derived batch sizes, optimizer, precision, the
@@ -90,9 +93,12 @@ def compile_key(spec: JobSpec, lau: Launch) -> str:
     checkpointing and its name are left out: another run of the same spec finds the graphs."""
     r = spec.recipe
     optim = {k: v for k, v in schema.to_plain(r.optim).items() if k not in ("lr", "lr_scaling")}
+    # Keys added after caches were filled count only when set, so existing markers stay valid.
+    parallelism = {k: v for k, v in schema.to_plain(r.parallelism).items()
+                   if k not in LATER_KEYS or v != LATER_KEYS[k]}
     blob = json.dumps({
         "payload": r.payload, "model": schema.to_plain(r.model),
-        "parallelism": schema.to_plain(r.parallelism), "precision": r.precision, "optim": optim,
+        "parallelism": parallelism, "precision": r.precision, "optim": optim,
         "sizes": [spec.nodes, spec.workers_per_node, spec.data_parallel,
                   spec.gradient_accumulation, spec.global_batch_size],
         "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,

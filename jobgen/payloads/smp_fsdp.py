@@ -1,7 +1,7 @@
 """Llama and GPT-NeoX pretraining with PyTorch FSDP (hybrid sharding) on GPU instances: jobgen's
 own program (payload/smp_fsdp/train_fsdp.py), which uses SageMaker's model-parallel library v2
 (``torch.sagemaker``) where the image has it (tensor parallelism, activation offloading) and
-plain PyTorch FSDP otherwise. It runs on SageMaker training jobs (REFERENCE A.4: SMP v2,
+plain PyTorch FSDP otherwise. It runs on SageMaker training jobs (recipes/SOURCES.md: SMP v2,
 hybrid shard degree, tensor parallel degree, activation offloading) and on EKS GPU nodes.
 
 Its rehearsal (`--smoke`) runs this same program on CPU processes, two per node, so that the
