@@ -356,4 +356,5 @@ def test_a_batch_job_id_goes_to_batch(jobgen: Callable) -> None:
     assert result.exit_code == 2
     assert "--endpoint-url: 'not a url' is not an endpoint URL" in result.stderr
     result = jobgen("status", "123", "--endpoint-url", "http://127.0.0.1:9")
-    assert result.exit_code == 2 and "--endpoint-url is for Batch and SageMaker jobs" in result.stderr
+    assert result.exit_code == 2
+    assert "--endpoint-url is for Batch and SageMaker jobs" in result.stderr

@@ -81,7 +81,8 @@ def test_bad_platform_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fre
 
 def test_unknown_platform_names_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"^r\.yaml: platform: unknown platform 'trn9' "
-                                          r"\(platforms: dl1\.24xlarge, p4d\.24xlarge, trn1\.32xlarge, "
+                                          r"\(platforms: dl1\.24xlarge, p4d\.24xlarge, "
+                                          r"trn1\.32xlarge, "
                                           r"trn1n\.32xlarge; add one"):
         platforms.get("trn9", "r.yaml")
     assert "../x" not in platforms.PLATFORMS
