@@ -935,9 +935,10 @@ def limited_site(cwd: Path) -> Path:
     text = (ROOT / "env" / "sites" / "local.yaml").read_text(encoding="utf-8")
     assert "\n  max_nodes: 128\n" in text
     site = cwd / "limited.yaml"
+    # The first `max_nodes: 128` is the slurm section's (the sagemaker and eks ones follow).
     site.write_text(text.replace("name: local\n", "name: limited\n").replace(
-        "\n  max_nodes: 128\n", f"\n  max_nodes: 128\n  time_limit_warning_s: {WARNING_S}\n"),
-        encoding="utf-8")
+        "\n  max_nodes: 128\n", f"\n  max_nodes: 128\n  time_limit_warning_s: {WARNING_S}\n",
+        1), encoding="utf-8")
     return site
 
 
