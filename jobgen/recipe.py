@@ -320,6 +320,22 @@ TIME_LIMIT_RE = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INF
                            re.IGNORECASE)
 
 
+def time_limit_seconds(text: str) -> Optional[int]:
+    """A recipe's job.time_limit (Slurm's formats) in seconds; None for no limit."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:   # D-H[:M[:S]]
+        parts += [0] * (3 - len(parts))
+        return max(1, int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2])
+    if len(parts) == 1:    # M
+        return max(1, parts[0] * 60)
+    if len(parts) == 2:    # M:S
+        return max(1, parts[0] * 60 + parts[1])
+    return max(1, parts[0] * 3600 + parts[1] * 60 + parts[2])   # H:M:S
+
+
 # `env:` names a recipe may not set, in one place. Names jobgen's own scripts own (the sbatch
 # template, payload/common/node_launch.sh, env/containers/entrypoint.sh): a recipe value would
 # silently replace what the job computed.

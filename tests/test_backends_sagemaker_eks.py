@@ -84,6 +84,37 @@ def test_sagemaker_request_for_llama_carries_smp_v2_configuration() -> None:
     assert req["StoppingCondition"] == {"MaxRuntimeInSeconds": 120 * 3600}
 
 
+# SMP v2's core configuration keys (the SageMaker Python SDK's SMP class, which serialises them
+# into mp_parameters; the SMP v2 reference lists the same).
+SMP_KEYS = {"hybrid_shard_degree", "sm_activation_offloading", "activation_loading_horizon",
+            "fsdp_cache_flush_warnings", "allow_empty_shards", "tensor_parallel_degree",
+            "context_parallel_degree", "expert_parallel_degree", "random_seed"}
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_fsdp_arguments_parse_with_the_programs_own_parser(smoke: bool) -> None:
+    """Both passes' rendered arguments, real job and rehearsal, through train_fsdp.py's own
+    argparse; the values it receives are the recipe's."""
+    from jobgen import launch
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "payload" / "smp_fsdp"))
+    import train_fsdp
+    s = spec("llama2-7b", "sagemaker", 2 if smoke else 16, smoke=smoke)
+    lau = launch.for_spec(s, "sagemaker")
+    for which, args in (("compile", lau.compile_args), ("train", lau.train_args)):
+        parsed = train_fsdp.parse_args(list(args))
+        assert parsed.phase == which
+        if smoke:
+            assert (parsed.device, parsed.synthetic, parsed.hybrid_shard) == ("cpu", True, 2)
+        else:
+            assert (parsed.tensor_parallel, parsed.hybrid_shard, parsed.gradient_accumulation,
+                    parsed.lr, parsed.warmup_steps, parsed.decay_steps) == (
+                8, 16, 1024 // 16, 3.0e-4, 2000, 480000)
+            assert parsed.activation_offloading and parsed.activation_checkpointing == "full"
+            assert parsed.eps == 1.0e-5 and parsed.no_decay == [] and parsed.scaled_init
+    req = sagemaker.training_job(spec("llama2-7b", "sagemaker", 16))
+    assert set(json.loads(req["HyperParameters"]["mp_parameters"])) <= SMP_KEYS
+
+
 def test_sagemaker_requests_pass_the_aws_cli_json_shape() -> None:
     """What `aws sagemaker create-training-job --cli-input-json` reads: the operation's input
     members, nothing else."""

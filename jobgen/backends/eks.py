@@ -110,8 +110,8 @@ def _deadline(spec: JobSpec) -> Optional[int]:
     """activeDeadlineSeconds from the recipe's time limit, if it has one."""
     if not spec.recipe.job.time_limit:
         return None
-    from .sagemaker import seconds_of
-    return seconds_of(spec.recipe.job.time_limit)
+    from ..recipe import time_limit_seconds
+    return time_limit_seconds(spec.recipe.job.time_limit)
 
 
 def manifests(spec: JobSpec) -> list[dict[str, Any]]:

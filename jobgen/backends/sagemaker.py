@@ -23,6 +23,7 @@ from .. import launch, node
 from ..cache import sha256
 from ..errors import ConfigError, RemoteError, RuleError
 from ..plan import Plan, PlannedFile
+from ..recipe import time_limit_seconds
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
@@ -59,11 +60,10 @@ def instance_type(spec: JobSpec) -> str:
 
 
 def job_name(spec: JobSpec) -> str:
-    """SageMaker's name pattern ([a-zA-Z0-9](-*[a-zA-Z0-9])*, at most 63): the run name with
-    other characters as '-', and a content hash so that a changed request gets a new name
-    (names are never reused, even after the job ended)."""
-    base = re.sub(r"[^A-Za-z0-9]+", "-", spec.run_name).strip("-")[:50] or "jobgen"
-    return base
+    """The run name in SageMaker's name alphabet ([a-zA-Z0-9](-*[a-zA-Z0-9])*); `training_job`
+    appends a hash of the request, so that a changed request gets a new name (SageMaker never
+    reuses one, even after the job ended)."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", spec.run_name).strip("-")[:50] or "jobgen"
 
 
 def _check_model(value: Any, shape: Any, path: str, where: str) -> None:
@@ -160,29 +160,13 @@ def _channels(spec: JobSpec) -> list[dict[str, Any]]:
                       "or fsx (file_system_id, directory_path)")
 
 
-def seconds_of(text: str) -> Optional[int]:
-    """A recipe's job.time_limit (Slurm's formats) in seconds; None for no limit."""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:   # D-H[:M[:S]]
-        parts += [0] * (3 - len(parts))
-        return max(1, int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2])
-    if len(parts) == 1:    # M
-        return max(1, parts[0] * 60)
-    if len(parts) == 2:    # M:S
-        return max(1, parts[0] * 60 + parts[1])
-    return max(1, parts[0] * 3600 + parts[1] * 60 + parts[2])   # H:M:S
-
-
 def _time_limit_s(spec: JobSpec) -> int:
     """The stopping condition: the recipe's time limit where it has one, else the site's."""
     sm = spec.site.sagemaker
     assert sm is not None
     limit = sm.max_runtime_hours * 3600
-    recipe_limit = seconds_of(spec.recipe.job.time_limit) if spec.recipe.job.time_limit \
-        else None
+    recipe_limit = time_limit_seconds(spec.recipe.job.time_limit) \
+        if spec.recipe.job.time_limit else None
     return min(limit, recipe_limit) if recipe_limit else limit
 
 
@@ -296,9 +280,11 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     for attempt in range(1, 100):
         name = base if attempt == 1 else f"{base[:60]}-{attempt}"
         try:
-            client.describe_training_job(TrainingJobName=name)
-        except client.exceptions.ClientError:
-            break   # not found: free
+            _call(client.describe_training_job, TrainingJobName=name)
+        except RemoteError as exc:
+            if "(ValidationException)" not in str(exc):
+                raise
+            break   # SageMaker: no such job, so the name is free
     else:
         raise RemoteError(f"SageMaker: 99 jobs named {base}[-N] exist already")
     request["TrainingJobName"] = name
