@@ -73,6 +73,14 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
 
 
+def say_line(text: str) -> None:
+    """One line on stderr in a single write: every rank of a node shares the launcher's stderr
+    pipe, and print() writes the text and its newline separately (two writes where stderr is
+    unbuffered), so two ranks failing at once could run their lines together."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def run_main(main: Callable[[], int], prog: str) -> None:
     """Run ``main`` and exit with a status the launcher can see.
 
@@ -82,14 +90,14 @@ def run_main(main: Callable[[], int], prog: str) -> None:
     try:
         code = main()
     except PayloadError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        say_line(f"{prog}: error: {exc}")
         code = 2
     except KeyboardInterrupt:
         code = 130
     # Any other crash still has to become an exit status the launcher sees.
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        say_line(f"{prog}: error: {type(exc).__name__}: {exc}")
         code = 1
     sys.exit(code)
 
