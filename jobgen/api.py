@@ -20,7 +20,21 @@ def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] 
     per-job overrides of the site's Slurm values (`{"partition": ..., "time": ...}`)."""
     rec, source = recipe.load(ref, list(overrides), backend)
     return resolve(rec, source, sites.load(site), nodes, backend=backend,
-                   compile_mode=compile_mode, smoke=smoke, run_name=run_name, slurm=slurm)
+                   compile_mode=compile_mode, smoke=smoke, run_name=run_name, slurm=slurm,
+                   name_suffix=name_suffix(ref, rec, overrides, backend, run_name))
+
+
+def name_suffix(ref: str, rec: recipe.Recipe, overrides: Sequence[str], backend: Optional[str],
+                run_name: Optional[str]) -> str:
+    """The default run name's suffix: a short digest of the training values where the
+    overrides change them (so `--set optim.lr=...` never resumes the recipe's own run)."""
+    from . import runrecord
+    if run_name is not None or not overrides:
+        return ""
+    base, _ = recipe.load(ref, [], backend)
+    if runrecord.recipe_training(base) == runrecord.recipe_training(rec):
+        return ""
+    return runrecord.suffix(rec)
 
 
 def plan(spec: JobSpec, backend: Optional[str] = None) -> Plan:

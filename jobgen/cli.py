@@ -220,6 +220,9 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
     plan = api.plan(spec, backend)
+    # The payload snapshot the script points at (or the image check of a container backend).
+    from .backends import get as backend_impl
+    backend_impl(backend).prepare(spec, strict=False, say=lambda m: click.echo(m, err=True))
     if output_dir is None:
         click.echo(plan.text, nl=False)
         return
@@ -304,19 +307,22 @@ def _submit_options(func: F) -> F:
               help="Slurm: submit without first checking, from this host, that the launcher "
                    "and the trainer are where the site says and that the partition has the "
                    "nodes.")
+@click.option("--amend", is_flag=True,
+              help="Submit into an existing run although its training values or payload "
+                   "differ (a longer schedule, say); the run's record keeps every submission.")
 @_submit_options
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-           via: Optional[str], chain: bool, sweeps: tuple[str, ...], no_check: bool, wait: bool,
-           poll: Optional[float], queue: Optional[str], endpoint_url: Optional[str],
-           dry_run: bool, **slurm: Optional[str]) -> None:
+           via: Optional[str], chain: bool, sweeps: tuple[str, ...], no_check: bool,
+           amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
+           endpoint_url: Optional[str], dry_run: bool, **slurm: Optional[str]) -> None:
     """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
     (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
     if via is not None:
         backend = "submitit" if via == "submitit" else "slurm"
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
             not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
-            sweeps)
+            sweeps, amend)
 
 
 def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
@@ -324,7 +330,9 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             backend: str, chain: bool, check: bool, wait: bool, poll: Optional[float],
             queue: Optional[str], endpoint_url: Optional[str], dry_run: bool,
             slurm: Optional[dict[str, Optional[str]]] = None,
-            sweeps: tuple[str, ...] = ()) -> None:
+            sweeps: tuple[str, ...] = (), amend: bool = False,
+            pinned: Optional[tuple[Any, Path, Path]] = None) -> None:
+    """`pinned`: (spec, recipe file, site file) of `jobgen resubmit`, resolved already."""
     import os
 
     from . import backends, runs
@@ -340,11 +348,14 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                                "sweep as one job per combination (both passes in each)")
     if backend in ("batch", "sagemaker"):
         _need_aws_sdk(backend)
-    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, slurm)
+    spec = pinned[0] if pinned is not None else \
+        _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, slurm)
     specs = [spec]
+    point_overrides: list[tuple[str, ...]] = [()]
     if sweeps:
         from . import sweep
         points = sweep.points(sweeps, spec.run_name)
+        point_overrides = [p.overrides for p in points]
         specs = [_spec(recipe, nodes, overrides + point.overrides
                        + sweep.port_override(point, i, spec.recipe.job.master_port, sweeps),
                        site, compile_mode, point.run_name, smoke, backend, slurm)
@@ -362,12 +373,25 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             for one in specs:
                 click.echo(impl.dry_run(one, options), nl=False)
         return
+    site_ref = site if site is None or not ("/" in site or site.endswith((".yaml", ".yml"))) \
+        else os.path.abspath(site)
+    from . import runrecord
+    impl.prepare(spec, strict=True, say=options.say)   # the payload snapshot, or the image
+    here = getattr(impl, "RUN_DIR_HERE", False)
+    from .recipe import locate as locate_recipe
+    from .site import locate as locate_site
+    recipe_file, site_file = (pinned[1], pinned[2]) if pinned is not None else \
+        (locate_recipe(recipe)[0], locate_site(site)[0])
+    entries = []
+    for one, point in zip(specs, point_overrides):
+        new = runrecord.submission(one, backend=backend, overrides=overrides + point,
+                                   site_ref=site_ref or "", recipe_file=recipe_file,
+                                   site_file=site_file, amend=amend, resubmit=pinned is not None)
+        entries.append((new, runrecord.admit(one, new, here, amend)))
     if array:
         submitted = slurm_backend.submit_sweep(specs, options)
     else:
         submitted = [impl.submit(one, options) for one in specs]
-    site_ref = site if site is None or not ("/" in site or site.endswith((".yaml", ".yml"))) \
-        else os.path.abspath(site)
     refs = []
     for one, done in zip(specs, submitted):
         for note in done.notes:
@@ -383,15 +407,66 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                                      else one.recipe.schedule.max_steps),
                           seq_length=(one.rehearsal.seq_length if one.rehearsal
                                       else one.recipe.model.seq_length))
-        warning = runs.record(record)
-        if warning:
-            click.echo(f"warning: {warning}", err=True)
+        new, old = entries[len(refs)]
+        for warning in (runs.record(record),
+                        runrecord.commit(one, new, old, done.job_ids, here)):
+            if warning:
+                click.echo(f"warning: {warning}", err=True)
         refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
     if wait:
         default_poll = 15.0 if backend in ("batch", "sagemaker", "eks") else 2.0
         statuses = [impl.wait(ref, lambda m: click.echo(m, err=True),
                               poll if poll is not None else default_poll) for ref in refs]
         raise SystemExit(max(statuses))
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--no-check", is_flag=True,
+              help="Slurm: submit without first checking from this host (as for submit).")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends; exit with its status.")
+@click.option("--poll", type=_Seconds(), metavar="SECONDS", help="How often --wait asks.")
+@_endpoint_option
+@click.option("--dry-run", is_flag=True, help="Print what would run; submit nothing.")
+def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
+             endpoint_url: Optional[str], dry_run: bool) -> None:
+    """Submit RUN again exactly as it was last submitted: its recorded recipe and site files,
+    overrides, node count, Slurm request and payload snapshot (refused where this jobgen would
+    train anything else)."""
+    import tempfile
+
+    from . import runrecord
+    found = runrecord.find(run)
+    if found is None:
+        raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs "
+                          "submitted from this account)")
+    with tempfile.TemporaryDirectory(prefix="jobgen-resubmit-") as tmp:
+        spec, recipe_file, site_file, last = runrecord.recorded_spec(found[1], Path(tmp))
+        _submit(last["recipe"], spec.nodes, tuple(last["overrides"]), last["site"] or None,
+                spec.compile_mode, spec.run_name, spec.smoke, last["backend"], False,
+                not no_check, wait, poll, None, endpoint_url, dry_run,
+                pinned=(spec, recipe_file, site_file))
+
+
+@cli.command("image-context")
+@click.argument("folder", type=_Folder())
+def image_context(folder: Path) -> None:
+    """Write the build context of jobgen's container images to FOLDER (a new folder): the
+    payload with its digest file, and env/containers/; print the docker build commands, whose
+    tags carry the payload id that jobs rendered by this jobgen name."""
+    import shutil
+
+    from . import resources, snapshot
+    full = snapshot.digest()
+    if folder.exists():
+        raise ConfigError(f"{folder}: exists; give a new folder")
+    snapshot.export(folder / "payload", full)
+    shutil.copytree(resources.folder("containers"), folder / "env" / "containers")
+    tag = snapshot.short(full)
+    for name, dockerfile in (("jobgen-neuron", "neuron"), ("jobgen-habana", "habana"),
+                             ("jobgen-smp", "sagemaker-pytorch")):
+        click.echo(f"docker build -f {folder}/env/containers/{dockerfile}.Dockerfile "
+                   f"--label io.jobgen.payload={full} -t {name}:{tag} {folder}")
 
 
 @cli.command()
@@ -651,14 +726,19 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
 
 
 @cli.command("runs")
+@click.argument("run", required=False)
 @click.option("--last", type=click.IntRange(min=1), default=20, show_default=True,
               help="How many of the newest submissions.")
 @click.option("--no-state", is_flag=True, help="Do not ask the schedulers for the states.")
 @_json_option
-def runs_cmd(last: int, no_state: bool, as_json: bool) -> None:
+def runs_cmd(run: Optional[str], last: int, no_state: bool, as_json: bool) -> None:
     """The jobs jobgen submitted from this account (newest last): run name, backend, job id,
-    recipe, nodes, state (asked of the scheduler now), run folder."""
+    recipe, nodes, state (asked of the scheduler now), run folder. With RUN: what that run was
+    submitted with, every submission (its record)."""
     from . import backends, runs
+    if run is not None:
+        _show_record(run, as_json)
+        return
     rows = []
     for run in runs.load()[-last:]:
         row = run.as_dict()
@@ -683,6 +763,26 @@ def runs_cmd(last: int, no_state: bool, as_json: bool) -> None:
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
+def _show_record(run: str, as_json: bool) -> None:
+    from . import runrecord
+    found = runrecord.find(run)
+    if found is None:
+        raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs)")
+    path, data = found
+    if as_json:
+        _echo_json(data)
+        return
+    import yaml
+    click.echo(f"# {path}")
+    for index, entry in enumerate(data["submissions"]):
+        shown = {k: v for k, v in entry.items() if k not in ("recipe_text", "site_text", "spec")}
+        click.echo(f"# submission {index + 1} of {len(data['submissions'])}")
+        click.echo(yaml.safe_dump(shown, sort_keys=False, width=100), nl=False)
+    click.echo("# the newest submission's resolved spec")
+    click.echo(yaml.safe_dump(data["submissions"][-1]["spec"], sort_keys=False, width=100),
+               nl=False)
 
 
 # --- AWS Batch: `jobgen batch ...` are aliases of the commands above with --backend batch ----

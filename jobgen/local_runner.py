@@ -51,9 +51,14 @@ def _relocate(value: str, moves: list[tuple[str, str]]) -> str:
 
 def _image_moves(spec: JobSpec, entrypoint: str, script: str) -> list[tuple[str, str]]:
     """What the image holds, found in this checkout: payload/ and the entrypoint."""
-    from .resources import PAYLOAD_DIR, ROOT
-    return [(entrypoint, str(ROOT / "env" / "containers" / script)),
-            (spec.payload_dir, str(PAYLOAD_DIR))]
+    from . import resources, snapshot
+    return [(entrypoint, str(resources.folder("containers") / script)),
+            (spec.payload_dir, snapshot.folder(str(_image_payloads()), spec.payload_digest))]
+
+
+def _image_payloads() -> Path:
+    """Where a container rehearsal keeps the payload its emulated image holds (a snapshot)."""
+    return Path.cwd() / ".jobgen-rehearsal" / "payload"
 
 
 def sagemaker_commands(spec: JobSpec, job_id: str,
@@ -157,7 +162,12 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
         grace_s: float = 30.0) -> int:
     """Start every node, stream their output with a node prefix, return the main node's status.
     When the main node ends, the others get `grace_s` to finish (Batch stops them too)."""
+    from . import snapshot
     job_id = job_id or f"local-{int(time.time())}"
+    # The payload the nodes run: the job's snapshot, or the one the emulated image holds.
+    root = str(_image_payloads()) if spec.backend in ("sagemaker", "eks") \
+        else spec.site.snapshot_root
+    snapshot.place(root, spec.payload_digest)
     procs, pumps = [], []
     for index, (argv, env) in enumerate(commands(spec, job_id)):
         full_env = dict(os.environ)

@@ -39,6 +39,7 @@ class NodeContract:
     MASTER_PORT: str                  # the rendezvous port (recipe job.master_port)
     JOBGEN_RUN_DIR: str               # checkpoints, logs, the job's files (relative: from the cwd)
     JOBGEN_PAYLOAD_DIR: str           # jobgen's payload/ (launchers, job_flow.sh)
+    JOBGEN_PAYLOAD_DIGEST: str        # the digest its .jobgen-digest must hold (snapshot.py)
     JOBGEN_LAUNCHER: str              # the launcher: under JOBGEN_PAYLOAD_DIR, or absolute
     JOBGEN_WORKERS_PER_NODE: str      # torchrun --nproc_per_node
     JOBGEN_WORKDIR: str               # the folder the trainer runs from
@@ -102,6 +103,7 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),
         JOBGEN_PAYLOAD_DIR=path(spec.payload_dir),
+        JOBGEN_PAYLOAD_DIGEST=spec.payload_digest,
         JOBGEN_LAUNCHER=lau.launcher,
         JOBGEN_WORKERS_PER_NODE=str(spec.workers_per_node),
         JOBGEN_WORKDIR=path(lau.workdir),

@@ -14,7 +14,7 @@ from typing import Literal, Optional
 
 from .errors import ConfigError
 from .record import record
-from .resources import PLATFORMS_DIR
+from . import resources
 
 PATH_ENV = "JOBGEN_PLATFORMS"
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
@@ -45,7 +45,7 @@ class Platform:
 def folders() -> list[Path]:
     """Where platform files are looked for, in order: JOBGEN_PLATFORMS's folders, then jobgen's."""
     extra = [Path(p) for p in os.environ.get(PATH_ENV, "").split(os.pathsep) if p.strip()]
-    return extra + [PLATFORMS_DIR]
+    return extra + [resources.folder("platforms")]
 
 
 def _check(platform: Platform, shown: str, stem: str) -> Platform:
@@ -91,7 +91,7 @@ class _Platforms(Mapping[str, Platform]):
             raise KeyError(name)
         from . import schema
         from .recipe import load_yaml
-        shown = (f"env/platforms/{path.name}" if path.parent == PLATFORMS_DIR else str(path))
+        shown = (f"env/platforms/{path.name}" if path.parent == resources.folder("platforms") else str(path))
         platform = _check(schema.build(Platform, load_yaml(path, shown), shown), shown, name)
         self._loaded[name] = platform
         return platform

@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping, Optional
 from . import schema
 from .errors import ConfigError, printable
 from .record import record
-from .resources import RECIPES_DIR
+from . import resources
 
 PayloadName = str   # a registered payload (jobgen/payloads: built-in, or an entry point)
 
@@ -155,7 +155,7 @@ class Recipe:
 
 def recipe_names() -> list[str]:
     """The built-in recipes, by file stem."""
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in resources.folder("recipes").glob("*.yaml"))
 
 
 def locate(ref: str) -> tuple[Path, str]:
@@ -165,7 +165,7 @@ def locate(ref: str) -> tuple[Path, str]:
         if not path.is_file():
             raise ConfigError(f"{ref}: no such recipe file")
         return path, ref
-    path = RECIPES_DIR / f"{ref}.yaml"
+    path = resources.folder("recipes") / f"{ref}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown recipe {ref!r} (built-in recipes: {', '.join(recipe_names())})")
     return path, f"recipes/{ref}.yaml"
@@ -437,6 +437,12 @@ def load(ref: str, overrides: Optional[list[str]] = None,
     """Load and strictly validate a recipe, with its overlay for `backend` applied, then the
     overrides; returns it with the name used in error messages."""
     path, shown = locate(ref)
+    return load_file(path, shown, overrides, backend)
+
+
+def load_file(path: Path, shown: str, overrides: Optional[list[str]] = None,
+              backend: Optional[str] = None) -> tuple[Recipe, str]:
+    """`load` of a file named `shown` in messages (a run's recorded copy of its recipe)."""
     data = apply_overlay(load_yaml(path, shown), backend, shown)
     if overrides:
         data = apply_overrides(data, overrides, shown)

@@ -15,7 +15,7 @@ import shlex
 from typing import Any, Optional
 
 from .errors import RenderError
-from .resources import TEMPLATES_DIR
+from . import resources
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]{1,200}$")
@@ -92,7 +92,7 @@ def _environment() -> Any:
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.FileSystemLoader(str(resources.folder("templates"))),
         bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -152,9 +152,10 @@ def _rendered_entry(template: str, context: dict[str, Any]) -> Optional[str]:
     digest = cache.sha256()
     try:
         digest.update(json.dumps([template, jinja, _canonical(context)]).encode())
-        for name in sorted(str(p.relative_to(TEMPLATES_DIR)) for p in TEMPLATES_DIR.rglob("*")
+        templates = resources.folder("templates")
+        for name in sorted(str(p.relative_to(templates)) for p in templates.rglob("*")
                            if p.is_file()):
-            digest.update(b"\0" + name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes())
+            digest.update(b"\0" + name.encode() + b"\0" + (templates / name).read_bytes())
         with open(__file__, "rb") as f:
             digest.update(b"\0" + f.read())
     except (_Uncacheable, OSError, ValueError):

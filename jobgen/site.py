@@ -3,6 +3,7 @@ site says which partition, which shared directories, which virtualenv, where the
 the upstream trainer checkouts live. `local` is the embedded default that works on this machine."""
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Literal, Optional
@@ -11,7 +12,7 @@ from . import schema
 from .errors import ConfigError
 from .recipe import load_yaml
 from .record import record
-from .resources import PAYLOAD_DIR, SITES_DIR
+from . import resources
 
 DEFAULT_SITE = "local"
 # botocore's rule for a region name (a host label), which it checks only when a client is made.
@@ -45,7 +46,9 @@ class Paths:
     data_dir: str                            # recipes' relative data paths are under this
     compile_cache: str                       # shared Neuron persistent cache (compile pass)
     local_compile_cache: Optional[str] = None  # node-local copy used by the training pass
-    payload_dir: Optional[str] = None        # jobgen's payload/ on the nodes (default: this one)
+    # Where payload snapshots go (one folder per payload digest), on storage every node reads;
+    # default WORK_DIR/.jobgen/payload.
+    payload_dir: Optional[str] = None
     nemo_dir: Optional[str] = None           # neuronx-nemo-megatron .../language_modeling
     nxd_llama_dir: Optional[str] = None      # neuronx-distributed .../tp_zero1_llama_hf_pretrain
 
@@ -194,8 +197,9 @@ class Site:
     plan: PlanSite = PlanSite()
 
     @property
-    def payload_dir(self) -> str:
-        return self.paths.payload_dir or str(PAYLOAD_DIR)
+    def snapshot_root(self) -> str:
+        """The folder of the payload snapshots (jobgen/snapshot.py) on the shared storage."""
+        return self.paths.payload_dir or posixpath.join(self.paths.work_dir, ".jobgen", "payload")
 
 
 def _check_plan(plan: PlanSite, shown: str) -> None:
@@ -227,7 +231,7 @@ K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def site_names() -> list[str]:
-    return sorted(p.stem for p in SITES_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in resources.folder("sites").glob("*.yaml"))
 
 
 def load(ref: Optional[str] = None) -> Site:
@@ -241,9 +245,22 @@ def load(ref: Optional[str] = None) -> Site:
         if not path.is_file():
             raise ConfigError(f"{ref}: no such site profile")
     else:
-        path, shown = SITES_DIR / f"{ref}.yaml", f"env/sites/{ref}.yaml"
+        path, shown = resources.folder("sites") / f"{ref}.yaml", f"env/sites/{ref}.yaml"
         if not path.is_file():
             raise ConfigError(f"unknown site {ref!r} (sites: {', '.join(site_names())})")
+    return load_file(path, shown)
+
+
+def locate(ref: Optional[str]) -> tuple[Path, str]:
+    """(file, name shown in messages) of a site reference, without reading it."""
+    ref = ref or DEFAULT_SITE
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        return Path(ref), ref
+    return resources.folder("sites") / f"{ref}.yaml", f"env/sites/{ref}.yaml"
+
+
+def load_file(path: Path, shown: str) -> Site:
+    """`load` of a file named `shown` in messages (a run's recorded copy of its site)."""
     site = schema.build(Site, load_yaml(path, shown), shown)
     for key, value in (("slurm.partition", site.slurm.partition),
                        ("slurm.account", site.slurm.account), ("slurm.qos", site.slurm.qos),

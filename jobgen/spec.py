@@ -170,6 +170,8 @@ class JobSpec:
     smoke: bool = False
     run_name: str = ""
     slurm: SlurmRequest = SlurmRequest()
+    # The payload the job runs (jobgen/snapshot.py): its digest, fixed when the spec is resolved.
+    payload_digest: str = ""
     # Set from `smoke` (never by hand): what the rehearsal trains, or None for the real job.
     rehearsal: Optional[Rehearsal] = dataclasses.field(default=None, compare=False)
 
@@ -273,12 +275,13 @@ class JobSpec:
 
     @property
     def payload_dir(self) -> str:
-        """Where jobgen's payload/ is on the nodes: the site's shared copy under Slurm, the
-        image's copy in an AWS Batch container."""
+        """Where the job's payload is on the nodes: its snapshot on the site's shared storage
+        (Slurm, submitit, jobgen run), the image's copy in a container."""
         if self.backend in CONTAINER_BACKENDS:
             section = getattr(self.site, self.backend)
             return (section.payload_dir if section else None) or IMAGE_PAYLOAD_DIR
-        return self.site.payload_dir
+        from . import snapshot
+        return snapshot.folder(self.site.snapshot_root, self.payload_digest)
 
     def data_path(self, path: str) -> str:
         return posixpath.join(self.site.paths.data_dir, path)
@@ -455,9 +458,12 @@ def _check_arithmetic(spec: JobSpec) -> None:
 def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None, *,
             backend: Backend = "slurm", compile_mode: CompileMode = "auto", smoke: bool = False,
             run_name: Optional[str] = None,
-            slurm: Optional[Mapping[str, Optional[str]]] = None) -> JobSpec:
+            slurm: Optional[Mapping[str, Optional[str]]] = None,
+            payload_digest: Optional[str] = None, name_suffix: str = "") -> JobSpec:
     """Resolve and validate; raises ConfigError/RuleError naming the file and the key.
-    `slurm`: per-job overrides of the Slurm request, keyed by option (SLURM_OPTIONS)."""
+    `slurm`: per-job overrides of the Slurm request, keyed by option (SLURM_OPTIONS);
+    `payload_digest`: the payload of an earlier submission (default: this jobgen's);
+    `name_suffix`: what the default run name carries when overrides change training values."""
     _check_values(recipe, source)
     n = recipe.nodes if nodes is None else nodes
     if n < 1:
@@ -499,7 +505,8 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if n > limit:
         raise RuleError(f"--nodes {n}: site {site.name} allows at most {limit} nodes "
                         f"({key})")
-    name = run_name or f"{recipe.name}-{n}n" + ("-smoke" if smoke else "")
+    name = run_name or (f"{recipe.name}-{n}n" + (f"-{name_suffix}" if name_suffix else "")
+                        + ("-smoke" if smoke else ""))
     if not schema.NAME_RE.fullmatch(name):
         raise ConfigError(f"--run-name: {schema.describe(name)} must match "
                           f"{schema.NAME_RE.pattern}")
@@ -511,8 +518,10 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
         request = SlurmRequest()
     else:
         request = slurm_request(site, recipe, slurm or {}, n)
+    from . import snapshot
     spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
-                   compile_mode=compile_mode, smoke=smoke, run_name=name, slurm=request)
+                   compile_mode=compile_mode, smoke=smoke, run_name=name, slurm=request,
+                   payload_digest=payload_digest or snapshot.digest())
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
     from .payloads import check_recipe  # here: payloads import this module

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any, Optional
 
-from .. import launch, node
+from .. import launch, node, snapshot
 from ..cache import sha256
 from ..errors import ConfigError
 from ..plan import Plan, PlannedFile
@@ -102,9 +102,8 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     site, platform = spec.site, spec.platform
     if site.batch is None:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
-    image = (site.batch.images or {}).get(platform.name)
-    if not image:
-        raise ConfigError(f"site {site.name}: batch.images has no image for {platform.name}")
+    image = snapshot.site_image(site.batch.images, platform.name, "batch.images", site.name,
+                                spec.payload_digest)
     lau = launch.for_spec(spec, "batch")
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -167,6 +166,15 @@ def _queue(spec: JobSpec, options: SubmitOptions) -> str:
     if not queue:
         raise ConfigError(f"site {spec.site.name}: no batch.job_queue; pass --queue")
     return queue
+
+
+def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
+    """The image must carry the payload the job is rendered with (its nodes check it)."""
+    section = spec.site.batch
+    if section is not None:
+        image = snapshot.site_image(section.images, spec.platform.name, "batch.images", spec.site.name,
+                                    spec.payload_digest)
+        snapshot.check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)
 
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:

@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any, Optional
 
-from .. import launch, node
+from .. import launch, node, snapshot
 from ..errors import ConfigError, RemoteError
 from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
@@ -61,9 +61,8 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     site, platform = spec.site, spec.platform
     eks = site.eks
     assert eks is not None
-    image = (eks.images or {}).get(platform.name)
-    if not image:
-        raise ConfigError(f"site {site.name}: eks.images has no image for {platform.name}")
+    image = snapshot.site_image(eks.images, platform.name, "eks.images", site.name,
+                                spec.payload_digest)
     lau = launch.for_spec(spec, "eks")
     contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s)
     env = node.environment(spec, lau, contract)
@@ -192,6 +191,15 @@ def plan(spec: JobSpec) -> Plan:
 
 
 # --- the job once it is submitted -----------------------------------------------------------
+
+def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
+    """The image must carry the payload the job is rendered with (its nodes check it)."""
+    section = spec.site.eks
+    if section is not None:
+        image = snapshot.site_image(section.images, spec.platform.name, "eks.images", spec.site.name,
+                                    spec.payload_digest)
+        snapshot.check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)
+
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return render_yaml(manifests(spec))

@@ -11,6 +11,9 @@ from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# The run folder is on storage this machine reaches: the run's record is kept there too.
+RUN_DIR_HERE = True
+
 JOB_ID = "local-{time}"   # what the plan shows for the id `jobgen run` makes when it starts
 
 
@@ -21,6 +24,12 @@ def plan(spec: JobSpec) -> Plan:
     name = f"{spec.run_name}.local.json"
     return Plan(backend="local", files=(PlannedFile(name, json.dumps(
         {"nodes": nodes}, indent=2) + "\n"),), primary=name, submit_argv=("jobgen", "run"))
+
+
+def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
+    """The payload snapshot, as for an sbatch script (the nodes read the same folders)."""
+    from . import slurm
+    slurm.prepare(spec, strict, say)
 
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:

@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any, Optional
 
-from .. import launch, node
+from .. import launch, node, snapshot
 from ..cache import sha256
 from ..errors import ConfigError, RemoteError, RuleError
 from ..plan import Plan, PlannedFile
@@ -187,9 +187,8 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
         raise RuleError(f"{spec.source}: platform: SMP v2 runs on {', '.join(SMP_INSTANCES)}, "
                         f"not {kind}")
     image_key = platform.name
-    image = (sm.images or {}).get(image_key)
-    if not image:
-        raise ConfigError(f"site {site.name}: sagemaker.images has no image for {image_key}")
+    image = snapshot.site_image(sm.images, image_key, "sagemaker.images", site.name,
+                                spec.payload_digest)
     for key in ("role_arn", "checkpoint_s3_uri", "output_s3_uri"):
         if not getattr(sm, key):
             raise ConfigError(f"site {site.name}: sagemaker.{key} is required")
@@ -257,6 +256,15 @@ def plan(spec: JobSpec) -> Plan:
 
 
 # --- the job once it is submitted -----------------------------------------------------------
+
+def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
+    """The image must carry the payload the job is rendered with (its nodes check it)."""
+    section = spec.site.sagemaker
+    if section is not None:
+        image = snapshot.site_image(section.images, spec.platform.name, "sagemaker.images", spec.site.name,
+                                    spec.payload_digest)
+        snapshot.check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)
+
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return json.dumps({"CreateTrainingJob": training_job(spec)}, indent=2) + "\n"

@@ -14,6 +14,9 @@ from ..render import render
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# The run folder is on storage this machine reaches: the run's record is kept there too.
+RUN_DIR_HERE = True
+
 TEMPLATE = "slurm/job.sbatch.j2"
 
 
@@ -76,6 +79,14 @@ def request(spec: JobSpec) -> list[tuple[str, str]]:
              ("reservation", r.reservation), ("time", r.time_limit), ("exclude", r.exclude),
              ("nodelist", r.nodelist))
     return [(option, value) for option, value in pairs if value]
+
+
+def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
+    """Place the job's payload snapshot on the site's shared storage (jobgen/snapshot.py):
+    the script points there. `strict` (submit) refuses where that storage is not mounted here;
+    otherwise (render) that is said, and the job checks when it starts."""
+    from .. import snapshot
+    snapshot.place(spec.site.snapshot_root, spec.payload_digest, strict=strict, say=say)
 
 
 # --- the job once it is submitted -----------------------------------------------------------

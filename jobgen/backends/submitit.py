@@ -10,6 +10,9 @@ from ..errors import ConfigError
 from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
+
+# The run folder is on storage this machine reaches: the run's record is kept there too.
+RUN_DIR_HERE = True
 from . import slurm as _slurm
 
 
@@ -20,6 +23,12 @@ def plan(spec: JobSpec) -> Plan:
     text = json.dumps(submitit_runner.dry_run(spec), indent=2) + "\n"
     return Plan(backend="submitit", files=(PlannedFile(name, text),), primary=name,
                 submit_argv=("jobgen", "submit", "--backend", "submitit"))
+
+
+def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
+    """The payload snapshot, as for an sbatch script (the nodes read the same folders)."""
+    from . import slurm
+    slurm.prepare(spec, strict, say)
 
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:

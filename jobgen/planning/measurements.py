@@ -9,9 +9,8 @@ from typing import Any, Mapping, Optional
 from .. import schema
 from ..errors import ConfigError
 from ..record import record
-from ..resources import RECIPES_DIR
+from .. import resources
 
-PUBLISHED = RECIPES_DIR / "measurements" / "published.yaml"
 SETTING_KEYS = ("global_batch", "batch_per_accelerator", "seq_length", "micro_batch", "tensor",
                 "pipeline", "precision")
 
@@ -111,7 +110,8 @@ def measurements(table: Table, origin: str) -> list[Measurement]:
 
 
 def published() -> Table:
-    return load_table(PUBLISHED, "recipes/measurements/published.yaml")
+    return load_table(resources.folder("recipes") / "measurements" / "published.yaml",
+                      "recipes/measurements/published.yaml")
 
 
 def user_file(path: str) -> list[Measurement]:

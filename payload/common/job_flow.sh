@@ -11,7 +11,8 @@
 #   submitit, jobgen run `bash job_flow.sh node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...`
 #
 # The node contract (the variables read here) is defined once, in jobgen/node.py, which also
-# documents each one. Job-wide: MASTER_PORT JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR JOBGEN_LAUNCHER
+# documents each one. Job-wide: MASTER_PORT JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR
+# JOBGEN_PAYLOAD_DIGEST JOBGEN_LAUNCHER
 # JOBGEN_WORKERS_PER_NODE JOBGEN_WORKDIR JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER JOBGEN_PASSES
 # JOBGEN_COMPILE_MODE JOBGEN_COMPILE_CACHE JOBGEN_LOCAL_COMPILE_CACHE JOBGEN_COMPILE_KEY
 # JOBGEN_CACHE_VAR JOBGEN_CACHE_SUFFIX JOBGEN_NODES JOBGEN_MAX_RESTARTS JOBGEN_RDZV_TIMEOUT
@@ -85,6 +86,18 @@ flow_init() {
     flow_say "no launcher $FLOW_LAUNCHER (is payload/ at JOBGEN_PAYLOAD_DIR?)"
     return "$FLOW_CONFIG_ERROR"
   fi
+  flow_check_payload || return "$FLOW_CONFIG_ERROR"
+}
+
+# flow_check_payload: the payload folder holds the payload the job was rendered with (its
+# .jobgen-digest, written with the snapshot or into the image, names JOBGEN_PAYLOAD_DIGEST).
+flow_check_payload() {
+  [ -n "${JOBGEN_PAYLOAD_DIGEST:-}" ] || return 0
+  local held=""
+  [ -r "$JOBGEN_PAYLOAD_DIR/.jobgen-digest" ] && read -r held <"$JOBGEN_PAYLOAD_DIR/.jobgen-digest"
+  [ "$held" = "$JOBGEN_PAYLOAD_DIGEST" ] && return 0
+  flow_say "payload ${JOBGEN_PAYLOAD_DIR} holds payload '${held:0:16}', not ${JOBGEN_PAYLOAD_DIGEST:0:16} that this job was rendered with: rebuild the image with \`jobgen image-context\` (containers) or render the job again"
+  return 1
 }
 
 # flow_activate: the site's environment (setup.activate), where it has one.
