@@ -220,13 +220,16 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
     plan = api.plan(spec, backend)
-    # The payload snapshot the script points at (or the image check of a container backend).
     from .backends import get as backend_impl
-    backend_impl(backend).prepare(spec, strict=False, say=lambda m: click.echo(m, err=True))
     if output_dir is None:
         click.echo(plan.text, nl=False)
-        return
-    for path in plan.write(output_dir):
+        # Out first, then the payload snapshot the script points at (or the image check of a
+        # container backend): output that cannot be written leaves nothing behind, and
+        # `render | sbatch` reads to the end of the output, which comes when jobgen exits.
+        sys.stdout.flush()
+    written = plan.write(output_dir) if output_dir is not None else []
+    backend_impl(backend).prepare(spec, strict=False, say=lambda m: click.echo(m, err=True))
+    for path in written:
         click.echo(str(path))
 
 

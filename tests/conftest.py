@@ -56,6 +56,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # --- golden files --------------------------------------------------------------------------------
 
+def without_payload_digest(text: str) -> str:
+    """`text` with this checkout's payload digest (it changes with every edit of payload/) as
+    <payload-digest>, and the payload id that snapshot folders and image tags carry as
+    <payload>: golden files hold what the rest of the output is."""
+    from jobgen import snapshot
+    full = snapshot.digest()
+    return text.replace(full, "<payload-digest>").replace(snapshot.short(full), "<payload>")
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
     """``golden(path, text)``: compare `text` byte for byte with the golden file at `path`
@@ -63,6 +72,7 @@ def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
     update = request.config.getoption("--update-golden")
 
     def check(relative: Path, actual: str) -> None:
+        actual = without_payload_digest(actual)
         path = GOLDEN_DIR / relative
         shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         how = (f"if the change is intended, regenerate with: "

@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, launch
+from jobgen import api, launch, snapshot
 
 GOLDEN = [("neox20b", 4), ("neox20b", 16), ("pythia6.9b", 1), ("pythia6.9b", 4),
           ("llama2-7b", 4), ("llama2-7b", 128)]
@@ -244,7 +244,10 @@ def test_generated_values_as_bash_sees_them(jobgen: Callable, tmp_path: Path) ->
         render(jobgen, "neox20b", "--nodes", "4", "--site", "trn1-pcluster"), tmp_path)
     # The node contract (jobgen/node.py), exported for the flow and the nodes.
     assert values.env["JOBGEN_RUN_DIR"] == "/fsx/jobgen/runs/neox20b-4n"
-    assert values.env["JOBGEN_PAYLOAD_DIR"] == "/fsx/jobgen/payload"
+    # The payload snapshot under the site's paths.payload_dir, named by the payload's digest.
+    assert values.env["JOBGEN_PAYLOAD_DIR"] == \
+        f"/fsx/jobgen/payload/{values.env['JOBGEN_PAYLOAD_DIGEST'][:16]}"
+    assert values.env["JOBGEN_PAYLOAD_DIGEST"] == snapshot.digest()
     assert values.env["JOBGEN_LAUNCHER"] == "neuron_nemo/launch.sh"
     assert values.env["JOBGEN_ACTIVATE"] == "/fsx/aws_neuron_venv_pytorch/bin/activate"
     assert values.env["JOBGEN_MAX_RESTARTS"] == "10"

@@ -3,6 +3,7 @@ in test_errors.py; the scripts' content in test_backends_slurm.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -69,7 +70,10 @@ def test_show_follows_options(jobgen: Callable) -> None:
 def test_render_to_stdout(jobgen: Callable) -> None:
     result = jobgen("render", "pythia6.9b", "--nodes", "2", "--site", "trn1-pcluster")
     assert result.exit_code == 0, result.stderr
-    assert result.stderr == ""
+    if not Path("/fsx").exists():   # said, not refused: the job checks when it starts
+        assert result.stderr.startswith("warning: payload snapshot not placed: /fsx does not "
+                                        "exist on this machine")
+        assert result.stderr.count("\n") == 1
     expected = api.plan(api.job_spec("pythia6.9b", 2, site="trn1-pcluster")).text
     assert result.stdout == expected
     assert "#SBATCH --nodes=2\n" in result.stdout
@@ -204,16 +208,36 @@ def test_submit_refuses_a_missing_nxd_example(tmp_path: Path, write_site: Callab
                            "pass --no-check to submit anyway\n")
 
 
-def test_submit_says_what_it_could_not_check(tmp_path: Path, no_slurm: str) -> None:
-    """trn1-pcluster's paths are on /fsx, which this host does not mount; without Slurm's
-    commands the node count cannot be checked either. Then sbatch itself is missing."""
+def test_submit_needs_the_sites_storage_for_the_payload_snapshot(tmp_path: Path,
+                                                                  no_slurm: str) -> None:
+    """trn1-pcluster keeps runs and payload snapshots on /fsx, which this host does not mount:
+    the job's payload cannot be placed, so nothing is submitted."""
     if Path("/fsx").exists():
         pytest.skip("this host mounts /fsx")
     proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", "trn1-pcluster",
                        path=no_slurm)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: payload snapshot not placed: /fsx does not exist on this machine (the site "
+        "keeps snapshots in /fsx/jobgen/payload); render or submit on a machine that mounts "
+        "it\n")
+    assert list(tmp_path.iterdir()) == [tmp_path / "bin-without-slurm"]
+
+
+def test_submit_says_what_it_could_not_check(tmp_path: Path, no_slurm: str,
+                                             write_site: Callable) -> None:
+    """The trainer's checkouts are on /fsx, which this host does not mount (the runs and the
+    payload snapshot are here); without Slurm's commands the node count cannot be checked
+    either. Then sbatch itself is missing."""
+    if Path("/fsx").exists():
+        pytest.skip("this host mounts /fsx")
+    site = write_site("trn1-pcluster", {"paths.work_dir": str(tmp_path / "runs"),
+                                        "paths.payload_dir": None})
+    proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", str(site),
+                       path=no_slurm)
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr.splitlines() == [
-        "not checked from this host: launcher, trainer, NxD Llama example, NxD example module "
+        "not checked from this host: NxD Llama example, NxD example module "
         "(on /fsx, not mounted here); the node count (sinfo not found: is this a Slurm login "
         "node?)",
         "error: sbatch not found: is this a Slurm login node?"]
@@ -346,7 +370,9 @@ def test_run_dry_run_prints_each_nodes_command(jobgen: Callable) -> None:
     nodes = json.loads(result.stdout)["nodes"]
     assert [n["env"]["JOBGEN_NODE_RANK"] for n in nodes] == ["0", "1"]
     assert nodes[0]["argv"][:3] == ["bash", nodes[0]["argv"][1], "node"]
-    assert nodes[0]["argv"][1].endswith("payload/common/job_flow.sh")
+    # The job's payload snapshot (jobgen/snapshot.py), never jobgen's own folder.
+    assert re.search(r"/jobgen-runs/\.jobgen/payload/[0-9a-f]{16}/common/job_flow\.sh$",
+                     nodes[0]["argv"][1])
 
 
 def test_a_batch_job_id_goes_to_batch(jobgen: Callable) -> None:

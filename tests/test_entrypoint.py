@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from jobgen import snapshot
+
 ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = ROOT / "env" / "containers" / "entrypoint.sh"
 PAYLOAD = ROOT / "payload"
@@ -112,8 +114,21 @@ def smoke_definition() -> Definition:
     return _DEFINITION
 
 
+_IMAGE_COPY: list[Path] = []
+
+
+def image_copy() -> Path:
+    """This checkout's payload as an image holds it (`jobgen image-context`): a copy with its
+    digest file, made once per test session."""
+    if not _IMAGE_COPY:
+        import tempfile
+        root = Path(tempfile.mkdtemp(prefix="jobgen-image-"))
+        _IMAGE_COPY.append(snapshot.export(root / "payload"))
+    return _IMAGE_COPY[0]
+
+
 def node_env(defn: Definition, index: int, *, port: int, job_id: str = "job-1", attempt: int = 1,
-             payload: Path = PAYLOAD, nodes: int = 2,
+             payload: Path | None = None, nodes: int = 2,
              extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """The environment Batch gives node `index`: this process's own environment without any
     AWS_BATCH_*/JOBGEN_*/SLURM_* leftovers, then the job definition's, then the MNP variables.
@@ -121,6 +136,7 @@ def node_env(defn: Definition, index: int, *, port: int, job_id: str = "job-1", 
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_BATCH_", "JOBGEN_", "SLURM_", "MASTER_", "STUB_"))}
     env.update(defn.env)
+    payload = payload or image_copy()
     # The image's payload/ (/opt/jobgen/payload) is this checkout's payload/ here: the override
     # wins over every value of the definition that points into it (JOBGEN_WORKDIR too).
     image_payload = defn.env["JOBGEN_PAYLOAD_DIR"].rstrip("/")
@@ -129,6 +145,8 @@ def node_env(defn: Definition, index: int, *, port: int, job_id: str = "job-1", 
             env[key] = str(payload) + value[len(image_payload):]
     env.update({
         "JOBGEN_PAYLOAD_DIR": str(payload),
+        # The payload the job was rendered with is the one this stand-in image holds.
+        "JOBGEN_PAYLOAD_DIGEST": (payload / snapshot.MARKER).read_text().strip(),
         "MASTER_PORT": str(port),
         "PATH": os.pathsep.join([str(no_privilege_bin()), str(BIN_DIR),
                                  os.environ.get("PATH", "/usr/bin:/bin")]),
@@ -311,6 +329,7 @@ def fake(tmp_path: Path) -> Fake:
     prepare = json.loads(defn.env["JOBGEN_PREPARE_JSON"])
     (payload / prepare[0]).parent.mkdir(parents=True, exist_ok=True)
     (payload / prepare[0]).write_text(FAKE_PREPARE)
+    (payload / snapshot.MARKER).write_text(snapshot.digest(payload) + "\n")   # as built
     files = {"model/config.json": '{"hidden_size": 64}\n', "notes/a b.txt": "x\ny"}
     env = dict(defn.env, JOBGEN_FILES_JSON=json.dumps(files))
     root = tmp_path / "work"
@@ -500,6 +519,18 @@ def test_missing_arguments_fail_loudly(fake: Fake) -> None:
                               capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode != 0
         assert message in proc.stderr, proc.stderr
+
+
+def test_an_image_with_another_payload_stops_every_node(fake: Fake) -> None:
+    """An image built from another payload than the job was rendered with: every node stops
+    before any pass with the configuration status (78: Batch does not retry it), naming both."""
+    runs = fake.run(*(fake.env(i, JOBGEN_PAYLOAD_DIGEST="ab" * 32) for i in range(2)))
+    for run in runs:
+        assert run.returncode == 78, run.output
+        held = (fake.payload / snapshot.MARKER).read_text().strip()[:16]
+        assert f"holds payload '{held}', not {'ab' * 8} that this job was rendered with" \
+            in run.output
+    assert not fake.record.exists()      # no pass started
 
 
 def test_entrypoint_passes_shellcheck(require: Any) -> None:

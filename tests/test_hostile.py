@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from jobgen.resources import PAYLOAD_DIR
+from jobgen import snapshot
 from jobgen.schema import describe
 
 StubBin = Any  # conftest.StubBin, the stub_bin fixture
@@ -136,8 +136,7 @@ def _check_work_dir_nxd(job: Job, h: str) -> None:
 
 
 def _payload_link(submit: Path, h: str) -> None:
-    (submit / h).parent.mkdir(parents=True, exist_ok=True)
-    (submit / h).symlink_to(PAYLOAD_DIR, target_is_directory=True)
+    snapshot.place(str(submit / h), snapshot.digest())   # the job's payload snapshot
 
 
 def _trainer_dir(program: str) -> Callable[[Path, str], None]:
@@ -270,8 +269,15 @@ def render_and_run(jobgen: Callable, write_recipe: Callable, write_site: Callabl
                    render_args: tuple[str, ...] = (), **env: str) -> tuple[Any, Job]:
     recipe_path = write_recipe(recipe, recipe_changes or {})
     site_path = _edited_site(write_site, site_changes or {}, submit)
-    result = jobgen("render", str(recipe_path), "--nodes", "1", "--site", str(site_path),
-                    *render_args)
+    # Rendered where it is submitted from: relative site paths (and the payload snapshot that
+    # render places under the work folder) are the submission folder's.
+    here = os.getcwd()
+    os.chdir(submit)
+    try:
+        result = jobgen("render", str(recipe_path), "--nodes", "1", "--site", str(site_path),
+                        *render_args)
+    finally:
+        os.chdir(here)
     assert result.exit_code == 0, result.stderr
     script = submit / "job.sbatch"
     script.write_text(result.stdout)

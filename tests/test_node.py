@@ -106,6 +106,7 @@ def test_node_facts_come_from_the_executor() -> None:
     assert [env["JOBGEN_IS_MAIN"] for _, env in nodes] == ["1", "0"]
     assert {env["MASTER_ADDR"] for _, env in nodes} == {"127.0.0.1"}
     argv = nodes[0][0]
-    assert argv[:3] == ["bash", str(ROOT / "payload" / "common" / "job_flow.sh"), "node"]
+    snapshot = Path.cwd() / "jobgen-runs" / ".jobgen" / "payload" / spec.payload_digest[:16]
+    assert argv[:3] == ["bash", str(snapshot / "common" / "job_flow.sh"), "node"]
     lau = launch.for_spec(spec)
     assert argv[3:] == node.flow_args(lau)

@@ -14,7 +14,7 @@ import pytest
 
 from jobgen import platforms
 from jobgen.errors import ConfigError
-from jobgen.resources import PLATFORMS_DIR
+from jobgen import resources
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBGEN_EXE = Path(sys.executable).parent / "jobgen"
@@ -46,7 +46,7 @@ def test_shipped_platforms() -> None:
 def test_a_platform_of_ones_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                 fresh: None) -> None:
     """A file in a JOBGEN_PLATFORMS folder is a platform recipes can name, end to end."""
-    text = (PLATFORMS_DIR / "trn1.32xlarge.yaml").read_text()
+    text = (resources.folder("platforms") / "trn1.32xlarge.yaml").read_text()
     (tmp_path / "trn1-half.yaml").write_text(
         text.replace("name: trn1.32xlarge", "name: trn1-half")
             .replace("workers_per_node: 32", "workers_per_node: 16"))
@@ -70,7 +70,7 @@ def test_a_platform_of_ones_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ])
 def test_bad_platform_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: None,
                             change: tuple[str, str], message: str) -> None:
-    text = (PLATFORMS_DIR / "trn1.32xlarge.yaml").read_text()
+    text = (resources.folder("platforms") / "trn1.32xlarge.yaml").read_text()
     text = text.replace("name: trn1.32xlarge", "name: bad").replace(*change)
     (tmp_path / "bad.yaml").write_text(text)
     monkeypatch.setenv(platforms.PATH_ENV, str(tmp_path))

@@ -9,7 +9,6 @@ import pytest
 
 from jobgen import site as sites
 from jobgen.errors import ConfigError
-from jobgen.resources import PAYLOAD_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -27,7 +26,8 @@ def test_local_is_the_default() -> None:
     assert site.slurm.master_resolver == "getent"      # emulated nodes are in /etc/hosts only
     assert site.slurm.partition is None
     assert site.paths.payload_dir is None
-    assert site.payload_dir == str(PAYLOAD_DIR)        # the payload beside this installation
+    # Payload snapshots go under the run folders, on the storage the nodes share.
+    assert site.snapshot_root == "jobgen-runs/.jobgen/payload"
     assert not Path(site.paths.work_dir).is_absolute()  # relative to the submission directory
 
 
@@ -39,7 +39,7 @@ def test_trn1_pcluster() -> None:
     assert site.slurm.master_resolver == "nslookup"    # DNS, not the trn1 hosts file
     assert site.paths.compile_cache == "/fsx/neuron-compile-cache"
     assert site.paths.local_compile_cache == "/local_storage/neuron-compile-cache"
-    assert site.payload_dir == "/fsx/jobgen/payload"
+    assert site.snapshot_root == "/fsx/jobgen/payload"     # paths.payload_dir
     assert site.setup.activate == "/fsx/aws_neuron_venv_pytorch/bin/activate"
 
 

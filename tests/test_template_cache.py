@@ -272,7 +272,7 @@ def test_a_damaged_rendered_script_is_rendered_again(tmp_path: Path, expected: s
 
 def test_an_edited_template_or_another_value_is_rendered_afresh(tmp_path: Path) -> None:
     """The key holds every template's text and every value: an edit shows at once."""
-    from jobgen.resources import ROOT
+    ROOT = Path(__file__).resolve().parents[1]   # the project's checkout
     project = tmp_path / "project"
     for part in ("recipes", "templates", "payload", "env"):
         shutil.copytree(ROOT / part, project / part)

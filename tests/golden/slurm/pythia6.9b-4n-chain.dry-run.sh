@@ -1,7 +1,7 @@
 #!/bin/bash
 # What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).
 set -euo pipefail
-job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_9805bbef7737c1e8'
+job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_048a3570e9100172'
 #!/bin/bash
 #SBATCH --job-name=pythia6.9b-compile
 #SBATCH --nodes=4
@@ -28,7 +28,8 @@ set -uo pipefail
 # platform's environment, then the two passes' trainer arguments.
 export MASTER_PORT=41000
 export JOBGEN_RUN_DIR=/fsx/jobgen/runs/pythia6.9b-4n
-export JOBGEN_PAYLOAD_DIR=/fsx/jobgen/payload
+export JOBGEN_PAYLOAD_DIR=/fsx/jobgen/payload/<payload>
+export JOBGEN_PAYLOAD_DIGEST=<payload-digest>
 export JOBGEN_LAUNCHER=neuron_nemo/launch.sh
 export JOBGEN_WORKERS_PER_NODE=32
 export JOBGEN_WORKDIR=/fsx/neuronx-nemo-megatron/nemo/examples/nlp/language_modeling
@@ -206,12 +207,12 @@ cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 case $JOBGEN_PAYLOAD_DIR in /*) flow=$JOBGEN_PAYLOAD_DIR ;; *) flow=$PWD/$JOBGEN_PAYLOAD_DIR ;; esac
 flow=$flow/common/job_flow.sh
 # shellcheck disable=SC1090
-source "$flow" || { printf 'jobgen: cannot read %s (see paths.payload_dir of the site)\n' "$flow" >&2; exit 78; }
+source "$flow" || { printf 'jobgen: cannot read %s: the payload snapshot this job was rendered with is missing (render or submit it again with jobgen, which places it)\n' "$flow" >&2; exit 78; }
 flow_slurm_job "${#COMPILE_ARGS[@]}" ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
 }
-JOBGEN_SCRIPT_9805bbef7737c1e8
+JOBGEN_SCRIPT_048a3570e9100172
 )
-job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-dep=yes <<'JOBGEN_SCRIPT_182c239379e5b412'
+job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-dep=yes <<'JOBGEN_SCRIPT_0dd469e5b3857e75'
 #!/bin/bash
 #SBATCH --job-name=pythia6.9b-train
 #SBATCH --nodes=4
@@ -238,7 +239,8 @@ set -uo pipefail
 # platform's environment, then the two passes' trainer arguments.
 export MASTER_PORT=41000
 export JOBGEN_RUN_DIR=/fsx/jobgen/runs/pythia6.9b-4n
-export JOBGEN_PAYLOAD_DIR=/fsx/jobgen/payload
+export JOBGEN_PAYLOAD_DIR=/fsx/jobgen/payload/<payload>
+export JOBGEN_PAYLOAD_DIGEST=<payload-digest>
 export JOBGEN_LAUNCHER=neuron_nemo/launch.sh
 export JOBGEN_WORKERS_PER_NODE=32
 export JOBGEN_WORKDIR=/fsx/neuronx-nemo-megatron/nemo/examples/nlp/language_modeling
@@ -416,9 +418,9 @@ cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 case $JOBGEN_PAYLOAD_DIR in /*) flow=$JOBGEN_PAYLOAD_DIR ;; *) flow=$PWD/$JOBGEN_PAYLOAD_DIR ;; esac
 flow=$flow/common/job_flow.sh
 # shellcheck disable=SC1090
-source "$flow" || { printf 'jobgen: cannot read %s (see paths.payload_dir of the site)\n' "$flow" >&2; exit 78; }
+source "$flow" || { printf 'jobgen: cannot read %s: the payload snapshot this job was rendered with is missing (render or submit it again with jobgen, which places it)\n' "$flow" >&2; exit 78; }
 flow_slurm_job "${#COMPILE_ARGS[@]}" ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
 }
-JOBGEN_SCRIPT_182c239379e5b412
+JOBGEN_SCRIPT_0dd469e5b3857e75
 )
 echo "${job_1%%;*} ${job_2%%;*}"
