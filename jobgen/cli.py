@@ -358,11 +358,10 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     if sweeps:
         from . import sweep
         points = sweep.points(sweeps, spec.run_name)
-        point_overrides = [p.overrides for p in points]
-        specs = [_spec(recipe, nodes, overrides + point.overrides
-                       + sweep.port_override(point, i, spec.recipe.job.master_port, sweeps),
-                       site, compile_mode, point.run_name, smoke, backend, slurm)
-                 for i, point in enumerate(points)]
+        point_overrides = [point.overrides + sweep.port_override(
+            point, i, spec.recipe.job.master_port, sweeps) for i, point in enumerate(points)]
+        specs = [_spec(recipe, nodes, overrides + extra, site, compile_mode, point.run_name,
+                       smoke, backend, slurm) for point, extra in zip(points, point_overrides)]
     impl = backends.get(backend)
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,
@@ -395,7 +394,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
         submitted = slurm_backend.submit_sweep(specs, options)
     else:
         submitted = [impl.submit(one, options) for one in specs]
-    refs = []
+    refs: list[Any] = []
     for one, done in zip(specs, submitted):
         for note in done.notes:
             click.echo(note, err=True)
@@ -445,6 +444,11 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
                           "submitted from this account)")
     with tempfile.TemporaryDirectory(prefix="jobgen-resubmit-") as tmp:
         spec, recipe_file, site_file, last = runrecord.recorded_spec(found[1], Path(tmp))
+        try:   # where it was submitted from: the site's relative paths start there
+            os.chdir(last["cwd"])
+        except OSError as exc:
+            raise ConfigError(f"{run}: cannot go to {last['cwd']}, where it was submitted "
+                              f"from: {exc.strerror}") from None
         _submit(last["recipe"], spec.nodes, tuple(last["overrides"]), last["site"] or None,
                 spec.compile_mode, spec.run_name, spec.smoke, last["backend"], False,
                 not no_check, wait, poll, None, endpoint_url, dry_run,
@@ -729,18 +733,18 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
 
 
 @cli.command("runs")
-@click.argument("run", required=False)
+@click.argument("run_name", metavar="[RUN]", required=False)
 @click.option("--last", type=click.IntRange(min=1), default=20, show_default=True,
               help="How many of the newest submissions.")
 @click.option("--no-state", is_flag=True, help="Do not ask the schedulers for the states.")
 @_json_option
-def runs_cmd(run: Optional[str], last: int, no_state: bool, as_json: bool) -> None:
+def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) -> None:
     """The jobs jobgen submitted from this account (newest last): run name, backend, job id,
     recipe, nodes, state (asked of the scheduler now), run folder. With RUN: what that run was
     submitted with, every submission (its record)."""
     from . import backends, runs
-    if run is not None:
-        _show_record(run, as_json)
+    if run_name is not None:
+        _show_record(run_name, as_json)
         return
     rows = []
     for run in runs.load()[-last:]:

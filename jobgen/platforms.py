@@ -12,9 +12,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal, Optional
 
+from . import resources
 from .errors import ConfigError
 from .record import record
-from . import resources
 
 PATH_ENV = "JOBGEN_PLATFORMS"
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
@@ -91,7 +91,8 @@ class _Platforms(Mapping[str, Platform]):
             raise KeyError(name)
         from . import schema
         from .recipe import load_yaml
-        shown = (f"env/platforms/{path.name}" if path.parent == resources.folder("platforms") else str(path))
+        builtin = path.parent == resources.folder("platforms")
+        shown = f"env/platforms/{path.name}" if builtin else str(path)
         platform = _check(schema.build(Platform, load_yaml(path, shown), shown), shown, name)
         self._loaded[name] = platform
         return platform

@@ -12,10 +12,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from . import schema
+from . import resources, schema
 from .errors import ConfigError, printable
 from .record import record
-from . import resources
 
 PayloadName = str   # a registered payload (jobgen/payloads: built-in, or an entry point)
 

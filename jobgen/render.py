@@ -14,8 +14,8 @@ import re
 import shlex
 from typing import Any, Optional
 
-from .errors import RenderError
 from . import resources
+from .errors import RenderError
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]{1,200}$")

@@ -48,14 +48,12 @@ def recipe_training(recipe: Recipe) -> dict[str, Any]:
 
 
 def training(spec: JobSpec) -> dict[str, Any]:
-    """What the run trains: the recipe's training values, the node count and what follows
-    from it, the data as the site resolves it, the rehearsal, and the payload's digest."""
+    """What the run trains: the recipe's training values, the node count (the learning rate
+    and batch that follow from it), the site's data folder, the rehearsal, and the payload's
+    digest."""
     values = recipe_training(spec.recipe)
-    values.update({
-        "nodes": spec.nodes, "smoke": spec.smoke,
-        "derived.lr": spec.lr, "derived.global_batch_size": spec.global_batch_size,
-        "derived.data_dir": spec.site.paths.data_dir,
-        "payload": spec.payload_digest})
+    values.update({"nodes": spec.nodes, "smoke": spec.smoke,
+                   "site.data_dir": spec.site.paths.data_dir, "payload": spec.payload_digest})
     return values
 
 
@@ -136,6 +134,7 @@ def submission(spec: JobSpec, *, backend: str, overrides: Sequence[str], site_re
     from . import __version__
     return {
         "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cwd": os.getcwd(),          # relative site paths are taken from here
         "jobgen": __version__,
         "backend": backend,
         "payload_digest": spec.payload_digest,
@@ -178,7 +177,8 @@ def commit(spec: JobSpec, new: dict[str, Any], old: Optional[dict], job_ids: Seq
     """Add the submission to the run's record (the run folder's and the state copy); a
     warning instead of an error: the job is already submitted."""
     new = dict(new, job_ids=list(job_ids))
-    data = dict(old) if old else {"format": FORMAT, "run": spec.run_name, "submissions": []}
+    data: dict[str, Any] = dict(old) if old else {"format": FORMAT, "run": spec.run_name,
+                                                   "submissions": []}
     data["submissions"] = list(data["submissions"]) + [new]
     problems = []
     for path in (_run_dir_file(spec, here),

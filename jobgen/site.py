@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 from typing import Literal, Optional
 
-from . import schema
+from . import resources, schema
 from .errors import ConfigError
 from .recipe import load_yaml
 from .record import record
-from . import resources
 
 DEFAULT_SITE = "local"
 # botocore's rule for a region name (a host label), which it checks only when a client is made.

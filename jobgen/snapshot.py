@@ -19,9 +19,12 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .spec import JobSpec
 
 MARKER = ".jobgen-digest"
 ID_LENGTH = 16
@@ -51,8 +54,9 @@ def digest(root: Optional[Path] = None) -> str:
         from . import resources
         root = resources.folder("payload")
     files = _files(root)
-    key: tuple[object, ...] = (str(root), *((rel, p.stat().st_mtime_ns, p.stat().st_size)
-                                            for rel, p in files))
+    stats = [(rel, p.stat()) for rel, p in files]
+    key: tuple[object, ...] = (str(root), *((rel, s.st_mtime_ns, s.st_size, s.st_mode)
+                                            for rel, s in stats))
     if key in _memo:
         return _memo[key]
     h = hashlib.sha256()
@@ -213,3 +217,13 @@ def check_image(image: str, full: str, where: str, strict: bool,
         raise ConfigError(message)
     if say is not None:
         say(f"warning: {message}; its nodes will refuse another payload")
+
+
+def prepare_image(spec: "JobSpec", section: str, strict: bool,
+                  say: Optional[Callable[[str], None]]) -> None:
+    """Check the image a container backend's site `section` names for the spec's platform."""
+    images = getattr(getattr(spec.site, section), "images", None)
+    if images is not None:
+        image = site_image(images, spec.platform.name, f"{section}.images", spec.site.name,
+                           spec.payload_digest)
+        check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)

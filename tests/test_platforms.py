@@ -12,9 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from jobgen import platforms
+from jobgen import platforms, resources
 from jobgen.errors import ConfigError
-from jobgen import resources
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBGEN_EXE = Path(sys.executable).parent / "jobgen"

@@ -170,12 +170,7 @@ def _queue(spec: JobSpec, options: SubmitOptions) -> str:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    section = spec.site.batch
-    if section is not None:
-        image = snapshot.site_image(section.images, spec.platform.name, "batch.images", spec.site.name,
-                                    spec.payload_digest)
-        snapshot.check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)
-
+    snapshot.prepare_image(spec, "batch", strict, say)
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """The RegisterJobDefinition and SubmitJob requests `submit` makes, as JSON."""

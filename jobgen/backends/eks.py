@@ -194,12 +194,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    section = spec.site.eks
-    if section is not None:
-        image = snapshot.site_image(section.images, spec.platform.name, "eks.images", spec.site.name,
-                                    spec.payload_digest)
-        snapshot.check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)
-
+    snapshot.prepare_image(spec, "eks", strict, say)
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return render_yaml(manifests(spec))

@@ -259,12 +259,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    section = spec.site.sagemaker
-    if section is not None:
-        image = snapshot.site_image(section.images, spec.platform.name, "sagemaker.images", spec.site.name,
-                                    spec.payload_digest)
-        snapshot.check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)
-
+    snapshot.prepare_image(spec, "sagemaker", strict, say)
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return json.dumps({"CreateTrainingJob": training_job(spec)}, indent=2) + "\n"

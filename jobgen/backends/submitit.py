@@ -10,10 +10,10 @@ from ..errors import ConfigError
 from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
+from . import slurm as _slurm
 
 # The run folder is on storage this machine reaches: the run's record is kept there too.
 RUN_DIR_HERE = True
-from . import slurm as _slurm
 
 
 def plan(spec: JobSpec) -> Plan:

@@ -6,10 +6,9 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .. import schema
+from .. import resources, schema
 from ..errors import ConfigError
 from ..record import record
-from .. import resources
 
 SETTING_KEYS = ("global_batch", "batch_per_accelerator", "seq_length", "micro_batch", "tensor",
                 "pipeline", "precision")
