@@ -150,7 +150,11 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="jobgen")
 def cli() -> None:
-    """Render training recipes into Slurm (Trainium) and AWS Batch multi-node jobs."""
+    """Render training recipes into jobs for four backends: Slurm (sbatch scripts, Trainium),
+    AWS Batch multi-node parallel jobs (Gaudi, Trainium), SageMaker training jobs (model-parallel
+    library v2) and Amazon EKS (Indexed Jobs or PyTorchJobs); submit them, rehearse them on
+    CPU, plan them and watch them. A run is what was submitted: its payload snapshot and its
+    record (`jobgen runs RUN`) are kept with it."""
 
 
 @cli.command("list")

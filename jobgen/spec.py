@@ -4,7 +4,6 @@ node count) computed once and the parallelism arithmetic checked before anything
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import posixpath
 import re
@@ -12,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
 from . import schema
-from .cache import sha256
 from .errors import ConfigError, RuleError
 from .platforms import PLATFORMS, Platform
 from .recipe import Recipe
@@ -298,6 +296,8 @@ class JobSpec:
             "run_dir": self.run_dir,
             "compile_mode": self.compile_mode,
             "smoke": self.smoke,
+            # What the nodes run: its digest, and where (a snapshot, or the image's copy).
+            "payload": {"digest": self.payload_digest, "dir": self.payload_dir},
             **({"slurm": {k: v for k, v in dataclasses.asdict(self.slurm).items()
                           if v is not None}} if self.backend in ("slurm", "local") else {}),
             "derived": {
@@ -316,11 +316,6 @@ class JobSpec:
             # What a --smoke job trains instead of the model above (absent for the real job).
             **({"rehearsal": dataclasses.asdict(self.rehearsal)} if self.rehearsal else {}),
         }
-
-    def content_hash(self) -> str:
-        """A short hash of everything that shapes the job (used in tags and markers)."""
-        blob = json.dumps(self.as_dict(), sort_keys=True, default=str).encode()
-        return sha256(blob).hexdigest()[:12]
 
 
 def _positive(where: str, key: str, value: Optional[float]) -> None:

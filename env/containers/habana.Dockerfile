@@ -1,7 +1,8 @@
 # jobgen's AWS Batch image for dl1.24xlarge (8 first-generation Gaudi, 4 EFA): the DeepSpeed BERT
-# payload (payload/habana_deepspeed). Build from the repository root:
+# payload (payload/habana_deepspeed). Build from the context `jobgen image-context DIR` writes
+# (it prints this command with the payload id as the tag):
 #
-#   docker build -f env/containers/habana.Dockerfile -t jobgen-habana:latest .
+#   docker build -f DIR/env/containers/habana.Dockerfile -t jobgen-habana:<payload id> DIR
 #
 # Unverified here (no Docker daemon or registry on the machine this was written on): see
 # env/containers/README.md. Every version below is a build argument.
@@ -61,6 +62,10 @@ RUN python3 -m pip freeze | grep -iE '^(torch|numpy|habana[-_a-z]*)==' > /tmp/ke
 
 # jobgen: the payload and the entrypoint the job definition's command names.
 COPY payload/ /opt/jobgen/payload/
+# The payload's digest, which every job rendered for it names: build from the context that
+# `jobgen image-context DIR` writes (a checkout's payload/ has no digest file).
+RUN test -s /opt/jobgen/payload/.jobgen-digest \
+ || { echo 'no payload digest: build from `jobgen image-context DIR`' >&2; exit 1; }
 COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
 # The same image on SageMaker training jobs and EKS pods (their entrypoints).
 COPY env/containers/sagemaker-entrypoint.sh env/containers/eks-entrypoint.sh /opt/jobgen/

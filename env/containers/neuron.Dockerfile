@@ -1,8 +1,9 @@
 # jobgen's AWS Batch image for trn1.32xlarge (16 Trainium, 8 EFA): the NeMo payload
 # (payload/neuron_nemo: GPT-NeoX 20B, Pythia 6.9B) and the NeuronX Distributed payload
-# (payload/neuronx_distributed: Llama 2 7B). Build from the repository root:
+# (payload/neuronx_distributed: Llama 2 7B). Build from the context `jobgen image-context DIR` writes
+# (it prints this command with the payload id as the tag):
 #
-#   docker build -f env/containers/neuron.Dockerfile -t jobgen-neuron:latest .
+#   docker build -f DIR/env/containers/neuron.Dockerfile -t jobgen-neuron:<payload id> DIR
 #
 # Unverified here (no Docker daemon or registry on the machine this was written on): see
 # env/containers/README.md. Every version below is a build argument.
@@ -79,6 +80,10 @@ RUN rm -f /tmp/keep.txt
 
 # jobgen: the payload and the entrypoint the job definition's command names.
 COPY payload/ /opt/jobgen/payload/
+# The payload's digest, which every job rendered for it names: build from the context that
+# `jobgen image-context DIR` writes (a checkout's payload/ has no digest file).
+RUN test -s /opt/jobgen/payload/.jobgen-digest \
+ || { echo 'no payload digest: build from `jobgen image-context DIR`' >&2; exit 1; }
 COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
 # The same image on SageMaker training jobs and EKS pods (their entrypoints).
 COPY env/containers/sagemaker-entrypoint.sh env/containers/eks-entrypoint.sh /opt/jobgen/

@@ -12,6 +12,8 @@
 #   6. teardown  always (trap on EXIT): moto and Slurm are stopped
 #
 #   bash tests/ci/run.sh [pytest args...]
+#   bash tests/ci/run.sh --fast [pytest args...]   # the fast tier: steps 1-3 and the tests that
+#                need no service and are not marked slow/slurm/moto/deepspeed (under 3 minutes)
 #
 # Environment: VENV (venv path, relative to the repo root or absolute), PYTHON (interpreter the
 # venv is made from; default python3), VENV_REBUILD=1 (delete and recreate the venv), MOTO_PORT
@@ -35,6 +37,9 @@ export MOTO_PORT=${MOTO_PORT:-5055}
 export SLURM_CI_DIR=${SLURM_CI_DIR:-/var/tmp/jobgen-slurm}
 export DEBIAN_FRONTEND=noninteractive
 export PIP_PROGRESS_BAR=off PIP_DISABLE_PIP_VERSION_CHECK=1
+
+FAST=0
+if [[ ${1:-} == --fast ]]; then FAST=1; shift; fi
 
 T_START=$EPOCHREALTIME
 PHASE=""
@@ -230,21 +235,28 @@ lint mypy mypy
 lint shellcheck shellcheck -S warning tests/ci/*.sh .ci/run
 if ((LINT_RC)); then echo "[run] LINT FAILED (the run will fail; running the tests anyway)"; fi
 
-# ---------------------------------------------------------------------------------------------
-phase services
-# ---------------------------------------------------------------------------------------------
-SERVICES_TOUCHED=1
-NODES=4 bash "$HERE/slurm-up.sh"
-VENV=$VENV bash "$HERE/moto-up.sh"
-
-# ---------------------------------------------------------------------------------------------
-phase pytest
-# ---------------------------------------------------------------------------------------------
-export JOBGEN_TEST_SLURM=1
-export JOBGEN_TEST_MOTO_URL=http://127.0.0.1:$MOTO_PORT
-export JOBGEN_REQUIRE_ALL=1
 rc=0
-python -m pytest -q "$@" || rc=$?
+if ((FAST)); then
+    # -------------------------------------------------------------------------------------------
+    phase pytest-fast
+    # -------------------------------------------------------------------------------------------
+    python -m pytest -q -m "not slurm and not moto and not deepspeed and not slow" "$@" || rc=$?
+else
+    # -------------------------------------------------------------------------------------------
+    phase services
+    # -------------------------------------------------------------------------------------------
+    SERVICES_TOUCHED=1
+    NODES=4 bash "$HERE/slurm-up.sh"
+    VENV=$VENV bash "$HERE/moto-up.sh"
+
+    # -------------------------------------------------------------------------------------------
+    phase pytest
+    # -------------------------------------------------------------------------------------------
+    export JOBGEN_TEST_SLURM=1
+    export JOBGEN_TEST_MOTO_URL=http://127.0.0.1:$MOTO_PORT
+    export JOBGEN_REQUIRE_ALL=1
+    python -m pytest -q "$@" || rc=$?
+fi
 end_phase
 
 case $rc in
