@@ -165,6 +165,10 @@ def list_cmd() -> None:
     for name in recipes.recipe_names():
         rec, _ = recipes.load(name)
         rows.append((rec.name, rec.payload, rec.platform, f"{rec.nodes}n", rec.description))
+    if not rows:
+        from .resources import folder
+        raise ConfigError(f"no recipes in {folder('recipes')} (this installation has lost its "
+                          "built-in recipes: reinstall jobgen)")
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])
@@ -382,7 +386,6 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     site_ref = site if site is None or not ("/" in site or site.endswith((".yaml", ".yml"))) \
         else os.path.abspath(site)
     from . import runrecord
-    impl.prepare(spec, strict=True, say=options.say)   # the payload snapshot, or the image
     here = getattr(impl, "RUN_DIR_HERE", False)
     from .recipe import locate as locate_recipe
     from .site import locate as locate_site

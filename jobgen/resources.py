@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Optional
 
 from .errors import ConfigError
 
@@ -31,25 +32,38 @@ def _checkout() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def _packaged(name: str) -> Optional[Path]:
+    """The package data folder `name` of an installed jobgen, if it is there."""
+    try:
+        found = resources.files("jobgen.data") / name
+    except ModuleNotFoundError:   # jobgen/data/ itself is missing: a broken installation
+        return None
+    return found if isinstance(found, Path) and found.is_dir() else None
+
+
 def folder(name: str) -> Path:
     """The folder of `name` (a key of LAYOUT) as a path on this machine."""
     home = os.environ.get("JOBGEN_HOME")
     if home:
-        return Path(home) / LAYOUT[name]
-    packaged = resources.files("jobgen.data") / name
-    if isinstance(packaged, Path) and packaged.is_dir():
+        path = Path(home) / LAYOUT[name]
+        if not path.is_dir():
+            raise ConfigError(f"JOBGEN_HOME={home}: no {LAYOUT[name]}/ there (it must be a "
+                              "jobgen project folder; unset JOBGEN_HOME to use this "
+                              "installation's own files)")
+        return path
+    packaged = _packaged(name)
+    if packaged is not None:
         return packaged
     source = _checkout() / LAYOUT[name]
     if source.is_dir():
         return source
-    raise ConfigError(f"jobgen's {LAYOUT[name]}/ is missing from this installation "
-                      f"(looked in {packaged} and {source}): reinstall jobgen from its wheel or "
-                      "sdist (`pip install --force-reinstall jobgen`)")
+    raise ConfigError(f"jobgen's {LAYOUT[name]}/ is missing from this installation (neither "
+                      f"package data jobgen.data.{name} nor {source}): reinstall jobgen from its "
+                      "wheel or sdist (pip install --force-reinstall jobgen)")
 
 
 def installed() -> str:
     """How this jobgen finds its files: 'package' (wheel/sdist), 'checkout' or 'JOBGEN_HOME'."""
     if os.environ.get("JOBGEN_HOME"):
         return "JOBGEN_HOME"
-    packaged = resources.files("jobgen.data") / "payload"
-    return "package" if isinstance(packaged, Path) and packaged.is_dir() else "checkout"
+    return "package" if _packaged("payload") is not None else "checkout"

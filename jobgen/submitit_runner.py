@@ -144,6 +144,9 @@ def submit(spec: JobSpec, folder: Optional[Path] = None) -> Any:
         import submitit
     except ImportError:
         raise ConfigError("--via submitit needs submitit: pip install 'jobgen[submitit]'") from None
+    from . import snapshot
+    # The payload the nodes run: its snapshot on the shared storage (placed once, verified).
+    snapshot.place(spec.site.snapshot_root, spec.payload_digest)
     task = node_task(spec)
     executor = submitit.AutoExecutor(folder=str(folder or Path(task.run_dir) / "submitit"))
     executor.update_parameters(**executor_parameters(spec))

@@ -285,3 +285,23 @@ def test_resubmit_refuses_when_the_recorded_payload_is_gone(tmp_path: Path,
     assert (unknown.returncode, unknown.stderr) == (
         2, "error: no-such-run: no record of this run here (`jobgen runs` lists the runs "
            "submitted from this account)\n")
+
+
+# --- a broken installation ----------------------------------------------------------------------
+
+def test_missing_package_data_is_one_line(tmp_path: Path) -> None:
+    """JOBGEN_HOME naming a folder without jobgen's files, or a project that lost its recipes:
+    one line naming what is missing, exit 2, no traceback."""
+    env = dict(os.environ, JOBGEN_HOME=str(tmp_path / "nothing"))
+    proc = subprocess.run([str(JOBGEN), "render", "neox20b"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, check=False)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"error: JOBGEN_HOME={tmp_path / 'nothing'}: no recipes/ there (it "
+                           "must be a jobgen project folder; unset JOBGEN_HOME to use this "
+                           "installation's own files)\n")
+    (tmp_path / "project" / "recipes").mkdir(parents=True)
+    env["JOBGEN_HOME"] = str(tmp_path / "project")
+    listed = subprocess.run([str(JOBGEN), "list"], capture_output=True, text=True, env=env,
+                            check=False)
+    assert (listed.returncode, listed.stdout) == (2, "")
+    assert listed.stderr.startswith("error: no recipes in ") and listed.stderr.count("\n") == 1

@@ -186,6 +186,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     from .. import batch_client
     if options.chain:
         raise ConfigError("--chain is for Slurm (a Batch job runs both passes on its nodes)")
+    prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
     queue = _queue(spec, options)
     batch = batch_client.client(spec.site, options.endpoint_url)
     job = batch_client.submit(batch, job_definition(spec), queue=queue, nodes=spec.nodes,

@@ -233,6 +233,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     import kubernetes
     if options.chain:
         raise ConfigError("--chain is for Slurm (the pods run both passes)")
+    prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
     docs = manifests(spec)
     api = _api(spec.site)
     ns = docs[0]["metadata"]["namespace"]

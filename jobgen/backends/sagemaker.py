@@ -277,6 +277,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     if options.chain:
         raise ConfigError("--chain is for Slurm (a SageMaker job runs both passes on its "
                           "instances)")
+    prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
     request = training_job(spec)
     client = _client(spec.site, options.endpoint_url)
     base = request["TrainingJobName"]

@@ -113,6 +113,7 @@ def dry_run_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> str:
 def submit_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> list[Submitted]:
     """One job array; task K's id (ARRAYID_K) for specs[K]."""
     from .. import slurm_client
+    prepare(specs[0], strict=True, say=options.say)   # one payload snapshot for every task
     check(specs[0], options)   # one payload, one partition, one node count for every task
     array_id = slurm_client.submit(plan_array(specs))
     return [Submitted((f"{array_id}_{i}",)) for i in range(len(specs))]
@@ -128,6 +129,7 @@ def preflight(spec: JobSpec) -> tuple[str, ...]:
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     """sbatch of exactly the script `jobgen render` prints (two dependent jobs with chain)."""
     from .. import slurm_client
+    prepare(spec, strict=True, say=options.say)   # the payload snapshot the script points at
     check(spec, options)
     if options.chain:
         return Submitted(slurm_client.submit_chain(plan(spec, "compile"), plan(spec, "train")))
