@@ -283,6 +283,10 @@ _endpoint_option = click.option(
 def _submit_options(func: F) -> F:
     """The options of a submission (defined once: `submit` and its alias `batch submit`)."""
     for option in reversed((
+        click.option("--amend", is_flag=True,
+                     help="Submit into an existing run although its training values or "
+                          "payload differ (a longer schedule, say); the run's record keeps "
+                          "every submission."),
         click.option("--wait", is_flag=True,
                      help="Follow the job until it ends; exit with its status."),
         click.option("--poll", type=_Seconds(), metavar="SECONDS",
@@ -318,9 +322,6 @@ def _submit_options(func: F) -> F:
               help="Slurm: submit without first checking, from this host, that the launcher "
                    "and the trainer are where the site says and that the partition has the "
                    "nodes.")
-@click.option("--amend", is_flag=True,
-              help="Submit into an existing run although its training values or payload "
-                   "differ (a longer schedule, say); the run's record keeps every submission.")
 @_submit_options
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
@@ -822,12 +823,13 @@ def batch_group() -> None:
 @_submit_options
 def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                  site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
-                 wait: bool, poll: Optional[float], queue: Optional[str],
+                 amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
                  endpoint_url: Optional[str], dry_run: bool, **slurm: Optional[str]) -> None:
     """`jobgen submit --backend batch`: register RECIPE's job definition (only if it changed)
     and submit it; prints the job id."""
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, "batch", False,
-            True, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm))
+            True, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm), (),
+            amend)
 
 
 @batch_group.command("status")

@@ -168,7 +168,7 @@ def test_submit_registers_only_changed_definitions(jobgen: Jobgen, aws: str) -> 
     assert job["jobQueue"].endswith(f":job-queue/{QUEUE}")
     assert job["tags"] == mine[0]["tags"]   # the definition's tags, hash included
 
-    _, err3 = submit(jobgen, "--run-name", name, "--set", "optim.lr=0.0002")
+    _, err3 = submit(jobgen, "--run-name", name, "--set", "optim.lr=0.0002", "--amend")
     mine = [r for r in revisions(aws) if r["tags"]["jobgen:run"] == name]
     assert len(mine) == 2 and err3.startswith("registered ")
 
