@@ -506,7 +506,8 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
     if dry_run and run_backend != "local":
         import json
-        for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run")):
+        for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run",
+                                                                  write=False)):
             click.echo(json.dumps({"node": index, "argv": argv, "env": env}, indent=2))
         return
     if dry_run:

@@ -61,13 +61,14 @@ def _image_payloads() -> Path:
     return Path.cwd() / ".jobgen-rehearsal" / "payload"
 
 
-def sagemaker_commands(spec: JobSpec, job_id: str,
-                       root: Path) -> list[tuple[list[str], dict[str, str]]]:
+def sagemaker_commands(spec: JobSpec, job_id: str, root: Path,
+                       write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
     """Each instance of the rendered CreateTrainingJob request, emulated: the container's
     entrypoint and arguments with the request's Environment, TRAINING_JOB_NAME, and what
     SageMaker writes on every instance (/opt/ml/input/config/resourceconfig.json and
     hyperparameters.json), under ROOT/algo-N/opt/ml: each instance has its own disk, as on
-    SageMaker (the run folder, its checkpoints and logs are node 0's under algo-1)."""
+    SageMaker (the run folder, its checkpoints and logs are node 0's under algo-1). Those files
+    are written only with `write` (not for a dry run)."""
     import json
 
     from .backends import sagemaker
@@ -82,14 +83,15 @@ def sagemaker_commands(spec: JobSpec, job_id: str,
         moves = _image_moves(spec, site.entrypoint, "sagemaker-entrypoint.sh") + [
             ("/opt/ml/", f"{opt_ml}/")]
         config = opt_ml / "input" / "config"
-        config.mkdir(parents=True, exist_ok=True)
-        (config / "resourceconfig.json").write_text(json.dumps({
-            "current_host": host, "current_instance_type": request["ResourceConfig"][
-                "InstanceType"], "current_group_name": "homogeneousCluster", "hosts": hosts,
-            "network_interface_name": "eth0"}), encoding="utf-8")
-        (config / "hyperparameters.json").write_text(json.dumps({
-            k: _relocate(v, moves) for k, v in request["HyperParameters"].items()}),
-            encoding="utf-8")
+        if write:
+            config.mkdir(parents=True, exist_ok=True)
+            (config / "resourceconfig.json").write_text(json.dumps({
+                "current_host": host, "current_instance_type": request["ResourceConfig"][
+                    "InstanceType"], "current_group_name": "homogeneousCluster",
+                "hosts": hosts, "network_interface_name": "eth0"}), encoding="utf-8")
+            (config / "hyperparameters.json").write_text(json.dumps({
+                k: _relocate(v, moves) for k, v in request["HyperParameters"].items()}),
+                encoding="utf-8")
         env = {k: _relocate(v, moves) for k, v in request["Environment"].items()}
         env.update({"TRAINING_JOB_NAME": job_id, "SM_INPUT_CONFIG_DIR": str(config),
                     # algo-1 resolves inside SageMaker's network; here every instance is local
@@ -148,11 +150,13 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
-def commands(spec: JobSpec, job_id: str) -> list[tuple[list[str], dict[str, str]]]:
-    """The emulated nodes of `spec`'s backend: jobgen's own nodes, or a service's containers."""
+def commands(spec: JobSpec, job_id: str,
+             write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
+    """The emulated nodes of `spec`'s backend: jobgen's own nodes, or a service's containers
+    (with `write`, the files a service puts on each instance; a dry run writes nothing)."""
     root = Path.cwd() / ".jobgen-rehearsal" / job_id
     if spec.backend == "sagemaker":
-        return sagemaker_commands(spec, job_id, root)
+        return sagemaker_commands(spec, job_id, root, write)
     if spec.backend == "eks":
         return eks_commands(spec, job_id, root)
     return node_commands(spec, job_id)

@@ -36,6 +36,12 @@ class Platform:
     batch_memory_mib: int
     batch_shm_mib: int
     device_paths: tuple[str, ...]  # accelerator device files mapped into a container (or none)
+    # Where the accelerator keeps compiled graphs: the variable, and its value with {dir} for
+    # the cache folder (Neuron's persistent cache; Habana's recipe cache and its options).
+    compile_cache_var: str
+    device_resource: str           # the Kubernetes device plugin's resource name
+    compile_cache_value: str = "{dir}"
+    batch_privileged: bool = False  # a Batch container sees the devices only when privileged
 
     @property
     def efa_devices(self) -> tuple[str, ...]:
@@ -61,6 +67,16 @@ def _check(platform: Platform, shown: str, stem: str) -> Platform:
     if platform.batch_vcpus > platform.vcpus or platform.batch_memory_mib > platform.memory_mib:
         raise ConfigError(f"{shown}: batch_vcpus and batch_memory_mib cannot exceed the "
                           "instance's vcpus and memory_mib")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", platform.compile_cache_var):
+        raise ConfigError(f"{shown}: compile_cache_var: {platform.compile_cache_var!r} is not "
+                          "an environment variable name")
+    if platform.compile_cache_value.count("{dir}") != 1 or \
+            not platform.compile_cache_value.startswith("{dir}"):
+        raise ConfigError(f"{shown}: compile_cache_value: {platform.compile_cache_value!r} must "
+                          "start with {dir}, once (the cache folder, then any options)")
+    if not re.fullmatch(r"[a-z0-9.-]+/[a-z0-9.-]+", platform.device_resource):
+        raise ConfigError(f"{shown}: device_resource: {platform.device_resource!r} is not a "
+                          "Kubernetes extended resource name (vendor.domain/name)")
     for path in platform.device_paths:
         if not re.fullmatch(r"/dev/[A-Za-z0-9_/.-]+", path) or ".." in path:
             raise ConfigError(f"{shown}: device_paths: {path!r} is not a device file under /dev")

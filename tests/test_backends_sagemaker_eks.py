@@ -269,7 +269,7 @@ def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
         name = job["metadata"]["name"]
         assert env["JOBGEN_MAIN_HOST"] == f"{name}-0.{name}"
     limits = pod["containers"][0]["resources"]["limits"]
-    resource = eks.DEVICE_RESOURCE[s.platform.accelerator]
+    resource = s.platform.device_resource
     assert limits[resource] == s.platform.devices
     assert limits["vpc.amazonaws.com/efa"] == s.platform.efa_interfaces
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -419,3 +419,18 @@ def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
     # Beside the payload the emulated image holds (a snapshot), the job's own folder.
     root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir() if p.name != "payload")
     assert sorted(p.name for p in root.iterdir()) == ["node-0", "node-1"]
+
+
+@pytest.mark.parametrize("backend", ["sagemaker", "eks"])
+def test_rehearsal_dry_run_prints_the_containers_and_writes_nothing(jobgen_proc: Any,
+                                                                    tmp_path: Path,
+                                                                    backend: str) -> None:
+    """`jobgen run --backend sagemaker|eks --dry-run`: each emulated container's command and
+    environment as JSON, and not one file written (the instance files wait for the real run)."""
+    proc = jobgen_proc("run", "llama2-7b", "--nodes", "2", "--smoke", "--backend", backend,
+                       "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    nodes = [json.loads(chunk) for chunk in proc.stdout.replace("}\n{", "}\0{").split("\0")]
+    assert [n["node"] for n in nodes] == [0, 1]
+    assert all(n["argv"] and n["env"] for n in nodes)
+    assert list(tmp_path.iterdir()) == []

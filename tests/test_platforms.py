@@ -66,6 +66,13 @@ def test_a_platform_of_ones_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (("batch_vcpus: 96", "batch_vcpus: 500"), "batch_vcpus and batch_memory_mib cannot exceed"),
     (("/dev/neuron0,", "/etc/passwd,"), "device_paths: '/etc/passwd' is not a device file"),
     (("accelerator: neuron", "accelerator: tpu"), "accelerator: expected one of neuron, hpu"),
+    (("compile_cache_var: NEURON_COMPILE_CACHE_URL", "compile_cache_var: A B"),
+     "compile_cache_var: 'A B' is not an environment variable name"),
+    (("compile_cache_var: NEURON_COMPILE_CACHE_URL",
+      "compile_cache_var: X\ncompile_cache_value: 'x{dir}'"),
+     "compile_cache_value: 'x{dir}' must start with {dir}, once"),
+    (("device_resource: aws.amazon.com/neuron", "device_resource: neuron"),
+     "device_resource: 'neuron' is not a Kubernetes extended resource name"),
 ])
 def test_bad_platform_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: None,
                             change: tuple[str, str], message: str) -> None:
@@ -165,3 +172,23 @@ def test_built_in_recipes_read_no_package_metadata() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert proc.stderr.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize(("recipe", "backend", "variable", "value"), [
+    ("llama2-7b", "sagemaker", "TORCHINDUCTOR_CACHE_DIR", "/opt/ml/checkpoints/"),
+    ("neox20b", "slurm", "NEURON_COMPILE_CACHE_URL", "jobgen-runs/neuron-compile-cache"),
+    ("bert1.5b", "batch", "PT_HPU_RECIPE_CACHE_CONFIG", ",false,8192"),
+])
+def test_accelerator_facts_come_from_the_platform_file(recipe: str, backend: str,
+                                                       variable: str, value: str) -> None:
+    """The compile cache variable is the platform's: the p4d (CUDA) job of the SageMaker overlay
+    gets inductor's cache, never Gaudi's recipe cache or Neuron's."""
+    from jobgen import api, launch, node
+    spec = api.job_spec(recipe, 16 if backend == "sagemaker" else 2,
+                        backend=backend)  # type: ignore[arg-type]
+    lau = launch.for_spec(spec, backend)
+    env = node.environment(spec, lau, node.contract(spec, lau, backend))  # type: ignore[arg-type]
+    caches = {k for k in env if k in ("TORCHINDUCTOR_CACHE_DIR", "NEURON_COMPILE_CACHE_URL",
+                                      "PT_HPU_RECIPE_CACHE_CONFIG")}
+    assert caches == {variable}
+    assert value in env[variable] and env["JOBGEN_CACHE_VAR"] == variable

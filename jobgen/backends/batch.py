@@ -89,7 +89,7 @@ def _instance(spec: JobSpec) -> dict[str, Any]:
             "resourceRequirements": [{"type": "VCPU", "value": str(platform.batch_vcpus)},
                                      {"type": "MEMORY", "value": str(platform.batch_memory_mib)}],
             # Gaudi cards are not mappable devices on Batch; the container must be privileged.
-            "privileged": platform.accelerator == "hpu",
+            "privileged": platform.batch_privileged,
             "linuxParameters": {"devices": devices, "sharedMemorySize": platform.batch_shm_mib,
                                 "initProcessEnabled": True}}
 

@@ -28,8 +28,6 @@ from . import Echo, JobRef, SubmitOptions, Submitted
 # The Kubernetes release whose schemas the manifests are checked against (EKS standard support).
 K8S_VERSION = "1.31"
 # Device plugin resources, per accelerator: Neuron devices (Trainium chips), Gaudi cards, GPUs.
-DEVICE_RESOURCE = {"neuron": "aws.amazon.com/neuron", "hpu": "habana.ai/gaudi",
-                   "cuda": "nvidia.com/gpu"}
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 LABEL = "jobgen/job"
 MANAGED = {"app.kubernetes.io/managed-by": "jobgen"}
@@ -51,7 +49,7 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     if not 0 <= efa <= platform.efa_interfaces:
         raise ConfigError(f"site {site.name}: eks.efa_interfaces.{platform.name}: {efa} is not "
                           f"between 0 and {platform.efa_interfaces}")
-    limits: dict[str, Any] = {DEVICE_RESOURCE[platform.accelerator]: platform.devices}
+    limits: dict[str, Any] = {platform.device_resource: platform.devices}
     if efa:
         limits[EFA_RESOURCE] = efa
     return {"limits": limits, "requests": dict(limits)}
@@ -96,7 +94,7 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
         # EFA registers memory with the NIC; the real job runs on its platform's nodes only.
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
         pod["nodeSelector"] = {"node.kubernetes.io/instance-type": platform.name}
-        pod["tolerations"] = [{"key": DEVICE_RESOURCE[platform.accelerator],
+        pod["tolerations"] = [{"key": platform.device_resource,
                                "operator": "Exists", "effect": "NoSchedule"}]
     if not operator:
         pod["subdomain"] = name   # JOB-K.SERVICE resolves through the headless Service

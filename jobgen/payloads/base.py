@@ -142,11 +142,10 @@ def env_block(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def compile_cache_env(spec: JobSpec, cache_dir: str) -> dict[str, str]:
-    """Where the accelerator keeps compiled graphs: Neuron's persistent cache, or Habana's
-    recipe cache (directory, keep existing entries, size limit in MB)."""
-    if spec.platform.accelerator == "neuron":
-        return {"NEURON_COMPILE_CACHE_URL": cache_dir}
-    return {"PT_HPU_RECIPE_CACHE_CONFIG": f"{cache_dir},false,8192"}
+    """Where the accelerator keeps compiled graphs, as the platform file says (Neuron's
+    persistent cache, Habana's recipe cache with its options, the CUDA inductor cache)."""
+    platform = spec.platform
+    return {platform.compile_cache_var: platform.compile_cache_value.replace("{dir}", cache_dir)}
 
 
 def launch_value(spec: JobSpec, payload: Payload, key: str) -> str:
