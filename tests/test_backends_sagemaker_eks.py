@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_batch_client import _aws_env, aws, moto_inprocess, moto_url  # noqa: E402,F401
@@ -434,3 +435,116 @@ def test_rehearsal_dry_run_prints_the_containers_and_writes_nothing(jobgen_proc:
     assert [n["node"] for n in nodes] == [0, 1]
     assert all(n["argv"] and n["env"] for n in nodes)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the Kubernetes client against a stand-in API server ---------------------------------------
+
+NAMESPACE = "training"   # env/sites/sagemaker.yaml's eks.namespace
+
+
+class _KubeAPI:
+    """A stand-in Kubernetes API server on 127.0.0.1: it answers the calls jobgen makes with
+    the API's own shapes and records each (method, path), so the real client's requests show
+    which object kind every command acts on. No cluster can run here (see the README)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        self.calls: list[tuple[str, str]] = []
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                path = self.path.split("?")[0]
+                api.calls.append((self.command, path))
+                if self.command == "POST":
+                    answer = body
+                elif path.endswith("/pods"):
+                    answer = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
+                        {"metadata": {"name": "p0", "labels": {
+                            "training.kubeflow.org/replica-type": "master",
+                            "training.kubeflow.org/replica-index": "0"}},
+                         "status": {"phase": "Running"}}]}
+                elif "/pytorchjobs/" in path and path.endswith("/status"):
+                    answer = {"status": {"conditions": [
+                        {"type": "Created", "status": "True"},
+                        {"type": "Running", "status": "True"}],
+                        "replicaStatuses": {"Master": {"active": 1},
+                                            "Worker": {"active": 1}}}}
+                elif "/jobs/" in path and path.endswith("/status"):
+                    answer = {"kind": "Job", "apiVersion": "batch/v1",
+                              "metadata": {"name": path.split("/")[-2]},
+                              "status": {"active": 2, "conditions": []}}
+                else:
+                    answer = {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+                data = json.dumps(answer).encode()
+                self.send_response(201 if self.command == "POST" else 200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _answer
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def kubeconfig(self, path: Path) -> Path:
+        url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+            "clusters": [{"name": "c", "cluster": {"server": url}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "stand-in", "context": {"cluster": "c", "user": "u"}}]}))
+        return path
+
+
+@pytest.mark.parametrize("operator", [False, True])
+def test_eks_commands_act_on_the_kind_that_was_submitted(jobgen_proc: Any, tmp_path: Path,
+                                                        write_site: Any, operator: bool) -> None:
+    """submit, status, logs and cancel through the Kubernetes client: an Indexed Job and its
+    Service, or a PyTorchJob (its job id says so: pytorchjobs/NAME), each read and deleted as
+    the kind it is."""
+    pytest.importorskip("kubernetes")
+    api = _KubeAPI()
+    try:
+        env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
+        site = str(write_site("sagemaker", {"eks.training_operator": operator}))
+        run = f"k-{'op' if operator else 'job'}"
+        proc = jobgen_proc("submit", "llama2-7b", "--nodes", "2", "--smoke", "--backend", "eks",
+                           "--site", site, "--run-name", run, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        job_id = proc.stdout.strip()
+        name = job_id.split("/")[-1]
+        assert job_id == (f"pytorchjobs/{name}" if operator else name)
+        kinds = {"jobs": "batch/v1", "pytorchjobs": "kubeflow.org/v1", "services": "v1"}
+        created = [path.rsplit("/", 1)[-1] for method, path in api.calls if method == "POST"]
+        assert created == (["pytorchjobs"] if operator else ["services", "jobs"]), kinds
+        api.calls.clear()
+
+        status = jobgen_proc("status", run, "--json", cwd=tmp_path, env=env)
+        assert status.returncode == 0, status.stderr
+        data = json.loads(status.stdout)
+        assert data["kind"] == ("PyTorchJob" if operator else "Job")
+        assert data["state"] == "Running" and data["active"] == 2
+        read = [p for m, p in api.calls if m == "GET" and p.endswith("/status")]
+        assert read == ([f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs/{name}/"
+                         "status"] if operator else
+                        [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}/status"])
+        api.calls.clear()
+
+        cancel = jobgen_proc("cancel", run, cwd=tmp_path, env=env)
+        assert cancel.returncode == 0, cancel.stderr
+        deleted = [p for m, p in api.calls if m == "DELETE"]
+        assert deleted == ([f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs/{name}"]
+                           if operator else
+                           [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}",
+                            f"/api/v1/namespaces/{NAMESPACE}/services/{name}"])
+    finally:
+        api.server.shutdown()

@@ -244,8 +244,22 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
             _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
                   "kubeflow.org", "v1", ns, "pytorchjobs", doc)
     name = docs[-1]["metadata"]["name"]
-    return Submitted((name,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
-                               f"namespace {ns}",))
+    job_id = name if docs[-1]["kind"] == "Job" else f"{OPERATOR_PREFIX}{name}"
+    return Submitted((job_id,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
+                                 f"namespace {ns}",))
+
+
+# A job id names what was submitted: NAME for an Indexed Job (batch/v1), pytorchjobs/NAME for a
+# Kubeflow PyTorchJob, so that status, logs and cancel act on the object that exists.
+OPERATOR_PREFIX = "pytorchjobs/"
+_KUBEFLOW = ("kubeflow.org", "v1")
+
+
+def _kind(job_id: str) -> tuple[str, str]:
+    """(kind, object name) of a job id."""
+    if job_id.startswith(OPERATOR_PREFIX):
+        return "PyTorchJob", job_id[len(OPERATOR_PREFIX):]
+    return "Job", job_id
 
 
 def _where(ref: JobRef) -> tuple[Any, Any]:
@@ -281,14 +295,29 @@ def status(ref: JobRef) -> dict[str, Any]:
     import kubernetes
     site, api = _where(ref)
     ns = site.eks.namespace
-    job = _call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, ref.job_id, ns)
-    st = job.status
-    conditions = [c.type for c in (st.conditions or []) if c.status == "True"]
-    state = ("Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions
-             else "Running" if st.active else "Pending")
-    pods = {_index(p): p.status.phase for p in _pods(api, ns, ref.job_id)}
-    return {"job_id": ref.job_id, "state": state, "active": st.active or 0,
-            "succeeded": st.succeeded or 0, "failed": st.failed or 0,
+    kind, name = _kind(ref.job_id)
+    pods = {_index(p): p.status.phase for p in _pods(api, ns, name)}
+    if kind == "PyTorchJob":
+        job = _call(kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
+                    *_KUBEFLOW, ns, "pytorchjobs", name)
+        st = job.get("status") or {}
+        conditions = [c.get("type") for c in st.get("conditions") or []
+                      if c.get("status") == "True"]
+        replicas = (st.get("replicaStatuses") or {}).values()
+        active = sum(r.get("active", 0) for r in replicas)
+        succeeded = sum(r.get("succeeded", 0) for r in replicas)
+        failed = sum(r.get("failed", 0) for r in replicas)
+        state = ("Complete" if "Succeeded" in conditions else "Failed" if "Failed" in conditions
+                 else "Running" if "Running" in conditions or active else "Pending")
+    else:
+        st = _call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, name,
+                   ns).status
+        conditions = [c.type for c in (st.conditions or []) if c.status == "True"]
+        active, succeeded, failed = st.active or 0, st.succeeded or 0, st.failed or 0
+        state = ("Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions
+                 else "Running" if active else "Pending")
+    return {"job_id": ref.job_id, "kind": kind, "state": state, "active": active,
+            "succeeded": succeeded, "failed": failed,
             "pods": {str(k): v for k, v in sorted(pods.items())}}
 
 
@@ -318,7 +347,7 @@ def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> No
     site, api = _where(ref)
     ns = site.eks.namespace
     want = node_index or 0
-    pods = [p for p in _pods(api, ns, ref.job_id) if _index(p) == want]
+    pods = [p for p in _pods(api, ns, _kind(ref.job_id)[1]) if _index(p) == want]
     if not pods:
         raise RemoteError(f"job {ref.job_id}: no pod for node {want} in namespace {ns}")
     core = kubernetes.client.CoreV1Api(api)
@@ -336,9 +365,14 @@ def cancel(ref: JobRef) -> str:
     site, api = _where(ref)
     ns = site.eks.namespace
     body = kubernetes.client.V1DeleteOptions(propagation_policy="Foreground")
-    _call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, ref.job_id, ns, body=body)
+    kind, name = _kind(ref.job_id)
+    if kind == "PyTorchJob":   # the operator deletes its pods and services with it
+        _call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
+              *_KUBEFLOW, ns, "pytorchjobs", name, body=body)
+        return f"deleted PyTorchJob {name} (and its pods) in namespace {ns}"
+    _call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, name, ns, body=body)
     try:
-        _call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, ref.job_id, ns)
-    except RemoteError:
-        pass   # a PyTorchJob has no Service of ours
-    return f"deleted job {ref.job_id} (and its pods) in namespace {ns}"
+        _call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, name, ns)
+    except RemoteError as exc:   # deleted by hand already: the job is what mattered
+        return f"deleted Job {name} (and its pods) in namespace {ns}; its Service: {exc}"
+    return f"deleted Job {name} and its Service (and its pods) in namespace {ns}"
