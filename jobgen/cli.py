@@ -733,7 +733,12 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
     if "notify" in (on_hang, on_diverge) and notify is None:
         raise click.UsageError("the notify action needs --notify cmd:COMMAND")
     impl, ref = _job(job, backend, site, endpoint_url)
-    name = "batch" if impl.__name__.endswith(".batch") else "slurm"
+    name = impl.__name__.rsplit(".", 1)[-1]
+    if name not in ("slurm", "batch"):
+        # SageMaker's and EKS's jobs have no reader here yet (CloudWatch, pod logs).
+        raise ConfigError(f"{job}: a {name} job cannot be watched while it runs (jobgen watch "
+                          "follows Slurm and AWS Batch jobs); judge its run folder afterwards "
+                          "with jobgen watch --run-dir FOLDER")
     summary = command.watch_job(name, ref, run_dir=run_dir, rules=rules,
                                 policy=Policy(on_hang, on_diverge, notify, max_actions),
                                 as_json=as_json, poll_s=poll_s, every=every,

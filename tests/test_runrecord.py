@@ -305,3 +305,14 @@ def test_missing_package_data_is_one_line(tmp_path: Path) -> None:
                             check=False)
     assert (listed.returncode, listed.stdout) == (2, "")
     assert listed.stderr.startswith("error: no recipes in ") and listed.stderr.count("\n") == 1
+
+
+def test_watch_says_which_jobs_it_cannot_follow(tmp_path: Path) -> None:
+    """A SageMaker or EKS job is not routed to Slurm's controller: one line, exit 2."""
+    for backend in ("sagemaker", "eks"):
+        proc = subprocess.run([str(JOBGEN), "watch", "some-job", "--backend", backend],
+                              capture_output=True, text=True, cwd=tmp_path, check=False)
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+        assert proc.stderr == (f"error: some-job: a {backend} job cannot be watched while it "
+                               "runs (jobgen watch follows Slurm and AWS Batch jobs); judge its "
+                               "run folder afterwards with jobgen watch --run-dir FOLDER\n")
