@@ -34,28 +34,28 @@ THROTTLED = ("Throttling", "ThrottlingException", "TooManyRequestsException",
 RETRY_MODE, MAX_ATTEMPTS = "standard", 5
 NO_CREDENTIALS = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`")
-BATCH_EXTRA = "pip install 'jobgen[batch]'"
 SERVICE_ENV = {"batch": "BATCH", "logs": "CLOUDWATCH_LOGS",   # AWS_ENDPOINT_URL_<this>
                "sagemaker": "SAGEMAKER"}
 # Where each client's endpoint came from, for messages about not reaching it.
 _ORIGINS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
 
-def require_sdk(what: str, modules: tuple[str, ...] = ("boto3", "botocore")) -> None:
+def require_sdk(what: str, modules: tuple[str, ...] = ("boto3", "botocore"),
+                extra: str = "batch") -> None:
     """Refuse, in one line and before anything is written, what needs the AWS SDK where the
-    [batch] extra is not installed (exit 2, as `--via submitit` without submitit)."""
+    extra (`batch`, `sagemaker`) is not installed (exit 2, as every missing extra)."""
+    how = f"pip install 'jobgen[{extra}]'"
     for name in modules:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name and exc.name.split(".")[0] != name:
                 raise ConfigError(f"{what}: {name} is installed but cannot import "
-                                  f"{exc.name}: {BATCH_EXTRA}") from None
-            raise ConfigError(f"{what} needs {name}, which is not installed: "
-                              f"{BATCH_EXTRA}") from None
+                                  f"{exc.name}: {how}") from None
+            raise ConfigError(f"{what} needs {name}, which is not installed: {how}") from None
         except ImportError as exc:
             raise ConfigError(f"{what}: cannot import {name} ({_first_line(str(exc))}): "
-                              f"{BATCH_EXTRA}") from None
+                              f"{how}") from None
 
 
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s\"']*@")

@@ -812,15 +812,13 @@ def _need_aws_sdk(backend: str = "batch") -> None:
     """Without the [batch] extra, one line naming it (exit 2) before anything is written."""
     if backend in ("batch", "sagemaker"):
         from .batch_client import require_sdk
-        require_sdk(f"--backend {backend}", ("botocore",))
+        require_sdk(f"--backend {backend}", ("botocore",), extra=backend)
 
 
 @cli.group("batch")
 def batch_group() -> None:
     """AWS Batch multi-node jobs (aliases of submit/status/logs/cancel with --backend batch);
-    validate job definitions."""
-    from .batch_client import require_sdk
-    require_sdk("jobgen batch")
+    validate job definitions. (Each command checks for the [batch] extra: --help needs none.)"""
 
 
 @batch_group.command("submit")
@@ -881,8 +879,10 @@ def batch_validate(file: Path) -> None:
     shape, then the multi-node rules. Prints "ok", or the first problem (exit 2)."""
     import json
 
+    from .batch_client import require_sdk
     from .batch_rules import validate
     from .yaml12 import MAX_BYTES, MAX_DEPTH
+    require_sdk("jobgen batch validate", ("botocore",))
     try:
         with file.open("rb") as f:
             data = f.read(MAX_BYTES + 1)

@@ -316,3 +316,43 @@ def test_watch_says_which_jobs_it_cannot_follow(tmp_path: Path) -> None:
         assert proc.stderr == (f"error: some-job: a {backend} job cannot be watched while it "
                                "runs (jobgen watch follows Slurm and AWS Batch jobs); judge its "
                                "run folder afterwards with jobgen watch --run-dir FOLDER\n")
+
+
+# --- extras -------------------------------------------------------------------------------------
+
+def test_every_missing_extra_is_one_line_and_help_needs_none(tmp_path: Path) -> None:
+    """A jobgen whose extras are missing (boto3, botocore, kubernetes, kubernetes-validate
+    hidden from it): every command that needs one names it in one line, exit 2; --help works;
+    EKS rendering says once that the manifests were not validated."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    for name in ("boto3", "botocore", "kubernetes", "kubernetes_validate"):
+        # A package that fails to import as if absent: found first on sys.path.
+        (hide / name).mkdir()
+        (hide / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}'\", name='{name}')\n")
+    env = dict(os.environ, PYTHONPATH=str(hide))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(JOBGEN), *args], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=120, check=False)
+
+    for args, extra in ((("batch", "submit", "bert-large"), "batch"),
+                        (("batch", "validate", "x.json"), "batch"),
+                        (("render", "bert-large", "--backend", "batch"), "batch"),
+                        (("render", "llama2-7b", "-n", "16", "--backend", "sagemaker"),
+                         "sagemaker"),
+                        (("status", "x", "--backend", "eks"), "eks"),
+                        (("cancel", "x", "--backend", "eks"), "eks"),
+                        (("logs", "x", "--backend", "eks"), "eks"),
+                        (("submit", "llama2-7b", "-n", "2", "--backend", "eks"), "eks")):
+        proc = run(*args)
+        assert (proc.returncode, proc.stdout) == (2, ""), (args, proc.stderr)
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, args
+        assert proc.stderr.endswith(f"pip install 'jobgen[{extra}]'\n"), (args, proc.stderr)
+    for args in (("batch", "submit", "--help"), ("batch", "--help"), ("status", "--help")):
+        proc = run(*args)
+        assert proc.returncode == 0 and proc.stdout.startswith("Usage: "), (args, proc.stderr)
+    proc = run("render", "llama2-7b", "-n", "2", "--backend", "eks")
+    assert proc.returncode == 0 and "kind: Job" in proc.stdout, proc.stderr
+    assert proc.stderr.count("kubernetes-validate is not installed") == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from typing import Any, Optional
 
@@ -175,12 +176,23 @@ def render_yaml(docs: list[dict[str, Any]]) -> str:
     return "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=100) for doc in docs)
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(note: str) -> None:
+    """A note on stderr, once per process (`jobgen check` renders hundreds of manifests)."""
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note, file=sys.stderr)
+
+
 def plan(spec: JobSpec) -> Plan:
     docs = manifests(spec)
     try:
         import kubernetes_validate  # noqa: F401  (the [eks] extra: validated where installed)
     except ImportError:
-        pass
+        _say_once("note: kubernetes-validate is not installed, so the manifests were not "
+                  "checked against the Kubernetes schemas: pip install 'jobgen[eks]'")
     else:
         validate(docs, f"manifests for {spec.source}")
     name = f"{spec.run_name}.k8s.yaml"
@@ -198,13 +210,19 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return render_yaml(manifests(spec))
 
 
-def _api(site: Any) -> Any:
-    """An API client from the kubeconfig, as kubectl reads it (KUBECONFIG, ~/.kube/config)."""
+def _kube() -> Any:
+    """The Kubernetes client package, or one line naming the extra that brings it."""
     try:
         import kubernetes
     except ImportError:
         raise ConfigError("--backend eks needs the kubernetes package, which is not "
                           "installed: pip install 'jobgen[eks]'") from None
+    return kubernetes
+
+
+def _api(site: Any) -> Any:
+    """An API client from the kubeconfig, as kubectl reads it (KUBECONFIG, ~/.kube/config)."""
+    kubernetes = _kube()
     try:
         return kubernetes.config.new_client_from_config(
             context=site.eks.context if site.eks else None)
@@ -213,7 +231,7 @@ def _api(site: Any) -> Any:
 
 
 def _call(method: Any, *args: Any, **kwargs: Any) -> Any:
-    import kubernetes
+    kubernetes = _kube()
     try:
         return method(*args, **kwargs)
     except kubernetes.client.ApiException as exc:
@@ -228,7 +246,7 @@ def _call(method: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
-    import kubernetes
+    kubernetes = _kube()
     if options.chain:
         raise ConfigError("--chain is for Slurm (the pods run both passes)")
     prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
@@ -272,7 +290,7 @@ def _where(ref: JobRef) -> tuple[Any, Any]:
 
 
 def _pods(api: Any, ns: str, name: str) -> list[Any]:
-    import kubernetes
+    kubernetes = _kube()
     found = _call(kubernetes.client.CoreV1Api(api).list_namespaced_pod, ns,
                   label_selector=f"{LABEL}={name}")
     return list(found.items)
@@ -292,7 +310,7 @@ def _index(pod: Any) -> int:
 
 
 def status(ref: JobRef) -> dict[str, Any]:
-    import kubernetes
+    kubernetes = _kube()
     site, api = _where(ref)
     ns = site.eks.namespace
     kind, name = _kind(ref.job_id)
@@ -343,7 +361,7 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 15.0) -> int:
 
 def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> None:
     """Pod `node`'s log (node 0: the main pod)."""
-    import kubernetes
+    kubernetes = _kube()
     site, api = _where(ref)
     ns = site.eks.namespace
     want = node_index or 0
@@ -361,7 +379,7 @@ def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> No
 
 
 def cancel(ref: JobRef) -> str:
-    import kubernetes
+    kubernetes = _kube()
     site, api = _where(ref)
     ns = site.eks.namespace
     body = kubernetes.client.V1DeleteOptions(propagation_policy="Foreground")

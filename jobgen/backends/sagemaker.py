@@ -42,7 +42,7 @@ METRICS = (
 @functools.lru_cache(maxsize=1)
 def _sdk() -> Any:
     from ..batch_client import require_sdk
-    require_sdk("--backend sagemaker", ("botocore",))
+    require_sdk("--backend sagemaker", ("botocore",), extra="sagemaker")
     import botocore.session
     return botocore.session.get_session().get_service_model("sagemaker")
 
