@@ -200,8 +200,15 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
     with --smoke, what the rehearsal trains instead."""
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
+    from . import userconfig
     from .payloads import key_report
     shown = spec.as_dict()
+    ref, origin = userconfig.site(site)
+    # Where the site came from: --site, JOBGEN_SITE, the config file, or the built-in default.
+    said = origin if ref == spec.site.name or origin == "--site" else f"{origin} ({ref})"
+    shown = {k: v for key, value in shown.items()
+             for k, v in ([(key, value), ("site_from", said)] if key == "site"
+                          else [(key, value)])}
     # Which values reach the trainer: the rest must stay at their defaults (or are refused).
     shown["payload_keys"] = key_report(spec.recipe)
     if as_json:
@@ -384,7 +391,10 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             for one in specs:
                 click.echo(impl.dry_run(one, options), nl=False)
         return
-    site_ref = site if site is None or not ("/" in site or site.endswith((".yaml", ".yml"))) \
+    if site is None:   # the user's default (JOBGEN_SITE, the config file, local), recorded
+        from . import userconfig
+        site = userconfig.site(None)[0]
+    site_ref = site if not ("/" in site or site.endswith((".yaml", ".yml"))) \
         else os.path.abspath(site)
     from . import runrecord
     here = getattr(impl, "RUN_DIR_HERE", False)

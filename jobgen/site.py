@@ -234,9 +234,11 @@ def site_names() -> list[str]:
 
 
 def load(ref: Optional[str] = None) -> Site:
-    """Load a site profile by name (env/sites/NAME.yaml) or by path."""
+    """Load a site profile by name (env/sites/NAME.yaml) or by path; None: the user's default
+    (JOBGEN_SITE, the config file, else local: jobgen/userconfig.py)."""
     if ref is None:
-        ref = DEFAULT_SITE
+        from . import userconfig
+        ref, _ = userconfig.site(None)
     elif not ref.strip():
         raise ConfigError("--site: empty site name (leave it out for the default site)")
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
@@ -252,7 +254,9 @@ def load(ref: Optional[str] = None) -> Site:
 
 def locate(ref: Optional[str]) -> tuple[Path, str]:
     """(file, name shown in messages) of a site reference, without reading it."""
-    ref = ref or DEFAULT_SITE
+    if ref is None:
+        from . import userconfig
+        ref, _ = userconfig.site(None)
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         return Path(ref), ref
     return resources.folder("sites") / f"{ref}.yaml", f"env/sites/{ref}.yaml"

@@ -1,0 +1,79 @@
+"""A default site set once: --site, then JOBGEN_SITE, then the user's config file, then the
+built-in `local`; `jobgen show` says which, and a bad config file is one line naming its key."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+JOBGEN = Path(sys.executable).parent / "jobgen"
+
+
+def show(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if k != "JOBGEN_SITE"}
+    full.update(XDG_CONFIG_HOME=str(tmp_path / "config"), **env)
+    return subprocess.run([str(JOBGEN), "show", "pythia6.9b", "-n", "2", *args], env=full,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+
+
+def site_of(proc: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    assert proc.returncode == 0, proc.stderr
+    data = yaml.safe_load(proc.stdout)
+    return data["site"], data["site_from"]
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config" / "jobgen" / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_precedence_flag_environment_config_builtin(tmp_path: Path) -> None:
+    assert site_of(show(tmp_path)) == ("local", "built-in default")
+    config = write_config(tmp_path, "site: trn1-pcluster\n")
+    assert site_of(show(tmp_path)) == ("trn1-pcluster", str(config))
+    assert site_of(show(tmp_path, JOBGEN_SITE="local")) == ("local", "JOBGEN_SITE")
+    assert site_of(show(tmp_path, "--site", "local", JOBGEN_SITE="trn1-pcluster")) == \
+        ("local", "--site")
+
+
+def test_a_site_file_named_by_the_config_is_taken_from_its_folder(tmp_path: Path) -> None:
+    mine = yaml.safe_load((Path(__file__).parents[1] / "env" / "sites" / "local.yaml")
+                          .read_text())
+    mine["name"] = "mine"
+    config = write_config(tmp_path, "site: sites/mine.yaml\n")
+    (config.parent / "sites").mkdir()
+    (config.parent / "sites" / "mine.yaml").write_text(yaml.safe_dump(mine))
+    name, origin = site_of(show(tmp_path))
+    assert name == "mine" and origin == f"{config} ({config.parent / 'sites' / 'mine.yaml'})"
+
+
+@pytest.mark.parametrize(("text", "env", "error"), [
+    ("sites: local\n", {}, "{config}: sites: not a jobgen setting (known: site)"),
+    ("site: ''\n", {}, "{config}: site: must be a site name or a file"),
+    ("site: [a]\n", {}, "{config}: site: must be a site name or a file"),
+    ("", {"JOBGEN_SITE": ""}, "JOBGEN_SITE is set but empty (unset it for the default site)"),
+    ("", {"JOBGEN_SITE": "nowhere"}, "unknown site 'nowhere' (sites: dl1-batch, local, "
+                                     "sagemaker, trn1-pcluster)"),
+])
+def test_bad_defaults_are_one_line(tmp_path: Path, text: str, env: dict[str, str],
+                                   error: str) -> None:
+    config = write_config(tmp_path, text) if text else tmp_path / "none"
+    proc = show(tmp_path, **env)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: {error.format(config=config)}\n"
+
+
+def test_a_submission_records_the_site_it_used(tmp_path: Path) -> None:
+    """The default site that was in force is what the run's record names (a later status or
+    resubmit must not depend on the environment of that moment)."""
+    proc = subprocess.run([str(JOBGEN), "submit", "pythia6.9b", "-n", "2", "--dry-run"],
+                          env={**os.environ, "JOBGEN_SITE": "trn1-pcluster"}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "export JOBGEN_RUN_DIR=/fsx/jobgen/runs/pythia6.9b-2n" in proc.stdout
