@@ -94,6 +94,10 @@ def _spec_options(func: F) -> F:
         click.option("--smoke", is_flag=True,
                      help="Rehearse on CPU: the same job, a tiny model of the recipe's family."),
         *_SLURM_OPTIONS,
+        click.option("--sbatch-opt", "slurm_sbatch_opt", multiple=True, metavar="NAME=VALUE",
+                     help="Slurm: one more #SBATCH --NAME=VALUE (or --NAME) that jobgen does not "
+                          "own: constraint, gres, mem, mail-type, comment, dependency, ... "
+                          "(repeatable; after the site's slurm.extra_options)."),
     )):
         func = option(func)
     return func
@@ -509,7 +513,8 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from . import local_runner
-    given = [k for k, v in _slurm_overrides(slurm).items() if v is not None]
+    given = [k.replace("_", "-") for k, v in _slurm_overrides(slurm).items()
+             if v not in (None, ())]
     if given:
         raise click.UsageError(f"--{given[0]} is a Slurm setting; `jobgen run` uses no "
                                "scheduler")

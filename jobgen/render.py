@@ -18,7 +18,8 @@ from . import resources
 from .errors import RenderError
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]{1,200}$")
+# What sbatch reads on an #SBATCH line without quotes (a constraint's & | ( ) * ! included).
+_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]&|()*!-]{1,200}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -147,8 +147,9 @@ def submission(spec: JobSpec, *, backend: str, overrides: Sequence[str], site_re
         "nodes": spec.nodes,
         "compile_mode": spec.compile_mode,
         "smoke": spec.smoke,
-        "slurm": {option: getattr(spec.slurm, key) for option, key in SLURM_OPTIONS.items()
-                  if getattr(spec.slurm, key) is not None},
+        "slurm": {**{option: getattr(spec.slurm, key) for option, key in SLURM_OPTIONS.items()
+                     if getattr(spec.slurm, key) is not None},
+                  "sbatch_opt": [f"{k}={v}" if v else k for k, v in spec.slurm.extra]},
         "amend": amend,
         "resubmit": resubmit,
         "training": training(spec),

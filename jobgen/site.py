@@ -37,6 +37,9 @@ class SlurmSite:
     # The instance types of the cluster's compute nodes: a recipe for another platform is
     # refused here. Left out: any (a site whose nodes emulate every platform, like `local`).
     platforms: Optional[tuple[str, ...]] = None
+    # More #SBATCH options every job of this site needs and jobgen does not own (constraint,
+    # gres, mem, mail-type, comment, ...): name -> value ("" for a flag). --sbatch-opt adds more.
+    extra_options: Optional[dict[str, str]] = None
 
 
 @record

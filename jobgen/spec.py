@@ -99,6 +99,8 @@ class SlurmRequest:
     time_limit: Optional[str] = None
     exclude: Optional[str] = None       # a Slurm host list: nodes the job must not use
     nodelist: Optional[str] = None      # a Slurm host list: nodes the job must include
+    # #SBATCH options jobgen does not own: the site's slurm.extra_options, then --sbatch-opt.
+    extra: tuple[tuple[str, str], ...] = ()
 
 
 # The per-job overrides (`jobgen submit --partition ...`): option -> SlurmRequest field.
@@ -122,12 +124,15 @@ def hostlist_size(text: str) -> int:
     return total
 
 
-def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Optional[str]],
+def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Any],
                   nodes: int) -> SlurmRequest:
     """The job's Slurm request; an override is checked like the site value it replaces and
     named as its option in errors."""
     from .recipe import TIME_LIMIT_RE
-    given = {SLURM_OPTIONS[k]: v for k, v in overrides.items() if v is not None}
+    from .sbatch_options import extra_options
+    extra = extra_options(site, overrides.get("sbatch_opt") or ())
+    given = {SLURM_OPTIONS[k]: v for k, v in overrides.items()
+             if v is not None and k != "sbatch_opt"}
     for option, key in SLURM_OPTIONS.items():
         value = given.get(key)
         if value is None:
@@ -149,7 +154,7 @@ def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Optional[s
         qos=given.get("qos", site.slurm.qos),
         reservation=given.get("reservation", site.slurm.reservation),
         time_limit=given.get("time_limit", recipe.job.time_limit),
-        exclude=given.get("exclude"), nodelist=given.get("nodelist"))
+        exclude=given.get("exclude"), nodelist=given.get("nodelist"), extra=extra)
     if request.nodelist and hostlist_size(request.nodelist) > nodes:
         raise ConfigError(f"--nodelist: {request.nodelist} names "
                           f"{hostlist_size(request.nodelist)} nodes, more than the job's "
@@ -298,8 +303,10 @@ class JobSpec:
             "smoke": self.smoke,
             # What the nodes run: its digest, and where (a snapshot, or the image's copy).
             "payload": {"digest": self.payload_digest, "dir": self.payload_dir},
-            **({"slurm": {k: v for k, v in dataclasses.asdict(self.slurm).items()
-                          if v is not None}} if self.backend in ("slurm", "local") else {}),
+            **({"slurm": {**{k: v for k, v in dataclasses.asdict(self.slurm).items()
+                             if v is not None and k != "extra"},
+                          **({"extra": dict(self.slurm.extra)} if self.slurm.extra else {})}}
+               if self.backend in ("slurm", "local") else {}),
             "derived": {
                 "workers_per_node": self.workers_per_node,
                 "world_size": self.world_size,
@@ -506,9 +513,10 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
         raise ConfigError(f"--run-name: {schema.describe(name)} must match "
                           f"{schema.NAME_RE.pattern}")
     if backend in CONTAINER_BACKENDS:
-        given = sorted(k for k, v in (slurm or {}).items() if v is not None)
+        given = sorted(k for k, v in (slurm or {}).items() if v not in (None, ()))
         if given:
-            raise ConfigError(f"--{given[0]}: a Slurm setting; a {backend} job takes its "
+            option = given[0].replace("_", "-")
+            raise ConfigError(f"--{option}: a Slurm setting; a {backend} job takes its "
                               f"limits from the site's {backend} section")
         request = SlurmRequest()
     else:

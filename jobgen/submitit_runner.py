@@ -117,6 +117,8 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
                           ("nodelist", request.nodelist)):
         if value:
             extra[option] = value
+    for option, value in request.extra:   # --sbatch-opt and the site's slurm.extra_options
+        extra[option.replace("-", "_")] = value or True
     params: dict[str, Any] = {
         "name": spec.job_name, "nodes": spec.nodes, "tasks_per_node": 1,
         "cpus_per_task": site.slurm.cpus_per_task, "slurm_additional_parameters": extra,

@@ -51,7 +51,7 @@ def test_show_prints_the_derived_numbers(jobgen: Callable) -> None:
     assert shown["derived"]["tokens_per_step"] == 524288
     assert (shown["recipe"], shown["site"], shown["nodes"]) == ("recipes/neox20b.yaml", "local", 4)
     assert shown["spec"]["model"]["num_layers"] == 44
-    assert list(shown)[:3] == ["recipe", "site", "backend"]     # in order, not sorted
+    assert list(shown)[:4] == ["recipe", "site", "site_from", "backend"]   # in order, not sorted
 
 
 def test_show_follows_options(jobgen: Callable) -> None:

@@ -35,7 +35,8 @@ def plan_array(specs: Sequence[JobSpec]) -> Plan:
 def array_key(spec: JobSpec) -> tuple[object, ...]:
     """What the #SBATCH header is made of: specs with the same key can share a job array."""
     return (spec.job_name, spec.nodes, spec.site.slurm.cpus_per_task, spec.exclusive,
-            tuple(request(spec)), spec.site.slurm.time_limit_warning_s, spec.recipe.name,
+            tuple(request(spec)), spec.slurm.extra, spec.site.slurm.time_limit_warning_s,
+            spec.recipe.name,
             spec.recipe.description, spec.source, spec.site.name, spec.recipe.compile.steps)
 
 
@@ -60,6 +61,7 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
         cpus_per_task=site.slurm.cpus_per_task,
         exclusive=spec.exclusive,
         request=request(spec),
+        extra=list(spec.slurm.extra),
         output="%x-%A_%a.out" if len(specs) > 1 else "%x-%j.out",
         warning_s=site.slurm.time_limit_warning_s,
         title=f"{recipe.name}: {recipe.description}",
