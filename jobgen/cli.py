@@ -799,6 +799,9 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+    # Why a state is `?`: each reason once, under the table.
+    for reason in dict.fromkeys(r["state_error"] for r in rows if r.get("state_error")):
+        click.echo(f"?: {reason}")
 
 
 def _show_record(run: str, as_json: bool) -> None:

@@ -246,10 +246,34 @@ def _json(argv: Sequence[str]) -> Optional[list[dict[str, Any]]]:
             return None
         raise
     try:
-        jobs = json.loads(out).get("jobs")
+        data = json.loads(out)
+        jobs, errors = data.get("jobs"), data.get("errors") or []
     except (ValueError, AttributeError):
         return None
+    # squeue exits 0 with an `errors` entry when it could not ask the controller.
+    failed = [e for e in errors if isinstance(e, dict) and e.get("source") == "slurm_load_jobs"]
+    if failed and not jobs:
+        raise RemoteError(f"{argv[0]}: {failed[0].get('description', 'failed')} "
+                          f"({failed[0].get('error', '')}): the Slurm controller did not answer")
     return jobs if isinstance(jobs, list) else None
+
+
+def controller_up() -> None:
+    """Ask the controller first (`scontrol ping`, instant either way), so that a controller that
+    is down is said as that, at once, rather than after squeue's retries as an unknown job."""
+    if shutil.which("scontrol") is None:
+        return   # the command that is missing is named by the next call
+    try:
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise RemoteError("the Slurm controller does not answer: `scontrol ping` took more "
+                          "than 10 s") from None
+    if proc.returncode != 0:
+        said = (proc.stdout + proc.stderr).strip().splitlines()
+        raise RemoteError("the Slurm controller does not answer (`scontrol ping`: "
+                          f"{said[0] if said else f'exit {proc.returncode}'}); the job's state "
+                          "is not known until it does")
 
 
 def _squeue(job_id: str) -> Optional[JobState]:
@@ -330,6 +354,7 @@ def state(job_id: str) -> JobState:
     (Slurm's JSON output where it has one)."""
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
         raise RemoteError(f"{job_id!r} is not a Slurm job id")
+    controller_up()
     live = _squeue(job_id)
     if live is not None:
         return live

@@ -108,9 +108,12 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, squeue: objec
                                      "unrecognized option '--json'\" >&2; exit 1; }; done\n")
         text = json.dumps(answer or {"jobs": []}) if json_ok else ""
         (bin_dir / name).write_text(f"#!/bin/bash\n{refuse}cat <<'END'\n{text}\nEND\n")
-    (bin_dir / "scontrol").write_text(f"#!/bin/bash\ncat <<'END'\n{scontrol}\nEND\n"
-                                      if scontrol else "#!/bin/bash\necho 'slurm_load_jobs "
-                                      "error: Invalid job id specified' >&2; exit 1\n")
+    # `scontrol ping` answers as a controller that is up (jobgen asks it first).
+    ping = ('[ "$1" = ping ] && { echo "Slurmctld(primary) at vm is UP"; exit 0; }\n')
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\n{ping}cat <<'END'\n{scontrol}\nEND\n"
+                                      if scontrol else f"#!/bin/bash\n{ping}echo "
+                                      "'slurm_load_jobs error: Invalid job id specified' >&2; "
+                                      "exit 1\n")
     for path in bin_dir.iterdir():
         path.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
