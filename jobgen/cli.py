@@ -162,7 +162,8 @@ def cli() -> None:
 
 
 @cli.command("list")
-def list_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for programs) instead of text.")
+def list_cmd(as_json: bool) -> None:
     """The built-in recipes, one line each."""
     from . import recipe as recipes
     rows = []
@@ -173,6 +174,10 @@ def list_cmd() -> None:
         from .resources import folder
         raise ConfigError(f"no recipes in {folder('recipes')} (this installation has lost its "
                           "built-in recipes: reinstall jobgen)")
+    if as_json:
+        _echo_json([{"name": r[0], "payload": r[1], "platform": r[2], "nodes": int(r[3][:-1]),
+                     "description": r[4]} for r in rows])
+        return
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])

@@ -77,3 +77,16 @@ def test_a_submission_records_the_site_it_used(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "export JOBGEN_RUN_DIR=/fsx/jobgen/runs/pythia6.9b-2n" in proc.stdout
+
+
+def test_list_as_json(tmp_path: Path) -> None:
+    import json
+    proc = subprocess.run([str(JOBGEN), "list", "--json"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["name"] for r in rows] == ["bert-large", "bert1.5b", "llama2-7b", "neox20b",
+                                         "pythia6.9b"]
+    assert rows[2] == {"name": "llama2-7b", "payload": "neuronx_distributed",
+                       "platform": "trn1.32xlarge", "nodes": 128,
+                       "description": rows[2]["description"]}
