@@ -24,6 +24,23 @@ def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] 
                    name_suffix=name_suffix(ref, rec, overrides, backend, run_name))
 
 
+def steps_for_target(spec: JobSpec, tokens: Optional[float] = None,
+                     samples: Optional[float] = None) -> int:
+    """The schedule's steps that train `tokens` (or `samples`) at this spec's global batch, as
+    `jobgen plan` counts them: ceil(samples / global batch), samples = tokens / seq_length."""
+    import math
+
+    from .errors import ConfigError
+    if tokens is not None and samples is not None:
+        raise ConfigError("--tokens and --samples: give one target")
+    if spec.smoke:
+        raise ConfigError("--tokens/--samples: a --smoke rehearsal trains its own short "
+                          "schedule; set the target for the real job")
+    target = tokens / spec.recipe.model.seq_length if tokens is not None else samples
+    assert target is not None
+    return max(1, math.ceil(target / spec.global_batch_size))
+
+
 def name_suffix(ref: str, rec: recipe.Recipe, overrides: Sequence[str], backend: Optional[str],
                 run_name: Optional[str]) -> str:
     """The default run name's suffix: a short digest of the training values where the

@@ -134,6 +134,30 @@ def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: O
                         run_name=run_name, smoke=smoke, slurm=slurm)
 
 
+_target_options = (
+    click.option("--tokens", type=_Amount(), help="Train to this many tokens (like 1.8e12): the "
+                                                  "schedule's steps as `jobgen plan` counts them."),
+    click.option("--samples", type=_Amount(), help="Train to this many samples (sequences)."))
+
+
+def _targeted(func: F) -> F:
+    for option in reversed(_target_options):
+        func = option(func)
+    return func
+
+
+def _with_target(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
+                 site: Optional[str], backend: str, smoke: bool, tokens: Optional[float],
+                 samples: Optional[float]) -> tuple[str, ...]:
+    """The overrides, plus schedule.max_steps for a --tokens/--samples target (what plan
+    assumes is then what the job trains; the run's record keeps the override)."""
+    if tokens is None and samples is None:
+        return overrides
+    from . import api
+    spec = _spec(recipe, nodes, overrides, site, "auto", None, smoke, backend)
+    return overrides + (f"schedule.max_steps={api.steps_for_target(spec, tokens, samples)}",)
+
+
 class _Group(click.Group):
     """Turns jobgen's errors into one line on stderr and their exit status (2 for bad input,
     1 for a refusing scheduler or cloud API): the one place where errors are caught."""
@@ -201,12 +225,15 @@ def _echo_json(data: Any) -> None:
 @click.argument("recipe")
 @_spec_options
 @_backend_option(BACKENDS, "Resolve for this backend (paths differ on Batch).")
+@_targeted
 @_json_option
 def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-         as_json: bool, **slurm: Optional[str]) -> None:
+         tokens: Optional[float], samples: Optional[float], as_json: bool,
+         **slurm: Optional[str]) -> None:
     """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step);
     with --smoke, what the rehearsal trains instead."""
+    overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
     from . import userconfig
@@ -235,12 +262,15 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
                            "handed, or the local run's node commands.")
 @click.option("--output-dir", "-o", type=_Folder(),
               help="Write the job's files into this folder (atomically) instead of stdout.")
+@_targeted
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-           output_dir: Optional[Path], **slurm: Optional[str]) -> None:
+           output_dir: Optional[Path], tokens: Optional[float], samples: Optional[float],
+           **slurm: Optional[str]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from . import api
     _need_aws_sdk(backend)
+    overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
     plan = api.plan(spec, backend)
@@ -339,15 +369,18 @@ def _submit_options(func: F) -> F:
                    "and the trainer are where the site says and that the partition has the "
                    "nodes.")
 @_submit_options
+@_targeted
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
            via: Optional[str], chain: bool, sweeps: tuple[str, ...], no_check: bool,
            amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
-           endpoint_url: Optional[str], dry_run: bool, **slurm: Optional[str]) -> None:
+           endpoint_url: Optional[str], dry_run: bool, tokens: Optional[float],
+           samples: Optional[float], **slurm: Optional[str]) -> None:
     """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
     (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
     if via is not None:
         backend = "submitit" if via == "submitit" else "slurm"
+    overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
             not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
             sweeps, amend)

@@ -90,3 +90,51 @@ def test_list_as_json(tmp_path: Path) -> None:
     assert rows[2] == {"name": "llama2-7b", "payload": "neuronx_distributed",
                        "platform": "trn1.32xlarge", "nodes": 128,
                        "description": rows[2]["description"]}
+
+
+@pytest.mark.parametrize(("recipe", "nodes", "target"), [
+    ("pythia6.9b", 4, ("--tokens", "1e9")), ("neox20b", 8, ("--tokens", "5e9")),
+    ("bert-large", 8, ("--samples", "2e8"))])
+def test_a_token_target_trains_what_plan_counts(tmp_path: Path, recipe: str, nodes: int,
+                                                target: tuple[str, str]) -> None:
+    """`--tokens`/`--samples` set the schedule's steps as `jobgen plan` counts them for the
+    same node count, so the plan and the job agree; the run is named for its target."""
+    import json
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([str(JOBGEN), *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    planned = json.loads(run("plan", recipe, "--nodes", str(nodes), *target, "--json"))
+    shown = yaml.safe_load(run("show", recipe, "-n", str(nodes), *target))
+    assert shown["spec"]["schedule"]["max_steps"] == planned["rows"][0]["steps"]
+    assert shown["run_name"].startswith(f"{recipe}-{nodes}n-")
+    script = run("render", recipe, "-n", str(nodes), *target, "--backend", "batch"
+                 if recipe.startswith("bert") else "slurm")
+    assert str(planned["rows"][0]["steps"]) in script
+
+
+def test_a_target_for_a_rehearsal_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([str(JOBGEN), "render", "neox20b", "-n", "2", "--smoke", "--tokens",
+                           "1e9"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          check=False)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("error: --tokens/--samples: a --smoke rehearsal trains its own short "
+                           "schedule; set the target for the real job\n")
+
+
+def test_plan_headline_names_the_price_and_shows_on_demand(tmp_path: Path) -> None:
+    proc = subprocess.run([str(JOBGEN), "plan", "llama2-7b", "--nodes", "16"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    head = proc.stdout.splitlines()
+    assert head[0].endswith("; priced at $7.59 per node-hour: trn1.32xlarge reserved_3y, site "
+                            "local")
+    assert "  on demand: $21.5 per node-hour (site local): every cost below x 2.83" in head
+    on_demand = subprocess.run([str(JOBGEN), "plan", "llama2-7b", "--nodes", "16", "--rate",
+                                "on_demand"], capture_output=True, text=True, cwd=tmp_path,
+                               timeout=120, check=False)
+    assert "priced at $21.5 per node-hour: trn1.32xlarge on_demand" in on_demand.stdout
+    assert "on demand:" not in on_demand.stdout

@@ -126,6 +126,8 @@ class Result:
     rows: tuple[Row, ...]
     skipped: tuple[Skipped, ...]
     notes: tuple[str, ...]
+    # The site's on-demand price where the plan used another rate (reserved, say), to show both.
+    on_demand: Optional[float] = None
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -333,9 +335,12 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     if not rows:
         raise ConfigError(f"{name}: none of the node counts can run it: "
                           + "; ".join(f"{s.nodes}: {s.reason}" for s in skipped))
+    facts = (site.plan.platforms or {}).get(platform)
+    on_demand = (facts.prices or {}).get("on_demand") if facts else None
     return Result(name, site.name, platform, unit, target, target_samples, target_basis, price,
                   price_basis, mtbf_h, mtbf_basis, params, ckpt_bytes, ckpt_basis, write_mb_s,
-                  read_mb_s, restart_basis, tuple(rows), tuple(skipped), tuple(notes))
+                  read_mb_s, restart_basis, tuple(rows), tuple(skipped), tuple(notes),
+                  on_demand if on_demand != price else None)
 
 
 def _throughput(curve: Curve, spec: JobSpec, nodes: int, scale: float,

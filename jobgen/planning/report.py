@@ -52,11 +52,16 @@ def text(result: Result) -> str:
     r = result
     out: list[str] = []
     nodes = ", ".join(str(row.nodes) for row in r.rows)
+    priced = (f"priced at ${r.price:g} per node-hour: {r.price_basis}" if r.price is not None
+              else "no price")
     out.append(f"{r.recipe} on {r.platform}, site {r.site}: {_sci(r.target)} {r.unit} "
-               f"({r.target_basis})")
+               f"({r.target_basis}); {priced}")
     out.append(f"  nodes: {nodes}")
     out.append("  price: " + (f"${r.price:g} per node-hour ({r.price_basis})"
                                if r.price is not None else r.price_basis))
+    if r.on_demand is not None and r.price is not None:
+        out.append(f"  on demand: ${r.on_demand:g} per node-hour (site {r.site}): every cost "
+                   f"below x {r.on_demand / r.price:.2f}")
     if r.node_mtbf_hours is not None:
         out.append(f"  node MTBF: {r.node_mtbf_hours:,.0f} h ({r.mtbf_basis})")
     store = (f"; storage {r.write_mb_s:,.0f} MB/s write, {r.read_mb_s:,.0f} MB/s read"
