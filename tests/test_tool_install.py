@@ -87,7 +87,16 @@ def test_the_sdist_carries_the_tests_and_the_readme(dist: dict[str, Path]) -> No
 def installed(request: pytest.FixtureRequest, dist: dict[str, Path],
               tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with jobgen installed from the wheel or the sdist; its bin folder."""
-    venv = tmp_path_factory.mktemp(f"venv-{request.param}")
+    return install(request.param, dist, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def wheel_installed(dist: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install("wheel", dist, tmp_path_factory)
+
+
+def install(kind: str, dist: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    venv = tmp_path_factory.mktemp(f"venv-{kind}")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
     purelib = subprocess.run([str(python), "-c",
@@ -96,7 +105,7 @@ def installed(request: pytest.FixtureRequest, dist: dict[str, Path],
     # The test venv's packages (jinja2, click, PyYAML, torch, ...), after the venv's own.
     Path(purelib, "zz-test-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps",
-                           "--no-build-isolation", "--no-cache-dir", str(dist[request.param])],
+                           "--no-build-isolation", "--no-cache-dir", str(dist[kind])],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     where = subprocess.run([str(python), "-c", "import jobgen, jobgen.resources as r; "
@@ -109,6 +118,10 @@ def installed(request: pytest.FixtureRequest, dist: dict[str, Path],
 @pytest.fixture
 def tool(installed: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the installed `jobgen` from an empty folder outside the checkout."""
+    return runner(installed, tmp_path)
+
+
+def runner(installed: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     home = tmp_path / "home"
     home.mkdir()
     work = tmp_path / "work"
@@ -173,12 +186,10 @@ def test_installed_jobgen_renders_every_backend(tool: Tool) -> None:
 
 @pytest.mark.slurm
 def test_a_smoke_rehearsal_submitted_from_the_wheel_trains(
-        slurm_cluster: int, dist: dict[str, Path], installed: Path,
-        tool: Tool) -> None:
+        slurm_cluster: int, wheel_installed: Path, tmp_path: Path) -> None:
     """From the installed jobgen (outside the checkout), a 2-node smoke job on the local Slurm:
     its nodes run the snapshot placed in the submission folder, and it trains to the end."""
-    if "sdist" in str(installed):
-        pytest.skip("one rehearsal: the wheel's")
+    tool = runner(wheel_installed, tmp_path)
     work: Path = tool.work  # type: ignore[attr-defined]
     import random
     port = random.randint(33000, 34000)
