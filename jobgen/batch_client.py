@@ -81,18 +81,25 @@ def _config(message: str) -> ConfigError:
     return ConfigError(redact(message))
 
 
-def _region(site: Site, service: str = "batch") -> tuple[Optional[str], str]:
-    """The region and where it came from: the site profile (its sagemaker section for
-    SageMaker, else its batch section), AWS_REGION (which botocore itself ignores),
-    AWS_DEFAULT_REGION, or else the AWS profile (left to botocore)."""
+# --region and --profile of the command being run (the AWS CLI's flags; set by the CLI).
+FLAGS: dict[str, str] = {}
+
+
+def region(site: Site, service: str = "batch") -> tuple[Optional[str], str]:
+    """The region and where it came from, in the AWS CLI's order: --region, AWS_REGION (which
+    botocore itself ignores), AWS_DEFAULT_REGION, the site profile (its sagemaker section for
+    SageMaker, else its batch section), or else the AWS profile's (left to botocore)."""
+    if FLAGS.get("region"):
+        return FLAGS["region"], "--region"
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(name):
+            return os.environ[name], name
     key = "sagemaker" if service == "sagemaker" else "batch"
     section = getattr(site, key, None)
     if section is not None and section.region:
         return section.region, f"site {site.name}: {key}.region"
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        if os.environ.get(name):
-            return os.environ[name], name
-    return None, f"{_aws_file('AWS_CONFIG_FILE', 'config')} (region)"
+    profile = FLAGS.get("profile") or os.environ.get("AWS_PROFILE") or "default"
+    return None, f"{_aws_file('AWS_CONFIG_FILE', 'config')} (region of profile {profile})"
 
 
 def _endpoint_origin(endpoint_url: Optional[str], service: str) -> tuple[Optional[str], str]:
@@ -123,6 +130,10 @@ def _setup_error(exc: Exception) -> Optional[JobgenError]:
     kwargs = getattr(exc, "kwargs", {})
     if isinstance(exc, bce.ProfileNotFound):
         var = "AWS_PROFILE" if os.environ.get("AWS_PROFILE") else "AWS_DEFAULT_PROFILE"
+        if FLAGS.get("profile"):
+            return _config(f"--profile: no profile {kwargs.get('profile')!r} in "
+                           f"{_aws_file('AWS_CONFIG_FILE', 'config')} or "
+                           f"{_aws_file('AWS_SHARED_CREDENTIALS_FILE', 'credentials')}")
         return _remote(f"{var}: no profile {kwargs.get('profile')!r} in "
                        f"{_aws_file('AWS_CONFIG_FILE', 'config')} or "
                        f"{_aws_file('AWS_SHARED_CREDENTIALS_FILE', 'credentials')}")
@@ -162,16 +173,17 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
     import botocore.config
     import botocore.exceptions as bce
 
-    region, region_from = _region(site, region_of or service)
-    if region is not None and not REGION_RE.fullmatch(region):
-        error = _config if region_from.startswith("site ") else _remote
-        raise error(f"{region_from}: {region!r} is not an AWS region name (like us-east-1)")
+    name, region_from = region(site, region_of or service)
+    if name is not None and not REGION_RE.fullmatch(name):
+        error = _config if region_from.startswith(("site ", "--")) else _remote
+        raise error(f"{region_from}: {name!r} is not an AWS region name (like us-east-1)")
     url, url_from = _endpoint_origin(endpoint_url, service)
     if url is not None and not _valid_url(url):
         error = _config if url_from == "--endpoint-url" else _remote
         raise error(f"{url_from}: {url!r} is not an endpoint URL (like https://host:port)")
     try:
-        session = boto3.session.Session(region_name=region)
+        session = boto3.session.Session(region_name=name,
+                                        profile_name=FLAGS.get("profile") or None)
         config = botocore.config.Config(retries=_retries(session))
         # A fresh session per client: the default one caches credentials across calls.
         made = session.client(service, endpoint_url=endpoint_url, config=config)

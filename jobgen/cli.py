@@ -163,6 +163,9 @@ class _Group(click.Group):
     1 for a refusing scheduler or cloud API): the one place where errors are caught."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        loaded = sys.modules.get(f"{__package__}.batch_client")
+        if loaded is not None:   # --region/--profile are one command's (in-process callers)
+            loaded.FLAGS.clear()
         try:
             return super().invoke(ctx)
         except JobgenError as exc:
@@ -320,6 +323,23 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
         raise SystemExit(1)
 
 
+def _aws_flag(name: str) -> Callable[[F], F]:
+    """--region / --profile: the AWS CLI's flags, ahead of AWS_REGION / AWS_PROFILE, the site
+    and the AWS config file (jobgen/batch_client.py: region)."""
+    def remember(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
+        if value is not None:
+            from .batch_client import FLAGS
+            from .site import REGION_RE
+            if name == "region" and not REGION_RE.fullmatch(value):
+                raise click.BadParameter(f"{value!r} is not an AWS region name (like us-east-1)")
+            FLAGS[name] = value
+    what = ("the AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the site's, the AWS "
+            "config's)" if name == "region" else "the AWS profile of the config and "
+            "credentials files (default: AWS_PROFILE, else default)")
+    return click.option(f"--{name}", type=TEXT, metavar=name.upper(), expose_value=False,
+                        callback=remember, help=f"Batch, SageMaker: {what}.")
+
+
 _endpoint_option = click.option(
     "--endpoint-url", metavar="URL", type=TEXT,
     help="Batch, SageMaker: an AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or "
@@ -340,7 +360,7 @@ def _submit_options(func: F) -> F:
                           "Batch)."),
         click.option("--queue", type=TEXT,
                      help="Batch: the job queue (default: the site's batch.job_queue)."),
-        _endpoint_option,
+        _endpoint_option, _aws_flag("region"), _aws_flag("profile"),
         click.option("--dry-run", is_flag=True,
                      help="Print what would run instead of running it: Slurm, a bash script of "
                           "the sbatch commands with their scripts (`| bash` submits it); Batch, "
@@ -573,7 +593,7 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
 def _job_options(func: F) -> F:
     """How a submitted job is named and where to ask about it (status, logs, cancel, and their
     `jobgen batch` aliases)."""
-    func = _endpoint_option(func)
+    func = _aws_flag("profile")(_aws_flag("region")(_endpoint_option(func)))
     return click.option("--site", type=TEXT,
                         help="Batch: site profile (region, log group; default: the run's, "
                              "else local).")(func)

@@ -666,7 +666,14 @@ def test_region_from_aws_region_which_botocore_ignores(
     monkeypatch.setenv("AWS_REGION", "ap-south-2")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
     assert batch_client.client(no_region).meta.region_name == "ap-south-2"
-    assert batch_client.client(sites.load("local")).meta.region_name == "us-east-1"  # site first
+    # The AWS CLI's order: the environment before the site (and --region before both).
+    assert batch_client.client(sites.load("local")).meta.region_name == "ap-south-2"
+    monkeypatch.delenv("AWS_REGION")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    assert batch_client.client(sites.load("local")).meta.region_name == "us-east-1"
+    monkeypatch.setitem(batch_client.FLAGS, "region", "sa-east-1")
+    monkeypatch.setenv("AWS_REGION", "ap-south-2")
+    assert batch_client.client(sites.load("local")).meta.region_name == "sa-east-1"
 
 
 @pytest.mark.parametrize("where,status,said", [

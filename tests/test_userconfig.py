@@ -138,3 +138,44 @@ def test_plan_headline_names_the_price_and_shows_on_demand(tmp_path: Path) -> No
                                timeout=120, check=False)
     assert "priced at $21.5 per node-hour: trn1.32xlarge on_demand" in on_demand.stdout
     assert "on demand:" not in on_demand.stdout
+
+
+@pytest.mark.parametrize(("args", "env", "region", "origin"), [
+    ((), {}, "us-east-1", "site local: batch.region"),
+    ((), {"AWS_DEFAULT_REGION": "eu-west-1"}, "eu-west-1", "AWS_DEFAULT_REGION"),
+    ((), {"AWS_REGION": "eu-west-3", "AWS_DEFAULT_REGION": "eu-west-1"}, "eu-west-3",
+     "AWS_REGION"),
+    (("--region", "ap-south-1"), {"AWS_REGION": "eu-west-3"}, "ap-south-1", "--region"),
+])
+def test_dry_run_says_the_region_and_where_it_came_from(tmp_path: Path, args: tuple[str, ...],
+                                                        env: dict[str, str], region: str,
+                                                        origin: str) -> None:
+    """flag > environment > site > AWS config, as the AWS CLI; shown by --dry-run."""
+    import json
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    for backend, recipe, nodes in (("batch", "bert-large", "2"), ("sagemaker", "llama2-7b",
+                                                                   "16")):
+        proc = subprocess.run([str(JOBGEN), "submit", recipe, "-n", nodes, "--backend", backend,
+                               "--dry-run", *args], env={**base, **env}, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        want = origin.replace("batch.region", f"{backend}.region")
+        assert json.loads(proc.stdout)["region"] == {"name": region, "from": want}
+
+
+def test_bad_region_and_profile_flags_are_one_line(tmp_path: Path) -> None:
+    bad = subprocess.run([str(JOBGEN), "status", "abc", "--backend", "batch", "--region",
+                          "us east"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert "'us east' is not an AWS region name" in bad.stderr and bad.stderr.count("\n") == 1
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=str(tmp_path / "config"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "credentials"))
+    (tmp_path / "config").write_text("[profile team]\nregion = eu-west-1\n")
+    nope = subprocess.run([str(JOBGEN), "status", "abc", "--backend", "batch", "--profile",
+                           "nope"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert (nope.returncode, nope.stderr) == (
+        2, f"error: --profile: no profile 'nope' in {tmp_path / 'config'} or "
+           f"{tmp_path / 'credentials'}\n")

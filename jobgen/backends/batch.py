@@ -177,7 +177,8 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     from .. import batch_client
     request = batch_client.dry_run(job_definition(spec), queue=_queue(spec, options),
                                    nodes=spec.nodes, run_name=spec.run_name)
-    return json.dumps(request, indent=2) + "\n"
+    name, origin = batch_client.region(spec.site, "batch")
+    return json.dumps({"region": {"name": name, "from": origin}, **request}, indent=2) + "\n"
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:

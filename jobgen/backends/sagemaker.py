@@ -262,7 +262,10 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
     snapshot.prepare_image(spec, "sagemaker", strict, say)
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
-    return json.dumps({"CreateTrainingJob": training_job(spec)}, indent=2) + "\n"
+    from .. import batch_client
+    name, origin = batch_client.region(spec.site, "sagemaker")
+    return json.dumps({"region": {"name": name, "from": origin},
+                       "CreateTrainingJob": training_job(spec)}, indent=2) + "\n"
 
 
 def _client(site: Any, endpoint_url: Optional[str], service: str = "sagemaker") -> Any:
