@@ -587,7 +587,19 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
         from . import backends
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
         return
-    raise SystemExit(local_runner.run(spec, emit=click.echo))
+    import time
+
+    from . import runs
+    # Recorded like a submission, so `jobgen runs` and `status` know it (its state is the
+    # status its nodes wrote: jobgen/backends/local.py).
+    job_id = f"local-{int(time.time())}"
+    warning = runs.record(runs.Run(
+        name=spec.run_name, backend="local", job_id=job_id, recipe=spec.recipe.name,
+        nodes=spec.nodes, site=site or "", run_dir=os.path.abspath(spec.run_dir),
+        submitted=runs.now(), jobs=(job_id,), smoke=spec.smoke))
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    raise SystemExit(local_runner.run(spec, emit=click.echo, job_id=job_id))
 
 
 def _job_options(func: F) -> F:

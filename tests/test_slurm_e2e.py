@@ -969,6 +969,13 @@ def test_jobgen_run_without_slurm(tmp_path: Path) -> None:
     for node in (0, 1):
         assert f"jobgen[node {node}]: train pass ended with status 0" in by_node[node]
     assert complete_checkpoints(tmp_path / "jobgen-runs" / run_name)[-1] == MAX_STEPS
+    # Recorded like a submission: `jobgen runs` lists it, `status` reads what its nodes wrote.
+    listed = json.loads(run_cli(tmp_path, "runs", "--json").stdout)
+    mine = [r for r in listed if r["name"] == run_name]
+    assert [(r["backend"], r["state"]) for r in mine] == [("local", "COMPLETED")], listed
+    status = json.loads(run_cli(tmp_path, "status", run_name, "--json").stdout)
+    assert status["state"] == "COMPLETED" and status["nodes"] == {"0": "0 train",
+                                                                  "1": "0 train"}
     FIGURES["jobgen run bert1.5b --nodes 2 --smoke (no Slurm)"] = \
         f"{time.time() - started:.1f} s"
 

@@ -50,11 +50,32 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 1.0) -> int:
 
 
 def status(ref: JobRef) -> dict[str, Any]:
-    _foreground("status")
+    """A finished (or running) `jobgen run`: what its nodes wrote when their flow ended
+    (RUN_DIR/logs/JOB/node-K/job.status: `STATUS PASS`)."""
+    from pathlib import Path
+    if ref.run is None:
+        _foreground("status")
+    folder = Path(ref.run.run_dir, "logs", ref.job_id)
+    nodes: dict[str, str] = {}
+    for path in sorted(folder.glob("node-*/job.status")):
+        nodes[path.parent.name[len("node-"):]] = path.read_text(errors="replace").strip()
+    codes = [line.split()[0] for line in nodes.values() if line]
+    if not folder.is_dir():
+        state, reason = "UNKNOWN", f"no logs in {folder}"
+    elif len(nodes) < ref.run.nodes:
+        state, reason = "RUNNING", (f"{len(nodes)} of {ref.run.nodes} nodes ended (or it was "
+                                    "interrupted)")
+    elif all(code == "0" for code in codes):
+        state, reason = "COMPLETED", ""
+    else:
+        state, reason = "FAILED", "; ".join(f"node {k}: {v}" for k, v in nodes.items()
+                                            if not v.startswith("0 "))
+    return {"job_id": ref.job_id, "state": state, "reason": reason, "nodes": nodes}
 
 
 def status_lines(ref: JobRef) -> list[str]:
-    _foreground("status")
+    s = status(ref)
+    return [f"{s['job_id']}: {s['state']}" + (f" ({s['reason']})" if s["reason"] else "")]
 
 
 def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
