@@ -496,9 +496,11 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                 click.echo(f"warning: {warning}", err=True)
         refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
     if wait:
+        from .progress import Ticker
         default_poll = 15.0 if backend in ("batch", "sagemaker", "eks") else 2.0
-        statuses = [impl.wait(ref, lambda m: click.echo(m, err=True),
-                              poll if poll is not None else default_poll) for ref in refs]
+        with Ticker() as ticker:
+            statuses = [impl.wait(ref, ticker.say, poll if poll is not None else default_poll)
+                        for ref in refs]
         raise SystemExit(max(statuses))
 
 

@@ -1,0 +1,55 @@
+"""Progress while jobgen waits (submit --wait, resubmit --wait): every state change as a line
+on stderr, and on a terminal the newest state with the time waited so far, redrawn in place
+every second. Not a terminal (a pipe, a CI log): the lines only, nothing redrawn."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, Optional, TextIO
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class Ticker:
+    def __init__(self, stream: Optional[TextIO] = None, every: float = 1.0) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() and os.environ.get("TERM", "") != "dumb"
+        self.every, self.state, self.start = every, "waiting", time.monotonic()
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "Ticker":
+        if self.tty:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.tty:
+            with self._lock:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+
+    def say(self, line: str) -> None:
+        """A state change: printed as a line (above the redrawn one on a terminal)."""
+        line = line.rstrip("\n")
+        with self._lock:
+            self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
+            self.stream.flush()
+            self.state = line
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            with self._lock:
+                self.stream.write(f"\r\033[K{self.state} (waited "
+                                  f"{_elapsed(time.monotonic() - self.start)})")
+                self.stream.flush()
