@@ -42,6 +42,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     from .. import submitit_runner
     if options.chain:
         dry_run(spec, options)   # the same refusal
+    prepare(spec, strict=True, say=options.say)   # the snapshot, before the preflight looks
     _slurm.check(spec, options)
     return Submitted((str(submitit_runner.submit(spec).job_id),))
 
