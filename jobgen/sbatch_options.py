@@ -20,7 +20,7 @@ VALUE_RE = re.compile(r"[A-Za-z0-9_@%+=:,./\[\]&|()*!-]{1,200}")
 OWNED = {
     "job-name": "the recipe's name", "nodes": "--nodes", "ntasks": "jobgen (one per node)",
     "ntasks-per-node": "jobgen (one per node)", "cpus-per-task": "the site's slurm.cpus_per_task",
-    "exclusive": "the site's slurm.exclusive", "array": "--sweep",
+    "exclusive": "the site's slurm.exclusive",
     "output": "jobgen (%x-%j.out)", "error": "jobgen (%x-%j.out)", "open-mode": "jobgen",
     "requeue": "jobgen (bounded requeue)", "no-requeue": "jobgen (bounded requeue)",
     "signal": "the site's slurm.time_limit_warning_s", "partition": "--partition",
@@ -38,6 +38,9 @@ def _one(name: str, value: str, where: str) -> tuple[str, str]:
                           "(like constraint, gres, mail-type)")
     if name in OWNED:
         raise ConfigError(f"{where}: --{name} is set by {OWNED[name]}, not by an extra option")
+    if name == "array" and not re.fullmatch(r"%[1-9][0-9]{0,5}", value):
+        raise ConfigError(f"{where}: --array is set by --sweep; give only its throttle, "
+                          "array=%N (at most N of the sweep's jobs at once)")
     if value and not VALUE_RE.fullmatch(value):
         raise ConfigError(f"{where}: --{name}: {schema.describe(value)} cannot go on an #SBATCH "
                           "line (one line of at most 200 characters: letters, digits and "

@@ -118,6 +118,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         if value:
             extra[option] = value
     for option, value in request.extra:   # --sbatch-opt and the site's slurm.extra_options
+        if option == "array":
+            raise ConfigError("--sbatch-opt array=%N: submitit submits each job of a sweep on "
+                              "its own (no job array to throttle)")
         extra[option.replace("-", "_")] = value or True
     params: dict[str, Any] = {
         "name": spec.job_name, "nodes": spec.nodes, "tasks_per_node": 1,

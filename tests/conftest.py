@@ -64,8 +64,10 @@ def without_payload_digest(text: str) -> str:
 
     from jobgen import snapshot
     full = snapshot.digest()
-    if full in text:   # a Batch definition's content hash covers the digest too
+    if full in text:   # hashes of a text that holds the digest: a Batch definition's content
+        # hash, a dry run's here-document delimiters
         text = re.sub(r'"jobgen:hash": "[0-9a-f]{16}"', '"jobgen:hash": "<hash>"', text)
+        text = re.sub(r"JOBGEN_SCRIPT_[0-9a-f]{16}", "JOBGEN_SCRIPT_<hash>", text)
     return text.replace(full, "<payload-digest>").replace(snapshot.short(full), "<payload>")
 
 

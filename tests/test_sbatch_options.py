@@ -98,3 +98,17 @@ def test_sbatch_accepts_what_jobgen_writes(slurm_cluster: int, jobgen: Callable,
                                capture_output=True, timeout=60, check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "to start at" in proc.stderr
+
+
+def test_an_array_throttle_goes_on_the_sweeps_array_line(jobgen: Callable) -> None:
+    result = jobgen("submit", "llama2-7b", "-n", "4", "--sweep", "optim.lr=1e-4,3e-4,5e-4",
+                    "--sbatch-opt", "array=%2", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "#SBATCH --array=0-2%2\n" in result.stdout
+    assert result.stdout.count("#SBATCH --array") == 1
+    for args, said in ((("render", "llama2-7b", "-n", "4", "--sbatch-opt", "array=%2"),
+                        "throttles a sweep's job array, and this job is not one"),
+                       (("render", "llama2-7b", "-n", "4", "--sbatch-opt", "array=0-3"),
+                        "--array is set by --sweep; give only its throttle, array=%N")):
+        refused = jobgen(*args)
+        assert refused.exit_code == 2 and said in refused.stderr, refused.stderr

@@ -51,6 +51,9 @@ def _task(spec: JobSpec, passes: Passes) -> dict[str, Any]:
 
 def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
     spec = specs[0]
+    if len(specs) == 1 and dict(spec.slurm.extra).get("array"):
+        raise ConfigError("--sbatch-opt array=%N throttles a sweep's job array, and this job "
+                          "is not one (give it with --sweep)")
     if len({array_key(s) for s in specs}) != 1:
         raise ValueError("a job array's specs differ in their #SBATCH header")
     site, recipe = spec.site, spec.recipe
@@ -61,7 +64,9 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
         cpus_per_task=site.slurm.cpus_per_task,
         exclusive=spec.exclusive,
         request=request(spec),
-        extra=list(spec.slurm.extra),
+        # An array throttle (--sbatch-opt array=%N) goes on the sweep's own --array line.
+        extra=[(k, v) for k, v in spec.slurm.extra if k != "array"],
+        throttle=dict(spec.slurm.extra).get("array", ""),
         output="%x-%A_%a.out" if len(specs) > 1 else "%x-%j.out",
         warning_s=site.slurm.time_limit_warning_s,
         title=f"{recipe.name}: {recipe.description}",
@@ -97,7 +102,23 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """A bash script of the sbatch commands `submit` runs (the scripts as here-documents)."""
     from .. import slurm_client
     plans = [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
-    return slurm_client.dry_run(plans)
+    return _guarded(slurm_client.dry_run(plans), spec)
+
+
+def _guarded(script: str, spec: JobSpec) -> str:
+    """The dry run's script, refusing to submit (`| bash`) while the payload snapshot its jobs
+    point at is not there: a dry run places nothing, `jobgen render` or `submit` does."""
+    import shlex
+
+    from .. import snapshot
+    folder = snapshot.folder(spec.site.snapshot_root, spec.payload_digest)
+    marker = shlex.quote(f"{folder}/{snapshot.MARKER}")
+    said = shlex.quote(f"jobgen: the payload snapshot these jobs run, {folder}, is not "
+                       "there: place it with jobgen render (same options, output discarded), "
+                       "or submit without --dry-run")
+    guard = f"[ -f {marker} ] || {{ echo {said} >&2; exit 2; }}"
+    head, sep, rest = script.partition("set -euo pipefail\n")
+    return head + sep + guard + "\n" + rest
 
 
 def sweepable(specs: Sequence[JobSpec]) -> bool:
@@ -109,7 +130,7 @@ def sweepable(specs: Sequence[JobSpec]) -> bool:
 def dry_run_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> str:
     """What `submit --sweep` runs: the sbatch of one job array."""
     from .. import slurm_client
-    return slurm_client.dry_run([plan_array(specs)])
+    return _guarded(slurm_client.dry_run([plan_array(specs)]), specs[0])
 
 
 def submit_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> list[Submitted]:

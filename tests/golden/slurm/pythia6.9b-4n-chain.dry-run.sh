@@ -1,7 +1,8 @@
 #!/bin/bash
 # What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).
 set -euo pipefail
-job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_048a3570e9100172'
+[ -f /fsx/jobgen/payload/<payload>/.jobgen-digest ] || { echo 'jobgen: the payload snapshot these jobs run, /fsx/jobgen/payload/<payload>, is not there: place it with jobgen render (same options, output discarded), or submit without --dry-run' >&2; exit 2; }
+job_1=$(sbatch --parsable <<'JOBGEN_SCRIPT_<hash>'
 #!/bin/bash
 #SBATCH --job-name=pythia6.9b-compile
 #SBATCH --nodes=4
@@ -210,9 +211,9 @@ flow=$flow/common/job_flow.sh
 source "$flow" || { printf 'jobgen: cannot read %s: the payload snapshot this job was rendered with is missing (render or submit it again with jobgen, which places it)\n' "$flow" >&2; exit 78; }
 flow_slurm_job "${#COMPILE_ARGS[@]}" ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
 }
-JOBGEN_SCRIPT_048a3570e9100172
+JOBGEN_SCRIPT_<hash>
 )
-job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-dep=yes <<'JOBGEN_SCRIPT_0dd469e5b3857e75'
+job_2=$(sbatch --parsable "--dependency=afterok:${job_1%%;*}" --kill-on-invalid-dep=yes <<'JOBGEN_SCRIPT_<hash>'
 #!/bin/bash
 #SBATCH --job-name=pythia6.9b-train
 #SBATCH --nodes=4
@@ -421,6 +422,6 @@ flow=$flow/common/job_flow.sh
 source "$flow" || { printf 'jobgen: cannot read %s: the payload snapshot this job was rendered with is missing (render or submit it again with jobgen, which places it)\n' "$flow" >&2; exit 78; }
 flow_slurm_job "${#COMPILE_ARGS[@]}" ${COMPILE_ARGS[@]+"${COMPILE_ARGS[@]}"} ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
 }
-JOBGEN_SCRIPT_0dd469e5b3857e75
+JOBGEN_SCRIPT_<hash>
 )
 echo "${job_1%%;*} ${job_2%%;*}"
