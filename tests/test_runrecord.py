@@ -356,3 +356,23 @@ def test_every_missing_extra_is_one_line_and_help_needs_none(tmp_path: Path) -> 
     proc = run("render", "llama2-7b", "-n", "2", "--backend", "eks")
     assert proc.returncode == 0 and "kind: Job" in proc.stdout, proc.stderr
     assert proc.stderr.count("kubernetes-validate is not installed") == 1
+
+
+def test_a_dry_run_script_submits_only_once_the_snapshot_is_there(tmp_path: Path,
+                                                                    fake_slurm: Path) -> None:
+    """`submit --dry-run | bash`: the dry run places nothing, so its script refuses to submit
+    jobs that would stop at once; after `jobgen render` (which places the snapshot) it submits."""
+    script = jobgen(tmp_path, fake_slurm, "submit", "pythia6.9b", "-n", "2", "--smoke",
+                    "--dry-run").stdout
+    env = dict(os.environ, PATH=f"{fake_slurm}{os.pathsep}{os.environ['PATH']}")
+    refused = subprocess.run(["bash"], input=script, cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.startswith("jobgen: the payload snapshot these jobs run, "
+                                     "jobgen-runs/.jobgen/payload/")
+    assert not list(fake_slurm.glob("job-*.sbatch"))
+    placed = jobgen(tmp_path, fake_slurm, "render", "pythia6.9b", "-n", "2", "--smoke")
+    assert placed.returncode == 0, placed.stderr
+    sent = subprocess.run(["bash"], input=script, cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (sent.returncode, sent.stdout) == (0, "4242\n"), sent.stderr
