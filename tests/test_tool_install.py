@@ -238,3 +238,19 @@ def test_pipx_installs_the_wheel_as_a_tool(dist: dict[str, Path], tmp_path: Path
     assert script.returncode == 0, script.stderr
     assert "#SBATCH --nodes=4" in script.stdout and not checkout_paths(script.stdout)
     assert len(list((work / "jobgen-runs" / ".jobgen" / "payload").iterdir())) == 1
+
+
+def test_a_local_rehearsal_from_the_wheel_trains(wheel_installed: Path, tmp_path: Path) -> None:
+    """`jobgen run --smoke` from the installed tool: the emulated nodes run the snapshot placed
+    under the run folders of the current folder, and train to the end."""
+    import random
+    tool = runner(wheel_installed, tmp_path)
+    work: Path = tool.work  # type: ignore[attr-defined]
+    proc = tool("run", "neox20b", "--nodes", "2", "--smoke", "--run-name", "wheel-local",
+                "--set", f"job.master_port={random.randint(34000, 35000)}", check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_dir = work / "jobgen-runs" / "wheel-local"
+    assert (run_dir / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
+    (snapshot,) = (work / "jobgen-runs" / ".jobgen" / "payload").iterdir()
+    assert (snapshot / ".jobgen-digest").is_file()
+    assert not checkout_paths(proc.stdout)
