@@ -322,6 +322,9 @@ def load_file(path: Path, shown: str) -> Site:
         if region is not None and not REGION_RE.fullmatch(region):
             raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
                               "region name (like us-east-1)")
+    from .rules import check_site_paths
+    check_site_paths(site.paths.work_dir, site.paths.compile_cache,
+                     site.paths.local_compile_cache, shown)
     local_cache = site.paths.local_compile_cache
     if local_cache is not None and not local_cache.startswith("/"):
         # Each node's own disk: payload/common/sync_cache.sh refuses a relative path at run time.

@@ -375,6 +375,8 @@ def _check_values(recipe: Recipe, where: str) -> None:
         raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
                           f"is shorter than model.seq_length {m.seq_length}")
     _check_ranges(recipe, where)
+    from . import rules
+    rules.check(recipe, where)
 
 
 MAX_RESTARTS = 1000  # far beyond any useful retry count; keeps bash arithmetic trivially safe

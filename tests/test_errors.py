@@ -71,8 +71,8 @@ CASES: dict[str, Callable[[Callable, Callable], Case]] = {
         "recipes/neox20b.yaml: parallelism: tensor 8 x pipeline 3 = 24 does not divide the "
         "32 workers at 1 node"),
     "heads not divisible by TP": lambda r, s: Case(
-        ["render", str(r("pythia6.9b", {"model.num_attention_heads": 36}))],
-        "{recipe}: model.num_attention_heads: 36 is not divisible by parallelism.tensor 8"),
+        ["render", str(r("pythia6.9b", {"model.num_attention_heads": 4}))],
+        "{recipe}: model.num_attention_heads: 4 is not divisible by parallelism.tensor 8"),
     "layers not divisible by PP": lambda r, s: Case(
         ["render", "neox20b", "--set", "model.num_layers=45"],
         "recipes/neox20b.yaml: model.num_layers: 45 is not divisible by parallelism.pipeline 4"),

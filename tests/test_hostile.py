@@ -175,14 +175,6 @@ FIELDS: dict[str, Field] = {
         "neox20b", lambda h: {"data.merge_file": h},
         check=lambda job, h: _both(
             job, lambda c: hydra_string(overrides(c)["model.tokenizer.merge_file"]), f"data/{h}")),
-    "data.splits": Field(
-        "neox20b", lambda h: {"data.splits": h},
-        check=lambda job, h: _both(
-            job, lambda c: hydra_string(overrides(c)["model.data.splits_string"]), h)),
-    "model.transformer_block_type": Field(
-        "neox20b", lambda h: {"model.transformer_block_type": h},
-        check=lambda job, h: _both(
-            job, lambda c: hydra_string(overrides(c)["model.transformer_block_type"]), h)),
     "env value (NeMo)": Field(
         "neox20b", lambda h: {"env.MALLOC_ARENA_MAX": h, "env.HOSTILE_VALUE": h},
         check=lambda job, h: _both(
@@ -291,9 +283,11 @@ def render_and_run(jobgen: Callable, write_recipe: Callable, write_site: Callabl
 # another one's check expects (data.path and paths.data_dir, say, would). Five jobs per string.
 GROUPS = {
     "NeMo recipe and site": [
-        "description", "data.path (NeMo)", "data.vocab_file", "data.merge_file", "data.splits",
-        "model.transformer_block_type", "env value (NeMo)", "launch.config_name",
-        "site description", "paths.work_dir (NeMo)", "paths.compile_cache", "paths.nemo_dir"],
+        "description", "data.path (NeMo)", "data.vocab_file", "data.merge_file",
+        "env value (NeMo)", "launch.config_name",
+        "site description", "paths.work_dir (NeMo)", "paths.nemo_dir"],
+    # Not beside the run folders' own: a cache that is the run folder is refused (jobgen/rules.py).
+    "compile cache": ["paths.compile_cache"],
     "NxD recipe and site": [
         "data.path (NxD)", "env value (NxD)", "paths.work_dir (NxD)", "paths.nxd_llama_dir"],
     "data and local cache": ["paths.data_dir", "paths.local_compile_cache"],

@@ -78,7 +78,15 @@ def test_unknown_sites(tmp_path: Path) -> None:
     ({"slurm.partiton": "x"}, "{f}: slurm.partiton: unknown key (known keys: cpus_per_task, "
                               "max_nodes, partition, account, qos, reservation, exclusive, "
                               "time_limit_warning_s, master_resolver, "
-                              "platforms)"),
+                              "platforms, extra_options)"),
+    ({"paths.local_compile_cache": "/"}, "{f}: paths.local_compile_cache: '/' is the root, the "
+                                         "home folder or the submission folder itself: give a "
+                                         "folder of its own"),
+    ({"paths.compile_cache": "/fsx/jobgen"}, "{f}: paths.compile_cache: '/fsx/jobgen' holds the "
+                                             "run folders (paths.work_dir '/fsx/jobgen/runs'): "
+                                             "give the cache a folder of its own"),
+    ({"paths.work_dir": "."}, "{f}: paths.work_dir: '.' is the root, the home folder or the "
+                              "submission folder itself: give a folder of its own"),
     ({"slurm.cpus_per_task": "all"}, "{f}: slurm.cpus_per_task: expected an integer, got 'all'"),
     ({"slurm.master_resolver": "dig"},
      "{f}: slurm.master_resolver: expected one of nslookup, getent, got 'dig'"),

@@ -115,8 +115,8 @@ def test_as_dict_shows_every_derived_number() -> None:
     ("neox20b", 1, ["parallelism.tensor=64", "parallelism.pipeline=1"],
      "recipes/neox20b.yaml: parallelism: tensor 64 x pipeline 1 = 64 does not divide the "
      "32 workers at 1 node"),
-    ("neox20b", 4, ["model.num_attention_heads=60"],
-     "recipes/neox20b.yaml: model.num_attention_heads: 60 is not divisible by "
+    ("neox20b", 4, ["model.num_attention_heads=12"],
+     "recipes/neox20b.yaml: model.num_attention_heads: 12 is not divisible by "
      "parallelism.tensor 8"),
     ("llama2-7b", 4, ["model.num_kv_heads=4"],
      "recipes/llama2-7b.yaml: model.num_kv_heads: 4 is not divisible by parallelism.tensor 8"),

@@ -1,0 +1,104 @@
+"""Recipe values checked against what the trainers accept, before anything is rendered: the
+rules a single field's type cannot say (enums of the upstream trainer, signs, cross-field
+arithmetic, what a process environment can carry). Each refusal is one line naming the file,
+the key and the rule. Where an upstream trainer only warns and changes the value (Megatron turns
+sequence parallelism off at tensor parallelism 1), jobgen refuses: a silent change is worse."""
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+from .recipe import Recipe
+
+# neuronx-nemo-megatron (2.21 release), nemo/collections/nlp/modules/common/megatron/
+# transformer.py: the block types ParallelTransformerLayer_ accepts.
+BLOCK_TYPES = ("pre_ln", "post_ln", "normformer", "gpt_j")
+# numpy's and torch's seeding both take a 32-bit unsigned seed in the trainers.
+SEED_MAX = 2**32 - 1
+# Linux refuses one argument or environment string longer than this (MAX_ARG_STRLEN, 32 pages),
+# counted with the name, the '=' and the terminating NUL.
+ENV_MAX = 131072
+_NUMBER = r"\s*(?:\d+(?:\.\d*)?|\.\d+)\s*"
+
+
+def check(recipe: Recipe, where: str) -> None:
+    m, p, s, d = recipe.model, recipe.parallelism, recipe.schedule, recipe.data
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"{where}: model.hidden_size: {m.hidden_size} is not divisible by "
+                          f"model.num_attention_heads {m.num_attention_heads} (every head gets "
+                          "the same width)")
+    if m.ffn_hidden_size <= 0:
+        raise ConfigError(f"{where}: model.ffn_hidden_size: must be positive, got "
+                          f"{m.ffn_hidden_size}")
+    if m.transformer_block_type is not None and m.transformer_block_type not in BLOCK_TYPES:
+        raise ConfigError(f"{where}: model.transformer_block_type: {m.transformer_block_type!r} "
+                          f"is not one the trainer accepts ({', '.join(BLOCK_TYPES)})")
+    if not 0.0 < m.rotary_percentage <= 1.0:
+        raise ConfigError(f"{where}: model.rotary_percentage: {m.rotary_percentage} must lie in "
+                          "(0, 1]")
+    if m.max_predictions is not None and not 0 < m.max_predictions <= m.seq_length:
+        raise ConfigError(f"{where}: model.max_predictions: {m.max_predictions} must lie "
+                          f"between 1 and model.seq_length {m.seq_length}")
+    if p.sequence_parallel and p.tensor == 1:
+        raise ConfigError(f"{where}: parallelism.sequence_parallel: needs parallelism.tensor "
+                          "above 1 (Megatron would turn it off without saying so)")
+    if p.hybrid_shard < 0 or p.activation_loading_horizon < 1:
+        raise ConfigError(f"{where}: parallelism: hybrid_shard must be 0 or more and "
+                          "activation_loading_horizon at least 1")
+    ckpt = recipe.checkpoint
+    if ckpt.every_steps is not None and ckpt.every_steps > s.max_steps:
+        raise ConfigError(f"{where}: checkpoint.every_steps: {ckpt.every_steps} is more than "
+                          f"schedule.max_steps {s.max_steps}: the run would never checkpoint")
+    warmup = (round(s.warmup_fraction * s.max_steps) if s.warmup_fraction is not None
+              else s.warmup_steps or 0)
+    if warmup >= s.max_steps:
+        raise ConfigError(f"{where}: schedule: warmup ({warmup} steps) must end before "
+                          f"max_steps {s.max_steps}")
+    if d.num_workers < 0:
+        raise ConfigError(f"{where}: data.num_workers: must be 0 or more, got {d.num_workers}")
+    if d.splits is not None:
+        parts = re.split(r"[,/]", d.splits)
+        if len(parts) != 3 or not all(re.fullmatch(_NUMBER, x) for x in parts) or \
+                sum(float(x) for x in parts) <= 0:
+            raise ConfigError(f"{where}: data.splits: {d.splits!r} must be three non-negative "
+                              "numbers with a positive sum (train,validation,test, like "
+                              "980,10,10)")
+    if not 0 <= recipe.seed <= SEED_MAX:
+        raise ConfigError(f"{where}: seed: {recipe.seed} must lie between 0 and {SEED_MAX}")
+    if recipe.job.log_every_steps < 1:
+        raise ConfigError(f"{where}: job.log_every_steps: must be at least 1, got "
+                          f"{recipe.job.log_every_steps}")
+    for name, value in recipe.env.items():
+        if "\0" in value:
+            raise ConfigError(f"{where}: env.{name}: a value with a NUL byte cannot be in a "
+                              "process environment")
+        if len(name.encode()) + len(value.encode()) + 2 > ENV_MAX:
+            raise ConfigError(f"{where}: env.{name}: {len(value.encode())} bytes is longer than "
+                              f"Linux carries in one environment variable ({ENV_MAX} with its "
+                              "name)")
+
+
+def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "str | None",
+                     shown: str) -> None:
+    """Folders a job writes into, or a cache step refreshes, that would harm what is there: the
+    root, the home folder, and a cache that is the run folders' own folder or above it."""
+    import os
+    import posixpath
+    home = os.path.expanduser("~").rstrip("/") or "/"
+
+    def norm(path: str) -> str:
+        return posixpath.normpath(path) if path else path
+
+    runs = norm(work_dir)
+    for key, value in (("paths.work_dir", work_dir), ("paths.compile_cache", compile_cache),
+                       ("paths.local_compile_cache", local_compile_cache)):
+        if value is None:
+            continue
+        path = norm(value)
+        if path in ("/", home, "."):
+            raise ConfigError(f"{shown}: {key}: {value!r} is the root, the home folder or the "
+                              "submission folder itself: give a folder of its own")
+        if key != "paths.work_dir" and (path == runs or runs.startswith(path.rstrip("/") + "/")):
+            raise ConfigError(f"{shown}: {key}: {value!r} holds the run folders "
+                              f"(paths.work_dir {work_dir!r}): give the cache a folder of its "
+                              "own")
