@@ -10,8 +10,9 @@ import re
 from .errors import ConfigError
 from .recipe import Recipe
 
-# neuronx-nemo-megatron (2.21 release), nemo/collections/nlp/modules/common/megatron/
-# transformer.py: the block types ParallelTransformerLayer_ accepts.
+# neuronx-nemo-megatron at the SDK 2.20 release the payload is pinned to (d22aabf; the same at
+# 2.21), nemo/collections/nlp/modules/common/megatron/transformer.py: the block types
+# ParallelTransformerLayer_ accepts.
 BLOCK_TYPES = ("pre_ln", "post_ln", "normformer", "gpt_j")
 # numpy's and torch's seeding both take a 32-bit unsigned seed in the trainers.
 SEED_MAX = 2**32 - 1
