@@ -498,7 +498,14 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     if wait:
         from .progress import Ticker
         default_poll = 15.0 if backend in ("batch", "sagemaker", "eks") else 2.0
-        with Ticker() as ticker:
+        def steps() -> str:   # the newest step, where the run folders are on this machine
+            from .progress import newest_step
+            if not getattr(impl, "RUN_DIR_HERE", False):
+                return ""
+            found = [(newest_step(r.run.run_dir, r.job_id), r.run.max_steps) for r in refs]
+            return ", ".join(f"step {n}/{m}" for n, m in found if n is not None)
+
+        with Ticker(steps=steps) as ticker:
             statuses = [impl.wait(ref, ticker.say, poll if poll is not None else default_poll)
                         for ref in refs]
         raise SystemExit(max(statuses))

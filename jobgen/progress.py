@@ -4,10 +4,30 @@ every second. Not a terminal (a pipe, a CI log): the lines only, nothing redrawn
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
-from typing import Any, Optional, TextIO
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+_STEP = re.compile(r'"event": "step", "step": (\d+)')
+
+
+def newest_step(run_dir: str, job_id: str) -> Optional[int]:
+    """The newest training step node 0 of a job logged (its payload's JSON events), where the
+    run folder is on this machine; None before the first."""
+    logs = sorted(Path(run_dir, "logs", job_id).glob("*/node-0/train.log"),
+                  key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return None
+    try:
+        with open(logs[-1], "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            found = _STEP.findall(f.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+    return int(found[-1]) if found else None
 
 
 def _elapsed(seconds: float) -> str:
@@ -17,8 +37,10 @@ def _elapsed(seconds: float) -> str:
 
 
 class Ticker:
-    def __init__(self, stream: Optional[TextIO] = None, every: float = 1.0) -> None:
+    def __init__(self, stream: Optional[TextIO] = None, every: float = 1.0,
+                 steps: Optional[Callable[[], str]] = None) -> None:
         self.stream = stream or sys.stderr
+        self.steps = steps
         self.tty = self.stream.isatty() and os.environ.get("TERM", "") != "dumb"
         self.every, self.state, self.start = every, "waiting", time.monotonic()
         self._lock, self._stop = threading.Lock(), threading.Event()
@@ -49,7 +71,12 @@ class Ticker:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
+            try:   # a progress figure must never end the wait
+                steps = self.steps() if self.steps is not None else ""
+            except Exception:  # noqa: BLE001
+                steps = ""
             with self._lock:
                 self.stream.write(f"\r\033[K{self.state} (waited "
-                                  f"{_elapsed(time.monotonic() - self.start)})")
+                                  f"{_elapsed(time.monotonic() - self.start)}"
+                                  f"{', ' + steps if steps else ''})")
                 self.stream.flush()
