@@ -544,6 +544,16 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
                 pinned=(spec, recipe_file, site_file))
 
 
+@cli.command("schema")
+@click.argument("what", type=click.Choice(["recipe", "site"]))
+def schema_cmd(what: str) -> None:
+    """The JSON Schema (draft 2020-12) of a recipe or a site profile, generated from the records
+    and value rules the loader uses: point an editor at it with a
+    `# yaml-language-server: $schema=FILE` line."""
+    from . import json_schema
+    _echo_json(json_schema.recipe_schema() if what == "recipe" else json_schema.site_schema())
+
+
 @cli.command("image-context")
 @click.argument("folder", type=_Folder())
 def image_context(folder: Path) -> None:

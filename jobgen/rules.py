@@ -6,6 +6,7 @@ sequence parallelism off at tensor parallelism 1), jobgen refuses: a silent chan
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .errors import ConfigError
 from .recipe import Recipe
@@ -77,6 +78,9 @@ def check(recipe: Recipe, where: str) -> None:
             raise ConfigError(f"{where}: env.{name}: {len(value.encode())} bytes is longer than "
                               f"Linux carries in one environment variable ({ENV_MAX} with its "
                               "name)")
+    from . import schema
+    from .json_schema import RECIPE_LIMITS
+    check_limits(schema.to_plain(recipe), RECIPE_LIMITS, where)
 
 
 def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "str | None",
@@ -103,3 +107,28 @@ def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "st
             raise ConfigError(f"{shown}: {key}: {value!r} holds the run folders "
                               f"(paths.work_dir {work_dir!r}): give the cache a folder of its "
                               "own")
+
+
+def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> None:
+    """The single-value rules of a JSON Schema table (jobgen/json_schema.py), applied to the
+    loaded record as plain data: the schema and the loader refuse the same values."""
+    for key, rule in limits.items():
+        value: Any = data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None or isinstance(value, bool):
+            continue
+        shown = repr(value) if isinstance(value, str) else value
+        if isinstance(value, (int, float)):
+            for word, ok, say in (("minimum", lambda v, m: v >= m, "at least"),
+                                  ("maximum", lambda v, m: v <= m, "at most"),
+                                  ("exclusiveMinimum", lambda v, m: v > m, "more than"),
+                                  ("exclusiveMaximum", lambda v, m: v < m, "less than")):
+                if word in rule and not ok(value, rule[word]):
+                    raise ConfigError(f"{where}: {key}: {shown} must be {say} {rule[word]}")
+        if isinstance(value, str):
+            if "enum" in rule and value not in rule["enum"]:
+                raise ConfigError(f"{where}: {key}: {shown} is not one of "
+                                  f"{', '.join(rule['enum'])}")
+            if "pattern" in rule and not re.search(rule["pattern"], value):
+                raise ConfigError(f"{where}: {key}: {shown} does not match {rule['pattern']}")

@@ -322,7 +322,8 @@ def load_file(path: Path, shown: str) -> Site:
         if region is not None and not REGION_RE.fullmatch(region):
             raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
                               "region name (like us-east-1)")
-    from .rules import check_site_paths
+    from .json_schema import SITE_LIMITS
+    from .rules import check_limits, check_site_paths
     check_site_paths(site.paths.work_dir, site.paths.compile_cache,
                      site.paths.local_compile_cache, shown)
     local_cache = site.paths.local_compile_cache
@@ -330,4 +331,5 @@ def load_file(path: Path, shown: str) -> Site:
         # Each node's own disk: payload/common/sync_cache.sh refuses a relative path at run time.
         raise ConfigError(f"{shown}: paths.local_compile_cache: {schema.describe(local_cache)} "
                           "must be an absolute path on each node's local disk")
+    check_limits(schema.to_plain(site), SITE_LIMITS, shown)
     return site
