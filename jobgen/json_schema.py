@@ -49,6 +49,8 @@ RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "schedule.constant_fraction": {"minimum": 0, "maximum": 1},
     "schedule.min_lr": {"minimum": 0},
     "data.num_workers": {"minimum": 0},
+    "data.path": {"minLength": 1},
+    "description": {"minLength": 1},
     "data.splits": {"pattern": r"^\s*(\d+(\.\d*)?|\.\d+)\s*([,/]\s*(\d+(\.\d*)?|\.\d+)\s*){2}$"},
     "checkpoint.every_steps": {"minimum": 1},
     "checkpoint.every_seconds": {"minimum": 1},
@@ -66,6 +68,7 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "slurm.time_limit_warning_s": {"minimum": 1, "maximum": 65535},
     **{f"slurm.{k}": {"pattern": schema.NAME_RE.pattern}
        for k in ("partition", "account", "qos", "reservation")},
+    **{f"paths.{k}": {"minLength": 1} for k in ("work_dir", "data_dir", "compile_cache")},
     "batch.max_nodes": {"minimum": 0},
     "batch.timeout_hours": {"minimum": 1},
     "sagemaker.max_nodes": {"minimum": 0},

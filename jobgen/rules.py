@@ -100,7 +100,7 @@ def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "st
         if value is None:
             continue
         path = norm(value)
-        if path in ("/", home, "."):
+        if path in ("", "/", home, "."):
             raise ConfigError(f"{shown}: {key}: {value!r} is the root, the home folder or the "
                               "submission folder itself: give a folder of its own")
         if key != "paths.work_dir" and (path == runs or runs.startswith(path.rstrip("/") + "/")):
@@ -127,6 +127,8 @@ def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> No
                 if word in rule and not ok(value, rule[word]):
                     raise ConfigError(f"{where}: {key}: {shown} must be {say} {rule[word]}")
         if isinstance(value, str):
+            if len(value) < rule.get("minLength", 0):
+                raise ConfigError(f"{where}: {key}: must not be empty")
             if "enum" in rule and value not in rule["enum"]:
                 raise ConfigError(f"{where}: {key}: {shown} is not one of "
                                   f"{', '.join(rule['enum'])}")

@@ -66,7 +66,7 @@ BAD_RECIPE_VALUES = [
     ("data.splits", "99,1"), ("data.num_workers", -3), ("optim.lr", 0), ("optim.name", "sgd"),
     ("schedule.max_steps", 0), ("schedule.warmup_fraction", 1.5), ("checkpoint.keep", 0),
     ("model.num_layers", 0), ("unknown_key", 1), ("model.unknown", 1), ("env.1BAD", "x"),
-    ("name", "a b"),
+    ("name", "a b"), ("data.path", ""), ("description", ""),
 ]
 
 
@@ -87,7 +87,7 @@ BAD_SITE_VALUES = [("slurm.cpus_per_task", 0), ("slurm.max_nodes", -1),
                    ("slurm.time_limit_warning_s", 70000), ("slurm.partition", "a b"),
                    ("slurm.master_resolver", "dig"), ("batch.timeout_hours", 0),
                    ("eks.namespace", "Bad_Name"), ("sagemaker.max_runtime_hours", 700),
-                   ("paths.nope", "x")]
+                   ("paths.nope", "x"), ("paths.work_dir", "")]
 
 
 @pytest.mark.parametrize(("key", "value"), BAD_SITE_VALUES)
