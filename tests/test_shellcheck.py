@@ -36,12 +36,14 @@ def rendered_scripts(tmp_path: Path, write_recipe: Callable, write_site: Callabl
     for mode in ("always", "never"):
         jobs.append(("neox20b", {"compile_mode": mode, "site": "trn1-pcluster"}))
     hostile_recipe = write_recipe("neox20b", {
-        "description": HOSTILE, "data.path": HOSTILE, "data.splits": HOSTILE,
+        # (data.splits must be numbers now: jobgen/rules.py refuses anything else)
+        "description": HOSTILE, "data.path": HOSTILE,
         "env.HOSTILE": HOSTILE, "launch.config_name": HOSTILE}, filename="hostile.yaml")
     hostile_site = write_site("trn1-pcluster", {
-        f"paths.{key}": HOSTILE for key in ("work_dir", "data_dir", "compile_cache",
-                                            "payload_dir", "nemo_dir")
-    } | {"paths.local_compile_cache": "/local/" + HOSTILE, "setup.activate": HOSTILE},
+        f"paths.{key}": HOSTILE for key in ("work_dir", "data_dir", "payload_dir", "nemo_dir")
+    } | {"paths.local_compile_cache": "/local/" + HOSTILE, "setup.activate": HOSTILE,
+         # a cache of its own (one that is the run folder is refused)
+         "paths.compile_cache": "cache-" + HOSTILE},
         filename="hostile.yaml")
     jobs.append((str(hostile_recipe), {"site": str(hostile_site)}))
     paths = []

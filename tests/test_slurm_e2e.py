@@ -451,7 +451,10 @@ def test_smoke_rehearsal_of_every_recipe(recipe: str, recipe_jobs: dict[str, Job
     assert [e["step"] for e in only(train_events, "done")] == [MAX_STEPS]
     assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
     # Accounting: one srun step on both nodes runs the two-pass flow (payload/common/job_flow.sh).
-    assert sacct_steps(job.job_id) == {"0": ("COMPLETED", "2")}
+    # (accounting may still show the step RUNNING for a moment after the job ended)
+    steps = wait_until(job, lambda: (lambda s: s if "RUNNING" not in str(s) else None)(
+        sacct_steps(job.job_id)), "accounting to record the step's end", 60)
+    assert steps == {"0": ("COMPLETED", "2")}
     # The job's own output file has the same events, compile first.
     phases = [e["phase"] for e in read_events(out) if e["event"] == "step"]
     assert phases == ["compile"] * COMPILE_STEPS + ["train"] * MAX_STEPS
