@@ -250,6 +250,8 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
                           else [(key, value)])}
     # Which values reach the trainer: the rest must stay at their defaults (or are refused).
     shown["payload_keys"] = key_report(spec.recipe)
+    from . import health
+    shown["health_gate"] = health.describe(spec)
     if as_json:
         _echo_json(shown)
         return
@@ -618,7 +620,11 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
         submitted=runs.now(), jobs=(job_id,), smoke=spec.smoke))
     if warning:
         click.echo(f"warning: {warning}", err=True)
-    raise SystemExit(local_runner.run(spec, emit=click.echo, job_id=job_id))
+    status = local_runner.run(spec, emit=click.echo, job_id=job_id)
+    if status == 75:
+        click.echo("jobgen: the health gate found a bad node (the lines above name it and the "
+                   "check); nothing was compiled or trained", err=True)
+    raise SystemExit(status)
 
 
 def _job_options(func: F) -> F:
@@ -899,8 +905,9 @@ def _show_record(run: str, as_json: bool) -> None:
     if found is None:
         raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs)")
     path, data = found
+    events = runrecord.health_events(run)
     if as_json:
-        _echo_json(data)
+        _echo_json({**data, "health": events})
         return
     import yaml
     click.echo(f"# {path}")
@@ -908,6 +915,13 @@ def _show_record(run: str, as_json: bool) -> None:
         shown = {k: v for k, v in entry.items() if k not in ("recipe_text", "site_text", "spec")}
         click.echo(f"# submission {index + 1} of {len(data['submissions'])}")
         click.echo(yaml.safe_dump(shown, sort_keys=False, width=100), nl=False)
+    if events:
+        click.echo(f"# the health gate: {len(events)} failed check(s)")
+        for e in events:
+            click.echo(f"- {e.get('time', '?')} job {e.get('job', '?')} allocation "
+                       f"{e.get('allocation', '?')}: node {e.get('node', '?')} "
+                       f"({e.get('host', '?')}) failed {e.get('check', '?')}: {e.get('seen', '?')}"
+                       f"; needs {e.get('needs', '?')} -> {e.get('action', '?')}")
     click.echo("# the newest submission's resolved spec")
     click.echo(yaml.safe_dump(data["submissions"][-1]["spec"], sort_keys=False, width=100),
                nl=False)

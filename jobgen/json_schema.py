@@ -75,6 +75,13 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "sagemaker.max_runtime_hours": {"minimum": 1, "maximum": 672},
     "eks.max_nodes": {"minimum": 0},
     "eks.namespace": {"pattern": r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
+    # The health gate's numbers (platforms.check_health says the same on load).
+    **{f"health.{k}": {"minimum": 0} for k in ("local_free_gib", "shared_free_gib",
+                                               "clock_max_offset_ms", "collective_floor_gbps",
+                                               "cost_s")},
+    "health.timeout_s": {"minimum": 1, "maximum": 600},
+    "health.max_requeues": {"minimum": 0, "maximum": 20},
+    "health.efa_interfaces": {"minimum": 0, "maximum": 32},
 }
 _DESCRIPTIONS: dict[type, dict[str, str]] = {}
 

@@ -162,6 +162,20 @@ def commands(spec: JobSpec, job_id: str,
     return node_commands(spec, job_id)
 
 
+def _first_end(procs: list[subprocess.Popen], any_failure: bool) -> int:
+    """The job's status: the main node's, or (`any_failure`: SageMaker ends a training job when
+    any instance's container fails) the first node's that fails."""
+    while True:
+        status = procs[0].poll()
+        if status is not None:
+            return status
+        if any_failure:
+            for proc in procs[1:]:
+                if proc.poll() not in (None, 0):
+                    return int(proc.returncode)
+        time.sleep(0.2)
+
+
 def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str] = None,
         grace_s: float = 30.0) -> int:
     """Start every node, stream their output with a node prefix, return the main node's status.
@@ -188,7 +202,7 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
         pump.start()
         pumps.append(pump)
     try:
-        status = procs[0].wait()
+        status = _first_end(procs, spec.backend == "sagemaker")
         deadline = time.monotonic() + grace_s
         for proc in procs[1:]:
             try:

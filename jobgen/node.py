@@ -30,6 +30,7 @@ NODE_FACTS = {
     "JOBGEN_IS_MAIN": "1 on the main node (it writes the compile marker), else 0",
     "JOBGEN_LOG_DIR": "this attempt's log folder (node-R/PASS.log, PASS.status, job.status)",
     "JOBGEN_RUN_COMPILE": "1 or 0 where a controller decided the compile pass for all nodes",
+    "JOBGEN_HEALTH_DONE": "1 where a controller ran the health gate on every node already",
 }
 
 
@@ -63,6 +64,7 @@ class NodeContract:
     JOBGEN_STOP_SIGNAL: str           # the trainer saves and stops on it (time limit), or ""
     JOBGEN_FILES_JSON: str            # {path under the run dir: content}, or ""
     JOBGEN_PREPARE_JSON: str          # [script under payload/, args...] run before the passes
+    JOBGEN_HEALTH: str                # the health gate's checks as JSON (jobgen/health.py), or ""
 
     def variables(self) -> dict[str, str]:
         """Name -> value, empty values left out (the flow treats unset and empty alike)."""
@@ -134,7 +136,14 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_STOP_SIGNAL=lau.stop_signal if executor == "slurm" else "",
         JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
+        JOBGEN_HEALTH=_health(spec),
     )
+
+
+def _health(spec: JobSpec) -> str:
+    from . import health
+    checks = health.settings(spec)
+    return json.dumps(checks, sort_keys=True, separators=(",", ":")) if checks else ""
 
 
 def environment(spec: JobSpec, lau: Launch, node: NodeContract) -> dict[str, str]:

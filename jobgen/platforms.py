@@ -6,6 +6,7 @@ editing jobgen: a file in a folder named by JOBGEN_PLATFORMS (folders separated 
 before the shipped ones). Files are read when a platform is first asked for."""
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -18,6 +19,27 @@ from .record import record
 
 PATH_ENV = "JOBGEN_PLATFORMS"
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
+
+
+@record
+class Health:
+    """The health gate (payload/common/health.py): what every node checks before the compile
+    pass. A platform file sets its accelerator's checks; a site's `health:` overrides any value
+    (left out: the platform's, then jobgen's default)."""
+    enabled: Optional[bool] = None              # run the gate (default true; job.health_gate too)
+    device_files: Optional[str] = None          # a glob of device files: `devices` must exist
+    device_command: Optional[tuple[str, ...]] = None  # the runtime's device tool: must exit 0
+    device_count_pattern: Optional[str] = None  # regex: its output lines that are one device each
+    efa_interfaces: Optional[int] = None        # EFA interfaces that must be up (default: all)
+    local_free_gib: Optional[float] = None      # free GiB at the node-local compile cache copy
+    shared_free_gib: Optional[float] = None     # free GiB on shared storage (default: a checkpoint)
+    clock_max_offset_ms: Optional[float] = None  # the clock's largest error (chrony or the kernel)
+    collective_command: Optional[tuple[str, ...]] = None  # a bandwidth test across all nodes
+    collective_pattern: Optional[str] = None    # regex: group 1 is its bandwidth in GB/s
+    collective_floor_gbps: Optional[float] = None  # the least bandwidth; 0 or unset: not run
+    timeout_s: Optional[int] = None             # seconds each command of the gate may take
+    max_requeues: Optional[int] = None          # Slurm: requeues without failed nodes
+    cost_s: Optional[float] = None              # seconds the gate adds to every start (jobgen plan)
 
 
 @record
@@ -42,10 +64,59 @@ class Platform:
     device_resource: str           # the Kubernetes device plugin's resource name
     compile_cache_value: str = "{dir}"
     batch_privileged: bool = False  # a Batch container sees the devices only when privileged
+    health: Health = Health()       # the health gate's checks on this instance type
 
     @property
     def efa_devices(self) -> tuple[str, ...]:
         return tuple(f"/dev/infiniband/uverbs{i}" for i in range(self.efa_interfaces))
+
+
+# Placeholders a collective command may carry (filled on the main node).
+COLLECTIVE_FIELDS = ("nodes", "workers", "world", "hosts")
+
+
+def check_health(health: Health, shown: str) -> None:
+    """One line naming the file and the key for a value the gate cannot use."""
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{shown}: health.{key}: {why}")
+
+    for key in ("local_free_gib", "shared_free_gib", "clock_max_offset_ms",
+                "collective_floor_gbps", "cost_s"):
+        value = getattr(health, key)
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise bad(key, f"{value} must be a finite number, 0 or more")
+    if health.timeout_s is not None and not 1 <= health.timeout_s <= 600:
+        raise bad("timeout_s", f"{health.timeout_s} is not between 1 and 600 seconds")
+    if health.max_requeues is not None and not 0 <= health.max_requeues <= 20:
+        raise bad("max_requeues", f"{health.max_requeues} is not between 0 and 20")
+    if health.efa_interfaces is not None and not 0 <= health.efa_interfaces <= 32:
+        raise bad("efa_interfaces", f"{health.efa_interfaces} is not between 0 and 32")
+    if health.device_files is not None and (
+            not re.fullmatch(r"/dev/[A-Za-z0-9_/.*?\[\]-]+", health.device_files)
+            or ".." in health.device_files):
+        raise bad("device_files", f"{health.device_files!r} is not a glob of files under /dev")
+    for key in ("device_command", "collective_command"):
+        argv = getattr(health, key)
+        if argv is not None and (not all(argv) or any("\0" in a or "\n" in a for a in argv)):
+            raise bad(key, "every word must be a non-empty line (a list: [program, arg, ...])")
+    for key in ("device_count_pattern", "collective_pattern"):
+        pattern = getattr(health, key)
+        if pattern is None:
+            continue
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise bad(key, f"{pattern!r} is not a regular expression ({exc})") from None
+        if key == "collective_pattern" and compiled.groups < 1:
+            raise bad(key, f"{pattern!r} needs a group: the bandwidth in GB/s")
+    if health.collective_command:
+        for field in re.findall(r"\{([^}]*)\}", " ".join(health.collective_command)):
+            if field not in COLLECTIVE_FIELDS:
+                raise bad("collective_command", f"{{{field}}} is not one of "
+                          + ", ".join(f"{{{f}}}" for f in COLLECTIVE_FIELDS))
+        if not health.collective_pattern:
+            raise bad("collective_pattern", "a collective_command needs the pattern that finds "
+                      "its bandwidth")
 
 
 def folders() -> list[Path]:
@@ -77,6 +148,7 @@ def _check(platform: Platform, shown: str, stem: str) -> Platform:
     if not re.fullmatch(r"[a-z0-9.-]+/[a-z0-9.-]+", platform.device_resource):
         raise ConfigError(f"{shown}: device_resource: {platform.device_resource!r} is not a "
                           "Kubernetes extended resource name (vendor.domain/name)")
+    check_health(platform.health, shown)
     for path in platform.device_paths:
         if not re.fullmatch(r"/dev/[A-Za-z0-9_/.-]+", path) or ".." in path:
             raise ConfigError(f"{shown}: device_paths: {path!r} is not a device file under /dev")

@@ -128,6 +128,7 @@ class Job:
     master_port: int = 41000
     time_limit: Optional[str] = None
     log_every_steps: int = 1
+    health_gate: bool = True       # check every node before the compile pass (jobgen/health.py)
 
 
 @record

@@ -23,6 +23,7 @@ from .recipe import Recipe
 from .spec import SLURM_OPTIONS, JobSpec
 
 FILE = "jobgen-run.json"
+HEALTH_FILE = "jobgen-health.jsonl"   # the health gate's findings, beside it
 FORMAT = 1
 # Recipe sections that do not change what is trained: where and how the job runs, how often it
 # saves and how it compiles. Everything else of the recipe is a training value.
@@ -193,6 +194,27 @@ def commit(spec: JobSpec, new: dict[str, Any], old: Optional[dict], job_ids: Seq
     if problems:
         return f"the run's record was not written: {'; '.join(problems)}"
     return None
+
+
+def health_events(run: str) -> list[dict[str, Any]]:
+    """What the health gate found in this run (payload/common/health.py appends a line per failed
+    check to jobgen-health.jsonl in the run folder), where this machine reaches the folder."""
+    import json
+
+    from .runs import find as find_run
+    found = find_run(run)
+    path = Path(found.run_dir, HEALTH_FILE) if found is not None else None
+    if path is None or not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue           # a line cut short by a node that died while writing it
+        if isinstance(item, dict):
+            events.append(item)
+    return events
 
 
 def find(run: str) -> Optional[tuple[Path, dict[str, Any]]]:

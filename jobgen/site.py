@@ -10,6 +10,7 @@ from typing import Literal, Optional
 
 from . import resources, schema
 from .errors import ConfigError
+from .platforms import Health, check_health
 from .recipe import load_yaml
 from .record import record
 
@@ -197,6 +198,7 @@ class Site:
     sagemaker: Optional[SageMakerSite] = None
     eks: Optional[EksSite] = None
     plan: PlanSite = PlanSite()
+    health: Health = Health()        # overrides the platform's health gate (any value)
 
     @property
     def snapshot_root(self) -> str:
@@ -309,6 +311,7 @@ def load_file(path: Path, shown: str) -> Site:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
     _check_plan(site.plan, shown)
+    check_health(site.health, shown)
     if site.slurm.time_limit_warning_s > 65535:   # sbatch --signal's limit
         raise ConfigError(f"{shown}: slurm.time_limit_warning_s: "
                           f"{site.slurm.time_limit_warning_s} is more than sbatch's 65535")

@@ -270,6 +270,8 @@ case "$1 $2" in
   "requeue "*)
     printf 'requeue %s\n' "$2" >> "$STUB_LOG/scontrol-requeue.log"
     exit "${STUB_REQUEUE_STATUS:-0}" ;;
+  "show job") printf 'JobId=%s JobState=RUNNING ExcNodeList=(null)\n' "$3" ;;
+  "update "*) printf '%s\n' "$*" >> "$STUB_LOG/scontrol-update.log" ;;
   *) echo "scontrol stand-in: unsupported: $*" >&2; exit 1 ;;
 esac
 """,
@@ -301,6 +303,12 @@ exit 1
 export STUB_VIA_NEURON_PARALLEL_COMPILE=1
 exec "$@"
 """,
+    # The health gate's tools on a healthy node (STUB_DEVICE_TOOL_EXIT=N: the device tools fail).
+    "neuron-ls": 'echo "| 0 | 2 | 32 GB |"\nexit "${STUB_DEVICE_TOOL_EXIT:-0}"\n',
+    "hl-smi": 'seq 0 7\nexit "${STUB_DEVICE_TOOL_EXIT:-0}"\n',
+    "nvidia-smi": 'seq 0 7\nexit "${STUB_DEVICE_TOOL_EXIT:-0}"\n',
+    "chronyc": "echo 'Leap status     : Normal'\n"
+               "echo 'System time     : 0.000020 seconds fast of NTP time'\n",
     "sudo": 'echo "sudo stand-in: not allowed" >&2\nexit 1\n',
     "sysctl": 'echo "sysctl stand-in: permission denied" >&2\nexit 1\n',
 }
@@ -329,6 +337,7 @@ class StubBin:
     path: Path   # the folder of stand-ins (first on PATH)
     log: Path    # where they record their calls
     home: Path   # HOME of the scripts: a scratch folder holding only the file `sentinel`
+    sysroot: Path  # /dev and /sys of a healthy node for the health gate (JOBGEN_HEALTH_SYSROOT)
 
     def env(self, submit_dir: Path, **extra: str) -> dict[str, str]:
         """The environment of a one-node Slurm batch step, with the stand-ins first on PATH,
@@ -338,6 +347,7 @@ class StubBin:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "STUB_"))}
         env.update(PATH=f"{self.path}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
                    HOME=str(self.home), STUB_LOG=str(self.log), SLURM_JOB_ID="4242",
+                   JOBGEN_HEALTH_SYSROOT=str(self.sysroot),
                    SLURM_JOB_NODELIST="n1", SLURM_JOB_NUM_NODES="1",
                    SLURM_SUBMIT_DIR=str(submit_dir))
         env.update(extra)
@@ -394,4 +404,21 @@ def stub_bin(tmp_path: Path) -> Iterator[StubBin]:
         path = folder / name
         path.write_text(f"#!{bash}\n# jobgen test stand-in for {name}\n{body.lstrip()}")
         path.chmod(0o755)
-    yield StubBin(folder, log, home)
+    sysroot = tmp_path / "sysroot"
+    healthy_node(sysroot)
+    yield StubBin(folder, log, home, sysroot)
+
+
+def healthy_node(root: Path, neuron: int = 16, nvidia: int = 8, efa: int = 16) -> Path:
+    """/dev and /sys of a node the health gate passes: the accelerators' device files and EFA
+    interfaces that are up (as many as the largest platform has)."""
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    for i in range(neuron):
+        (root / "dev" / f"neuron{i}").touch()
+    for i in range(nvidia):
+        (root / "dev" / f"nvidia{i}").touch()
+    for i in range(efa):
+        port = root / "sys" / "class" / "infiniband" / f"rdmap{i}s0" / "ports" / "1"
+        port.mkdir(parents=True, exist_ok=True)
+        (port / "state").write_text("4: ACTIVE\n")
+    return root

@@ -276,7 +276,14 @@ def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "fsx-claim"
     assert volumes["local-compile-cache"]["hostPath"]["path"] == "/local/jobgen-compile-cache"
-    assert pod["restartPolicy"] == "OnFailure"
+    if operator:
+        assert pod["restartPolicy"] == "OnFailure"
+    else:
+        # Replaced, not restarted in place, and ended at once by a bad node or a bad setting.
+        assert pod["restartPolicy"] == "Never"
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        assert rules[0] == {"action": "FailJob", "onExitCodes": {
+            "containerName": "trainer", "operator": "In", "values": [75, 78]}}
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": s.platform.name}
 
 

@@ -1128,3 +1128,83 @@ def test_per_job_overrides_reach_slurm(cluster: int, tmp_path: Path) -> None:
             == ("debug", "root", "normal", "00:07:00", "n4", "n1"), fields
     finally:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+
+
+# --- the health gate: a bad node is found and left out before the compile pass ---------------
+
+def _hosts(text: str) -> list[str]:
+    proc = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True,
+                          text=True, timeout=30, check=True)
+    return proc.stdout.split()
+
+
+def test_health_gate_leaves_out_a_bad_node_and_the_job_trains(cluster: int,
+                                                              tmp_path: Path) -> None:
+    """Node 1 of the first allocation fails the gate (JOBGEN_SMOKE_UNHEALTHY_NODE=1): the job
+    stops before compiling, is requeued without that host (not counted as a restart), and the
+    next allocation passes the gate and trains to the end."""
+    run_name, port = unique("health"), free_port()
+    env = job_env(JOBGEN_SMOKE_UNHEALTHY_NODE="1")
+    started = time.time()
+    proc = run_cli(tmp_path, "submit", "llama2-7b", "--nodes", "2", "--smoke", "--run-name",
+                   run_name, "--set", f"job.master_port={port}", "--wait", env=env,
+                   timeout=JOB_TIMEOUT)
+    job = Job(proc.stdout.split()[0] if proc.stdout.split() else "?", tmp_path, run_name, port,
+              started, "health gate")
+    SUBMITTED.append(job.job_id)
+    assert proc.returncode == 0, explain(job, f"submit --wait exited {proc.returncode}: "
+                                              f"{proc.stderr[-2000:]}")
+    out = job.output()
+    first = re.search(r"jobgen: job \d+ on (\S+), allocation 0,", out)
+    second = re.search(r"jobgen: job \d+ on (\S+), allocation 1, restarts after failures 0 ", out)
+    bad = re.search(r"jobgen\[node 1\]: health: node 1 \((n\d)\) failed devices: 15 of 16 "
+                    r"present \(faked: JOBGEN_SMOKE_UNHEALTHY_NODE=1\); needs 16", out)
+    assert first and second and bad, explain(job, "the gate's lines are missing")
+    host = bad.group(1)
+    assert host == _hosts(first.group(1))[1]
+    assert host not in _hosts(second.group(1))
+    assert f"requeueing without {host} (requeue for health 1; not counted" in out
+    assert f"the next allocation leaves out {host}" in out
+    # Nothing was compiled on the bad allocation: the gate came first.
+    assert not list((job.run_dir / "logs" / job.job_id / "restart-0").glob("node-*/compile.log"))
+    assert out.count("jobgen: health gate passed") == 1
+    assert out.index("jobgen: health gate passed") < out.index("compile pass (3 steps)")
+    assert "jobgen[node 0]: training pass finished" in out
+    fields = job_fields(job.job_id)
+    assert fields.get("JobState") == "COMPLETED"
+    if fields.get("_from") != "sacct":
+        assert host in _hosts(fields["ExcNodeList"])
+    (line,) = (job.run_dir / "jobgen-health.jsonl").read_text().splitlines()
+    event = json.loads(line)
+    assert (event["job"], event["allocation"], event["node"], event["host"], event["check"],
+            event["action"]) == (job.job_id, "0", 1, host, "devices", f"left out {host}; requeued")
+    shown = run_cli(tmp_path, "runs", run_name, "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [e["host"] for e in json.loads(shown.stdout)["health"]] == [host]
+    gate_s = max(json.loads(p.read_text())["seconds"]
+                 for p in (job.run_dir / "logs" / job.job_id).glob("restart-1/node-*/health.json"))
+    FIGURES["health gate: bad node -> requeued without it -> trained (total; gate on a node)"] = (
+        f"{time.time() - started:.1f} s; {gate_s:.2f} s")
+
+
+def test_health_gate_gives_up_after_its_requeues(cluster: int, tmp_path: Path) -> None:
+    """A site that allows no requeue for health: the job stops at the gate, exit 75, naming the
+    node, and is not requeued (a restart on the same nodes would find it again)."""
+    site = tmp_path / "strict.yaml"
+    site.write_text((ROOT / "env" / "sites" / "local.yaml").read_text()
+                    .replace("name: local", "name: strict") + "\nhealth:\n  max_requeues: 0\n")
+    run_name, port = unique("health-strict"), free_port()
+    env = job_env(JOBGEN_SMOKE_UNHEALTHY_NODE="0")
+    started = time.time()
+    proc = run_cli(tmp_path, "submit", "llama2-7b", "--nodes", "2", "--smoke", "--run-name",
+                   run_name, "--site", str(site), "--set", f"job.master_port={port}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    job = Job(proc.stdout.strip(), tmp_path, run_name, port, started, "health gate, strict")
+    SUBMITTED.append(job.job_id)
+    fields = wait_finished(job)
+    assert_state(job, fields, "FAILED")
+    assert fields.get("ExitCode", "").startswith("75"), fields
+    out = job.output()
+    assert "failed devices" in out and "giving up" in out
+    assert "a node is unhealthy (status 75, see the node lines above); not requeueing" in out
+    assert "allocation 1" not in out

@@ -110,4 +110,12 @@ is_main=0
 say "job $job: node $node_index of $num_nodes, main node $MASTER_ADDR:$MASTER_PORT, logs in $JOBGEN_LOG_DIR"
 export JOBGEN_IS_MAIN=$is_main JOBGEN_SETUP_ON=every JOBGEN_SHARED_FS=0
 flow_node "$@"
-exit "$?"
+status=$?
+if [ "$status" -eq 75 ]; then
+  # A bad node: SageMaker shows what /opt/ml/output/failure holds as the job's failure reason.
+  output=${config_dir%/input/config}/output
+  if ! { mkdir -p "$output" && "${JOBGEN_PYTHON:-python3}" "$JOBGEN_PAYLOAD_DIR/common/health.py" summary >"$output/failure"; }; then
+    say "cannot write the failure reason to $output/failure"
+  fi
+fi
+exit "$status"

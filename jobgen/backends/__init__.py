@@ -50,6 +50,8 @@ class JobRef:
 
 
 class Backend(Protocol):
+    HEALTH_ON_FAILURE: str   # what a bad node found by the health gate leads to
+
     def plan(self, spec: JobSpec) -> Plan: ...
     def prepare(self, spec: JobSpec, strict: bool = True,
                 say: Optional[Echo] = None) -> None: ...

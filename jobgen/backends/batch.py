@@ -17,6 +17,10 @@ from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# What happens when the health gate finds a bad node (`jobgen show` says it).
+HEALTH_ON_FAILURE = (
+    "the job fails, naming the node and the check; not retried (Batch cannot leave a host out)")
+
 # Retry what the infrastructure broke (a host that went away, an image that could not be pulled
 # or started); exit on everything else, which is the training's own failure. First match wins.
 EVALUATE_ON_EXIT = (

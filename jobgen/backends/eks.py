@@ -9,8 +9,11 @@ Each pod runs the image's EKS entrypoint (env/containers/eks-entrypoint.sh) with
 launcher and the two passes' arguments, asks for all of its node's accelerators and EFA
 interfaces through the device plugins, mounts the site's FSx claim (run folders, data, the
 shared compile cache) and a hostPath on the node's own disk for the compile cache the training
-pass reads. A failed pod is restarted in place (restartPolicy OnFailure) within a backoffLimit
-of the recipe's restarts times the pods, and resumes from the newest checkpoint.
+pass reads. A failed pod is restarted within a backoffLimit of the recipe's restarts times the
+pods, and resumes from the newest checkpoint: in place under a PyTorchJob (OnFailure); an Indexed
+Job replaces it (Never), and its pod failure policy ends the whole job at once on the statuses no
+restart cures: 78 (a configuration error) and 75 (the health gate found a bad node, which a pod
+restarted on the same node would find again).
 """
 from __future__ import annotations
 
@@ -26,6 +29,13 @@ from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# What happens when the health gate finds a bad node (`jobgen show` says it).
+HEALTH_ON_FAILURE = (
+    "the job fails (its pod failure policy on exit 75), naming the node and the check")
+
+# Exit statuses that end the Indexed Job at once: a bad node (the health gate), a configuration
+# error.
+NO_RETRY = (75, 78)
 # The Kubernetes release whose schemas the manifests are checked against (EKS standard support).
 K8S_VERSION = "1.31"
 # Device plugin resources, per accelerator: Neuron devices (Trainium chips), Gaudi cards, GPUs.
@@ -141,11 +151,19 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                         "selector": {LABEL: name},
                         "ports": [{"name": "rendezvous", "port": spec.recipe.job.master_port}]}}
+    pod = _pod_spec(spec, name, operator=False)
+    pod["restartPolicy"] = "Never"          # a pod failure policy needs it
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes,
         # Each restart of the job can cost one pod restart per node.
         "backoffLimit": restarts * spec.nodes,
-        "template": {"metadata": template_meta, "spec": _pod_spec(spec, name, operator=False)}}
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": pod["containers"][0]["name"],
+                                                  "operator": "In", "values": list(NO_RETRY)}},
+            # A pod evicted for a drain or a preemption is not the job's failure.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
+                                                      "status": "True"}]}]},
+        "template": {"metadata": template_meta, "spec": pod}}
     if deadline:
         job_spec["activeDeadlineSeconds"] = deadline
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}

@@ -11,6 +11,10 @@ from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# What happens when the health gate finds a bad node (`jobgen show` says it).
+HEALTH_ON_FAILURE = (
+    "the rehearsal stops, naming the node and the check")
+
 # The run folder is on storage this machine reaches: the run's record is kept there too.
 RUN_DIR_HERE = True
 

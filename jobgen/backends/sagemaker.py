@@ -27,6 +27,10 @@ from ..recipe import time_limit_seconds
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# What happens when the health gate finds a bad node (`jobgen show` says it).
+HEALTH_ON_FAILURE = (
+    "the training job fails with the node and the check as its failure reason; not retried")
+
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 DONE = ("Completed", "Failed", "Stopped")
 MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30

@@ -14,6 +14,11 @@ from ..render import render
 from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 
+# What happens when the health gate finds a bad node (`jobgen show` says it).
+HEALTH_ON_FAILURE = (
+    "the job is requeued without the failed nodes (ExcNodeList), at most health.max_requeues "
+    "times, not counted against job.max_restarts")
+
 # The run folder is on storage this machine reaches: the run's record is kept there too.
 RUN_DIR_HERE = True
 

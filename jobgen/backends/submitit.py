@@ -12,6 +12,10 @@ from ..spec import JobSpec
 from . import Echo, JobRef, SubmitOptions, Submitted
 from . import slurm as _slurm
 
+# What happens when the health gate finds a bad node (`jobgen show` says it).
+HEALTH_ON_FAILURE = (
+    "the job stops, naming the node and the check (resubmit with --exclude HOST)")
+
 # The run folder is on storage this machine reaches: the run's record is kept there too.
 RUN_DIR_HERE = True
 

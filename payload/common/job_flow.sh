@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # jobgen's job lifecycle on the nodes: the one two-pass flow that every executor runs.
 #
-#   compile marker -> compile pass -> marker -> node-local cache copy -> training pass
+#   health gate -> compile marker -> compile pass -> marker -> node-local cache copy -> training pass
 #   -> the job's status (a configuration error, 78, wins) -> restart accounting
 #
 # Who calls it (each only wires its scheduler's facts into the node contract):
@@ -16,12 +16,14 @@
 # JOBGEN_WORKERS_PER_NODE JOBGEN_WORKDIR JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER JOBGEN_PASSES
 # JOBGEN_COMPILE_MODE JOBGEN_COMPILE_CACHE JOBGEN_LOCAL_COMPILE_CACHE JOBGEN_COMPILE_KEY
 # JOBGEN_CACHE_VAR JOBGEN_CACHE_SUFFIX JOBGEN_NODES JOBGEN_MAX_RESTARTS JOBGEN_RDZV_TIMEOUT
-# JOBGEN_SHARED_FS JOBGEN_SETUP_ON JOBGEN_FILES_JSON JOBGEN_PREPARE_JSON JOBGEN_ACTIVATE.
+# JOBGEN_SHARED_FS JOBGEN_SETUP_ON JOBGEN_FILES_JSON JOBGEN_PREPARE_JSON JOBGEN_ACTIVATE
+# JOBGEN_HEALTH (and JOBGEN_HEALTH_DONE, set by a controller that ran the gate itself).
 # Per node (the executor's facts): MASTER_ADDR JOBGEN_NODE_RANK JOBGEN_NNODES JOBGEN_IS_MAIN
 # JOBGEN_LOG_DIR, and JOBGEN_RUN_COMPILE where a controller has decided the compile pass.
 #
 # Exit statuses: the trainer's; 78 (EX_CONFIG) for a failure that no restart can cure (the
-# launcher classifies it: a missing command or trainer, an import error, refused arguments).
+# launcher classifies it: a missing command or trainer, an import error, refused arguments); 75
+# (EX_TEMPFAIL) for a node the health gate found bad (the job could run elsewhere, not here).
 # Works on bash 4.2 (Amazon Linux 2): no mapfile -d, empty arrays as ${a[@]+"${a[@]}"}.
 
 FLOW_CONFIG_ERROR=78
@@ -240,6 +242,80 @@ flow_node_end() {
   return "$1"
 }
 
+# --- the health gate (payload/common/health.py; jobgen/health.py decides what is checked) -----
+FLOW_UNHEALTHY=75
+
+# flow_health_gate IS_MAIN SHARED: this node's checks before the compile pass. On shared storage
+# every node then waits for the others' reports, so that none starts a compile pass that waits
+# for a node that is not coming; the main node runs the collective test, when there is one.
+# Returns 0, 75 (a bad node), 78 (every node failed alike: a setting) or 1.
+flow_health_gate() {
+  [ -n "${JOBGEN_HEALTH:-}" ] && [ "${JOBGEN_HEALTH_DONE:-}" != 1 ] || return 0
+  local health="$JOBGEN_PAYLOAD_DIR/common/health.py" status
+  FLOW_WHO=$FLOW_WHO "$FLOW_PYTHON" "$health" node
+  status=$?
+  if [ "$2" = 1 ]; then
+    FLOW_WHO=$FLOW_WHO "$FLOW_PYTHON" "$health" wait
+    status=$?
+  fi
+  [ "$status" -eq 0 ] || return "$status"
+  if [ "$1" = 1 ]; then FLOW_WHO=$FLOW_WHO "$FLOW_PYTHON" "$health" collective || return 1; fi
+  return 0
+}
+
+# flow_requeue_excluding HOSTS: requeue this Slurm job so that its next allocation leaves HOSTS
+# out. Slurm takes a job's ExcNodeList only while it is pending, and a requeued job stays in
+# completing until this script ends: requeue, then set the list before leaving.
+flow_requeue_excluding() {
+  local bad=$1 current tries=0
+  current=$(scontrol show job "$SLURM_JOB_ID" -o 2>/dev/null | tr ' ' '\n' | sed -n 's/^ExcNodeList=//p' | head -n 1)
+  case $current in '' | '(null)') current="" ;; esac
+  trap '' TERM   # the requeue stops this script: the exclusion must be in place first
+  if ! scontrol requeue "$SLURM_JOB_ID"; then
+    flow_say "scontrol requeue $SLURM_JOB_ID failed; the job ends here: resubmit with --exclude $bad"
+    return 1
+  fi
+  until scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="${current:+$current,}$bad" 2>/dev/null; do
+    tries=$((tries + 1))
+    if [ "$tries" -ge 40 ]; then
+      flow_say "could not leave $bad out (scontrol update ExcNodeList): the requeued job may land on it again"
+      return 1
+    fi
+    sleep 0.25
+  done
+  flow_say "the next allocation leaves out ${current:+$current,}$bad"
+}
+
+# flow_slurm_health FILE: the Slurm controller's gate: one step of the node checks on every node,
+# then the verdict. Bad nodes: requeue without them (FILE counts these requeues, which are not
+# failures) and end this script. Returns 0 (go on) or the status to end the job with.
+flow_slurm_health() {
+  [ -n "${JOBGEN_HEALTH:-}" ] || return 0
+  local file=$1 requeues=0 bad status health="$JOBGEN_PAYLOAD_DIR/common/health.py"
+  [ -f "$file" ] && read -r requeues <"$file"
+  flow_is_count "${requeues:-}" || requeues=0
+  flow_say "health gate on $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST)"
+  # shellcheck disable=SC2016  # expanded by the node's bash, not here
+  srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c \
+    'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" health' \
+    "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh"
+  bad=$(JOBGEN_NNODES=$SLURM_JOB_NUM_NODES "$FLOW_PYTHON" "$health" verdict --requeues "$requeues")
+  status=$?
+  case $status in
+    0)
+      JOBGEN_NNODES=$SLURM_JOB_NUM_NODES "$FLOW_PYTHON" "$health" collective || return 1
+      flow_say "health gate passed" ;;
+    "$FLOW_UNHEALTHY")
+      printf '%s\n' "$((requeues + 1))" >"$file" || flow_say "cannot count the requeue for health in $file"
+      flow_say "requeueing without $bad (requeue for health $((requeues + 1)); not counted against the ${JOBGEN_MAX_RESTARTS:-0} restarts for failures)"
+      flow_requeue_excluding "$bad" || return "$FLOW_UNHEALTHY"
+      exit 0 ;;
+    76) return "$FLOW_UNHEALTHY" ;;
+    *) return "$status" ;;
+  esac
+  return 0
+}
+
 # flow_node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the two passes on this node.
 flow_node() {
   local compile_argc=${1:-} status
@@ -271,6 +347,12 @@ flow_node() {
     main) if [ "$is_main" = 1 ]; then flow_setup || return "$?"; fi ;;
   esac
   if [ -n "$FLOW_STOPPING" ]; then flow_say "stopped (SIG$FLOW_STOPPING) before the compile pass"; return 143; fi
+  flow_health_gate "$is_main" "$shared"
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    flow_node_end "$status" health
+    return
+  fi
 
   flow_decide_compile
   flow_use_cache "$JOBGEN_COMPILE_CACHE"
@@ -345,7 +427,7 @@ flow_job_status() {
     read -r code what <"$file" || continue
     flow_is_count "$code" || continue
     # What explains the job best: a configuration error, a real exit, a signal, success.
-    if [ "$code" -eq "$FLOW_CONFIG_ERROR" ]; then rank=3
+    if [ "$code" -eq "$FLOW_CONFIG_ERROR" ] || [ "$code" -eq "$FLOW_UNHEALTHY" ]; then rank=3
     elif [ "$code" -gt 0 ] && [ "$code" -lt 128 ]; then rank=2
     elif [ "$code" -ne 0 ]; then rank=1
     else rank=0
@@ -357,6 +439,7 @@ flow_job_status() {
   [ -n "$found" ] || found=$1
   case $found_what in
     compile) found_what="compile pass" ;;
+    health) found_what="health gate" ;;
     train | "") found_what="training pass" ;;
   esac
   printf '%s %s\n' "$found" "$found_what"
@@ -366,7 +449,7 @@ flow_job_status() {
 # failures so far): prints "stop" (a configuration error: a fresh allocation would fail the same
 # way), "requeue" or "give-up".
 flow_restart_decision() {
-  if [ "$1" -eq "$FLOW_CONFIG_ERROR" ]; then
+  if [ "$1" -eq "$FLOW_CONFIG_ERROR" ] || [ "$1" -eq "$FLOW_UNHEALTHY" ]; then
     echo stop
   elif [ "$2" -lt "${JOBGEN_MAX_RESTARTS:-0}" ]; then
     echo requeue
@@ -382,7 +465,12 @@ flow_finish() {
   shift 3
   if [ "$status" -ne 0 ]; then
     case $(flow_restart_decision "$status" "$restart") in
-      stop) flow_say "$what failed with a configuration error (status 78, see the node lines above); not requeueing: fix it and resubmit" ;;
+      stop)
+        if [ "$status" -eq "$FLOW_UNHEALTHY" ]; then
+          flow_say "$what: a node is unhealthy (status 75, see the node lines above); not requeueing onto the same nodes: resubmit without it"
+        else
+          flow_say "$what failed with a configuration error (status 78, see the node lines above); not requeueing: fix it and resubmit"
+        fi ;;
       requeue)
         flow_say "$what failed with status $status; requeueing (restart $((restart + 1)) of $JOBGEN_MAX_RESTARTS)"
         "$@" || flow_say "$1 $2 failed" ;;
@@ -482,9 +570,13 @@ flow_slurm_job() {
   # Restarts after failures: Slurm's count of requeues (ours, and its own after a node
   # failure) less the requeues at the time limit, which are not failures (counted in a file).
   local timed_out=0 limits_file="$JOBGEN_RUN_DIR/logs/$job/time-limit-requeues"
+  local for_health=0 health_file="$JOBGEN_RUN_DIR/logs/$job/health-requeues"
   [ -f "$limits_file" ] && read -r timed_out <"$limits_file"
   flow_is_count "${timed_out:-}" || timed_out=0
-  restart=$((allocation - timed_out))
+  # ... and less the requeues that left out a node the health gate found bad.
+  [ -f "$health_file" ] && read -r for_health <"$health_file"
+  flow_is_count "${for_health:-}" || for_health=0
+  restart=$((allocation - timed_out - for_health))
   [ "$restart" -ge 0 ] || restart=0
   trap flow_on_time_limit USR1
   flow_say "job $job on $SLURM_JOB_NODELIST, allocation $allocation, restarts after failures $restart of at most ${JOBGEN_MAX_RESTARTS:-0}, logs in $JOBGEN_LOG_DIR"
@@ -497,9 +589,15 @@ flow_slurm_job() {
   fi
   export MASTER_ADDR
   flow_say "master $first_node = $MASTER_ADDR:$MASTER_PORT"
+  # Every node checks itself before anything is compiled; a bad one is left out by a requeue.
+  flow_slurm_health "$health_file"
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    flow_finish "$status" "health gate" "$restart" scontrol requeue "$SLURM_JOB_ID"
+  fi
   # One decision for every node, so that they cannot disagree about the compile pass.
   flow_decide_compile
-  export JOBGEN_RUN_COMPILE=$FLOW_RUN_COMPILE JOBGEN_SETUP_ON=none JOBGEN_SHARED_FS=1
+  export JOBGEN_RUN_COMPILE=$FLOW_RUN_COMPILE JOBGEN_SETUP_ON=none JOBGEN_SHARED_FS=1 JOBGEN_HEALTH_DONE=1
   case $JOBGEN_PASSES in
     train) flow_say "training pass only: the compile pass ran in its own job, which this one depends on" ;;
     *) if [ "$FLOW_RUN_COMPILE" = 1 ]; then
@@ -544,6 +642,11 @@ if ! (return 0 2>/dev/null); then
       shift
       flow_init || exit "$?"
       flow_node "$@"
+      exit "$?"
+      ;;
+    health)   # one node's checks (the Slurm controller's gate step)
+      flow_init || exit "$?"
+      "$FLOW_PYTHON" "$JOBGEN_PAYLOAD_DIR/common/health.py" node
       exit "$?"
       ;;
     *)

@@ -1,0 +1,470 @@
+"""The health gate: every node checks itself before the compile pass, so that a bad node is found,
+named and left out before it costs a run (jobgen/health.py decides what is checked).
+
+    health.py node          this node's checks -> $JOBGEN_LOG_DIR/node-R/health.json; exit 0 or 75
+    health.py wait          on shared storage: until every node has reported; the verdict
+    health.py verdict [--requeues N]
+                            the Slurm controller's verdict over all nodes' reports: prints the
+                            hosts to leave out; exit 0 (healthy), 75 (leave them out and requeue),
+                            76 (unhealthy, and the requeues for health are used up), 78 (every
+                            node failed the same check: a setting, not a node), 1 (a node did not
+                            report)
+    health.py collective    the main node's bandwidth test across all nodes
+    health.py summary       this attempt's failures in one line (SageMaker's failure reason)
+
+The checks, from JOBGEN_HEALTH (JSON): devices (device files, the runtime's tool and what it
+lists), EFA interfaces up, shared and node-local storage writable with enough room, the clock
+synchronised, and a collective's bandwidth. Each failure is one line naming the node, its host,
+the check, what was seen and what was needed; the verdict appends them to the run's
+jobgen-health.jsonl. Every command runs with a time limit, so a healthy gate costs seconds.
+
+A CPU rehearsal fakes a bad node with JOBGEN_SMOKE_UNHEALTHY_NODE=<node index>: that node fails
+the devices check, and later allocations fail on the same host (as a broken machine would).
+JOBGEN_HEALTH_SYSROOT reads /dev and /sys under another root (a container that mounts the
+host's, or a test).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+UNHEALTHY = 75          # EX_TEMPFAIL: this node cannot run the job; another node could
+GAVE_UP = 76            # unhealthy, and no requeue for health is left
+CONFIG = 78             # every node failed alike: a setting, not a node
+GIB = 1 << 30
+SMOKE_ENV = "JOBGEN_SMOKE_UNHEALTHY_NODE"
+RECORD = "jobgen-health.jsonl"
+
+
+def say(text: str) -> None:
+    who = os.environ.get("FLOW_WHO", "jobgen")
+    print(f"{who}: {text}", file=sys.stderr, flush=True)
+
+
+def settings() -> Dict[str, Any]:
+    raw = os.environ.get("JOBGEN_HEALTH", "")
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        raise SystemExit(f"health: JOBGEN_HEALTH is not the JSON jobgen renders: {raw[:80]!r}")
+    return found
+
+
+def host() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def sysroot(path: str) -> str:
+    root = os.environ.get("JOBGEN_HEALTH_SYSROOT", "")
+    return root.rstrip("/") + path if root else path
+
+
+def run(argv: List[str], timeout: float) -> tuple:
+    """(exit status or None when missing/timed out, output, why)."""
+    if shutil.which(argv[0]) is None:
+        return None, "", f"{argv[0]} not found"
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, "", f"`{' '.join(argv)}` took longer than {timeout:g} s"
+    except OSError as exc:
+        return None, "", f"`{' '.join(argv)}` could not start ({exc.strerror})"
+    return done.returncode, done.stdout.decode(errors="replace"), ""
+
+
+class Report:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.host = host()
+        self.failures: List[Dict[str, str]] = []
+        self.passed: List[str] = []
+        self.notes: List[str] = []
+
+    def fail(self, check: str, seen: str, needs: str) -> None:
+        self.failures.append({"check": check, "seen": seen, "needs": needs})
+        say(f"health: node {self.rank} ({self.host}) failed {check}: {seen}; needs {needs}")
+
+
+# ---- the checks --------------------------------------------------------------------------------
+def check_devices(spec: Dict[str, Any], report: Report, timeout: float) -> None:
+    count = int(spec["count"])
+    if spec.get("files"):
+        found = sorted(glob.glob(sysroot(spec["files"])))
+        if len(found) != count:
+            report.fail("devices", f"{len(found)} device files {spec['files']}",
+                        f"{count}")
+            return
+    argv = spec.get("command")
+    if argv:
+        status, out, why = run(list(argv), timeout)
+        if status is None and why.endswith("not found"):
+            report.notes.append(f"devices: {why}; counted the device files only")
+        elif status is None:
+            report.fail("devices", why, f"`{argv[0]}` to answer")
+            return
+        elif status != 0:
+            last = (out.strip().splitlines() or ["no output"])[-1][:160]
+            report.fail("devices", f"`{' '.join(argv)}` exited {status} ({last})",
+                        "exit status 0")
+            return
+        elif spec.get("count_pattern"):
+            pattern = re.compile(spec["count_pattern"])
+            listed = sum(1 for line in out.splitlines() if pattern.search(line))
+            if listed != count:
+                report.fail("devices", f"`{argv[0]}` lists {listed}", f"{count}")
+                return
+    report.passed.append("devices")
+
+
+def check_efa(count: int, report: Report) -> None:
+    root = Path(sysroot("/sys/class/infiniband"))
+    up: List[str] = []
+    down: List[str] = []
+    for dev in sorted(root.glob("*")) if root.is_dir() else []:
+        states = [p.read_text(errors="replace").strip()
+                  for p in sorted(dev.glob("ports/*/state")) if p.is_file()]
+        (up if any("ACTIVE" in s for s in states) else down).append(dev.name)
+    if len(up) < count:
+        seen = f"{len(up)} EFA interfaces up" + (f" ({', '.join(down)} down)" if down else "")
+        report.fail("efa", seen, f"{count} up")
+    else:
+        report.passed.append("efa")
+
+
+def check_storage(name: str, folder: str, free_gib: float, report: Report) -> None:
+    # A folder the job has not made yet is probed where it will be made (the gate creates
+    # nothing: the node-local cache copy, for one, refuses a folder it did not make).
+    path = Path(folder)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    probe = path / f".jobgen-health-{report.host}-{os.getpid()}"
+    started = time.monotonic()
+    try:
+        if not path.is_dir():
+            raise OSError(0, f"{path} is not a folder")
+        with open(probe, "wb") as out:
+            out.write(os.urandom(1 << 20))
+            out.flush()
+            os.fsync(out.fileno())
+        if probe.stat().st_size != 1 << 20:
+            raise OSError(0, "the file read back short")
+    except OSError as exc:
+        report.fail(name, f"{folder} is not writable ({exc.strerror or exc})", "a writable folder")
+        return
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    stat = os.statvfs(path)
+    free = stat.f_bavail * stat.f_frsize / GIB
+    if free < free_gib:
+        report.fail(name, f"{free:.1f} GiB free at {folder}", f"{free_gib:g} GiB")
+        return
+    report.passed.append(f"{name} ({free:.0f} GiB free, 1 MiB written in "
+                         f"{time.monotonic() - started:.2f} s)")
+
+
+class _Timeval(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_usec", ctypes.c_long)]
+
+
+class _Timex(ctypes.Structure):
+    # struct timex of Linux (x86_64 and aarch64), as glibc's adjtimex(2) takes it.
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long),
+                ("status", ctypes.c_int), ("constant", ctypes.c_long),
+                ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time", _Timeval), ("tick", ctypes.c_long), ("ppsfreq", ctypes.c_long),
+                ("jitter", ctypes.c_long), ("shift", ctypes.c_int), ("stabil", ctypes.c_long),
+                ("jitcnt", ctypes.c_long), ("calcnt", ctypes.c_long), ("errcnt", ctypes.c_long),
+                ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int), ("pad", ctypes.c_int * 11)]
+
+
+def kernel_clock() -> Optional[tuple]:
+    """(synchronised, estimated error in ms) from adjtimex(2), or None where it cannot be asked."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        timex = _Timex()
+        state = libc.adjtimex(ctypes.byref(timex))
+    except (OSError, AttributeError):
+        return None
+    unsync = bool(timex.status & 0x40)          # STA_UNSYNC
+    return state != 5 and not unsync, timex.esterror / 1000.0   # 5: TIME_ERROR
+
+
+def check_clock(max_ms: float, report: Report, timeout: float) -> None:
+    status, out, _ = run(["chronyc", "-n", "tracking"], timeout)
+    if status == 0:
+        leap = re.search(r"^Leap status\s*:\s*(.+)$", out, re.M)
+        offset = re.search(r"^System time\s*:\s*([0-9.]+) seconds (fast|slow)", out, re.M)
+        if leap and "Not synchronised" in leap.group(1):
+            report.fail("clock", "chrony: not synchronised", f"an error under {max_ms:g} ms")
+        elif offset and float(offset.group(1)) * 1000 > max_ms:
+            report.fail("clock", f"{float(offset.group(1)) * 1000:.0f} ms {offset.group(2)} "
+                        "(chrony)", f"at most {max_ms:g} ms")
+        else:
+            report.passed.append("clock (chrony)")
+        return
+    kernel = kernel_clock()
+    if kernel is None:
+        report.notes.append("clock: neither chronyc nor adjtimex answered; not checked")
+        return
+    synced, error_ms = kernel
+    if not synced:
+        report.fail("clock", "the kernel says it is not synchronised (no chrony or ntpd)",
+                    f"a synchronised clock, error under {max_ms:g} ms")
+    elif error_ms > max_ms:
+        report.fail("clock", f"estimated error {error_ms:.0f} ms (kernel)",
+                    f"at most {max_ms:g} ms")
+    else:
+        report.passed.append("clock (kernel)")
+
+
+def job_folder(log_dir: Path) -> Path:
+    """The job's folder over its allocations (Slurm logs each one under restart-N)."""
+    return log_dir.parent if log_dir.name.startswith("restart-") else log_dir
+
+
+def smoke_fault(report: Report, log_dir: Path, count: int) -> None:
+    """JOBGEN_SMOKE_UNHEALTHY_NODE: the node at that index fails, and in the job's later
+    allocations whichever node has that host (a broken machine stays broken)."""
+    wanted = os.environ.get(SMOKE_ENV, "").strip()
+    if not wanted:
+        return
+    if not wanted.isdigit():
+        raise SystemExit(f"health: {SMOKE_ENV}={wanted!r} is not a node index")
+    marks = job_folder(log_dir) / "smoke-unhealthy-host"
+    try:
+        first_seen, bad_host = marks.read_text().split()
+    except (OSError, ValueError):
+        first_seen, bad_host = "", ""
+    if not bad_host and report.rank == int(wanted):
+        marks.parent.mkdir(parents=True, exist_ok=True)
+        marks.write_text(f"{log_dir.name} {report.host}\n")
+        first_seen, bad_host = log_dir.name, report.host
+    # In the allocation that first saw it, only that node (emulated nodes can share a host).
+    broken = report.rank == int(wanted) if first_seen == log_dir.name else report.host == bad_host
+    if broken:
+        report.fail("devices", f"{count - 1} of {count} present (faked: {SMOKE_ENV}={wanted})",
+                    f"{count}")
+
+
+# ---- the commands ------------------------------------------------------------------------------
+def node_dir(log_dir: Path, rank: int) -> Path:
+    return log_dir / f"node-{rank}"
+
+
+def node() -> int:
+    spec = settings()
+    env = os.environ
+    rank = int(env.get("JOBGEN_NODE_RANK", "0"))
+    log_dir = Path(env["JOBGEN_LOG_DIR"])
+    timeout = float(spec.get("timeout_s", 30))
+    started = time.monotonic()
+    report = Report(rank)
+    devices = spec.get("devices")
+    if devices:
+        check_devices(devices, report, timeout)
+    if spec.get("efa_interfaces"):
+        check_efa(int(spec["efa_interfaces"]), report)
+    check_storage("shared storage", env["JOBGEN_RUN_DIR"], float(spec.get("shared_free_gib", 0)),
+                  report)
+    cache = env.get("JOBGEN_COMPILE_CACHE")
+    if cache and os.path.abspath(cache) != os.path.abspath(env["JOBGEN_RUN_DIR"]):
+        check_storage("compile cache", cache, 0.0, report)
+    local = env.get("JOBGEN_LOCAL_COMPILE_CACHE")
+    if local and spec.get("local_free_gib") is not None:
+        check_storage("local storage", local, float(spec["local_free_gib"]), report)
+    if spec.get("clock_max_offset_ms"):
+        check_clock(float(spec["clock_max_offset_ms"]), report, timeout)
+    smoke_fault(report, log_dir, int((devices or {}).get("count", 16)))
+    seconds = time.monotonic() - started
+    result = {"node": rank, "host": report.host, "ok": not report.failures,
+              "failures": report.failures, "passed": report.passed, "notes": report.notes,
+              "skipped": spec.get("skipped", []), "seconds": round(seconds, 2)}
+    folder = node_dir(log_dir, rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".health.json.{os.getpid()}"
+    tmp.write_text(json.dumps(result, sort_keys=True) + "\n")
+    os.replace(tmp, folder / "health.json")
+    for note in report.notes:
+        say(f"health: {note}")
+    if not report.failures:
+        left_out = f"; not checked on a CPU rehearsal: {', '.join(result['skipped'])}" \
+            if result["skipped"] else ""
+        say(f"health: node {rank} ({report.host}) passed {len(report.passed)} checks in "
+            f"{seconds:.1f} s{left_out}")
+        return 0
+    return UNHEALTHY
+
+
+def reports(log_dir: Path, nodes: int) -> List[Optional[Dict[str, Any]]]:
+    out: List[Optional[Dict[str, Any]]] = []
+    for rank in range(nodes):
+        try:
+            out.append(json.loads((node_dir(log_dir, rank) / "health.json").read_text()))
+        except (OSError, ValueError):
+            out.append(None)
+    return out
+
+
+def record(failed: List[Dict[str, Any]], action: str) -> None:
+    """One line per failed node in the run's jobgen-health.jsonl (the run record's health log)."""
+    env = os.environ
+    job = env.get("SLURM_JOB_ID") or env.get("AWS_BATCH_JOB_ID") or env.get(
+        "TRAINING_JOB_NAME") or env.get("JOBGEN_K8S_JOB") or Path(env["JOBGEN_LOG_DIR"]).name
+    lines = []
+    for item in failed:
+        for failure in item["failures"]:
+            lines.append(json.dumps({
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "job": job,
+                "allocation": env.get("SLURM_RESTART_COUNT", "0"), "node": item["node"],
+                "host": item["host"], **failure, "action": action}, sort_keys=True))
+    try:
+        with open(Path(env["JOBGEN_RUN_DIR"]) / RECORD, "a") as out:
+            out.write("".join(line + "\n" for line in lines))
+    except OSError as exc:
+        say(f"health: cannot add to {RECORD} in the run folder ({exc.strerror})")
+
+
+def judge(found: List[Optional[Dict[str, Any]]], requeues: Optional[int],
+          max_requeues: int) -> int:
+    missing = [rank for rank, item in enumerate(found) if item is None]
+    if missing:
+        say(f"health: node(s) {', '.join(map(str, missing))} did not report; the job stops here")
+        return 1
+    failed = [item for item in found if item and not item["ok"]]
+    if not failed:
+        return 0
+    summary = "; ".join(f"node {f['node']} ({f['host']}) failed "
+                        + ", ".join(f"{x['check']}: {x['seen']}" for x in f["failures"])
+                        for f in failed)
+    checks = {tuple(sorted(x["check"] for x in f["failures"])) for f in failed}
+    if len(found) > 1 and len(failed) == len(found) and len(checks) == 1:
+        if os.environ.get("JOBGEN_IS_MAIN", "1") != "1":
+            return CONFIG
+        record(failed, "stopped: every node failed alike")
+        say(f"health: every node failed {', '.join(next(iter(checks)))} - a setting, not a node: "
+            "fix the site's health section (jobgen show lists it) or set job.health_gate: false")
+        return CONFIG
+    hosts = ",".join(sorted({f["host"] for f in failed}))
+    if os.environ.get("JOBGEN_IS_MAIN", "1") != "1":
+        # The main node records and explains; the others only say why they stop.
+        if requeues is None:
+            say(f"health: stopping before the compile pass: {summary}")
+        return UNHEALTHY
+    if requeues is None:
+        record(failed, "stopped")
+        say(f"health: {summary}; the job stops before the compile pass")
+        return UNHEALTHY
+    if requeues >= max_requeues:
+        record(failed, f"stopped: {max_requeues} requeues for health used")
+        say(f"health: {summary}; the job has been requeued for health {requeues} times "
+            f"(health.max_requeues {max_requeues}): giving up")
+        return GAVE_UP
+    record(failed, f"left out {hosts}; requeued")
+    say(f"health: {summary}")
+    print(hosts)
+    return UNHEALTHY
+
+
+def wait(requeues: Optional[int] = None, limit: Optional[float] = None) -> int:
+    """Until every node has reported (or `limit` s: a node that never reports), then judge."""
+    spec = settings()
+    env = os.environ
+    log_dir = Path(env["JOBGEN_LOG_DIR"])
+    nodes = int(env.get("JOBGEN_NNODES", "1"))
+    deadline = time.monotonic() + (limit if limit is not None else float(
+        env.get("JOBGEN_RDZV_TIMEOUT") or 900))
+    while True:
+        found = reports(log_dir, nodes)
+        if all(item is not None for item in found) or time.monotonic() > deadline:
+            break
+        # A failed node is enough to stop: the others need not wait for the stragglers.
+        if any(item is not None and not item["ok"] for item in found) and requeues is None:
+            found = [item or {"node": r, "host": "?", "ok": True, "failures": []}
+                     for r, item in enumerate(found)]
+            break
+        time.sleep(0.5)
+    return judge(found, requeues, int(spec.get("max_requeues", 3)))
+
+
+def collective() -> int:
+    spec = settings().get("collective")
+    if not spec:
+        return 0
+    env = os.environ
+    nodes = int(env.get("JOBGEN_NNODES", "1"))
+    workers = int(env.get("JOBGEN_WORKERS_PER_NODE", "1"))
+    hosts = ",".join(item["host"] for item in reports(Path(env["JOBGEN_LOG_DIR"]), nodes) if item)
+    argv = [a.format(nodes=nodes, workers=workers, world=nodes * workers, hosts=hosts)
+            for a in spec["command"]]
+    status, out, why = run(argv, float(settings().get("timeout_s", 30)) * 4)
+    floor = float(spec["floor_gbps"])
+    found = re.findall(spec["pattern"], out, re.M)
+    if status != 0 or not found:
+        say(f"health: the collective test failed: {why or f'exit {status}'}"
+            + ("" if found else ", no bandwidth in its output"))
+        return 1
+    gbps = min(float(x if isinstance(x, str) else x[0]) for x in found)
+    if gbps < floor:
+        say(f"health: the collective test across {nodes} nodes reached {gbps:g} GB/s; needs "
+            f"{floor:g} GB/s (a slow link: no single node to leave out)")
+        return 1
+    say(f"health: the collective test across {nodes} nodes reached {gbps:g} GB/s")
+    return 0
+
+
+def summary() -> int:
+    """This attempt's failed checks in one line (a service's failure reason)."""
+    env = os.environ
+    found = reports(Path(env["JOBGEN_LOG_DIR"]), int(env.get("JOBGEN_NNODES", "1")))
+    failed = [f"node {item['node']} ({item['host']}) failed "
+              + ", ".join(f"{x['check']}: {x['seen']}; needs {x['needs']}"
+                          for x in item["failures"])
+              for item in found if item and not item["ok"]]
+    print("jobgen health gate: " + ("; ".join(failed) or "no failed check recorded"))
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    if not argv:
+        say("usage: health.py node | wait | verdict [--requeues N] | collective")
+        return 2
+    command = argv[0]
+    if command == "node":
+        return node()
+    if command == "wait":
+        return wait()
+    if command == "verdict":
+        requeues = int(argv[2]) if len(argv) > 2 and argv[1] == "--requeues" else 0
+        # The controller asks once the gate step has ended: every node has reported by then.
+        return wait(requeues, limit=5.0)
+    if command == "collective":
+        return collective()
+    if command == "summary":
+        return summary()
+    say(f"health.py: unknown command {command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
