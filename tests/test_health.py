@@ -324,3 +324,21 @@ def test_a_rehearsal_stops_before_the_compile_pass_naming_the_node_and_the_check
     assert took < 60, f"the gate took {took:.1f} s"
 
     print(f"rehearsal stopped by the gate after {took:.1f} s")
+
+
+def test_plan_counts_the_gate_in_every_restart() -> None:
+    def plan(*extra: str) -> dict[str, Any]:
+        proc = subprocess.run([str(JOBGEN), "plan", "neox20b", "--json", *extra],
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+
+    on, off = plan(), plan("--set", "job.health_gate=false")
+    cost = health.cost_s(api.job_spec("neox20b"))
+    assert cost == 20
+    assert on["restart_basis"].endswith(f"+ health gate {cost:g} s")
+    assert "health gate" not in off["restart_basis"]
+    for with_gate, without in zip(on["rows"], off["rows"]):
+        assert with_gate["failures"]["restart_s"] == pytest.approx(
+            without["failures"]["restart_s"] + cost)

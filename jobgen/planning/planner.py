@@ -299,11 +299,17 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         write_mb_s = read_mb_s = None
         notes.append(f"no checkpoint storage bandwidth: pass --storage-mb-s, or set plan.storage "
                      f"in the site {site.name}")
-    restart_fixed = opts.restart_s if opts.restart_s is not None else site.plan.restart.total_s
     r = site.plan.restart
-    restart_basis = ("--restart-s" if opts.restart_s is not None else
-                     f"site {site.name}: detect {r.detect_s:g} + requeue {r.requeue_s:g} + "
-                     f"rendezvous {r.rendezvous_s:g} + compile {r.compile_s:g} s")
+    # Every start of the job runs the health gate on every node first (jobgen/health.py).
+    from .. import health
+    gate_s = health.cost_s(base)
+    if opts.restart_s is not None:
+        restart_fixed, restart_basis = opts.restart_s, "--restart-s"
+    else:
+        restart_fixed = r.total_s + gate_s
+        restart_basis = (f"site {site.name}: detect {r.detect_s:g} + requeue {r.requeue_s:g} + "
+                         f"rendezvous {r.rendezvous_s:g} + compile {r.compile_s:g} s"
+                         + (f" + health gate {gate_s:g} s" if gate_s else ""))
     if mtbf_h is None:
         notes.append(mtbf_basis)
     if price is None:
