@@ -417,6 +417,8 @@ def healthy_node(root: Path, neuron: int = 16, nvidia: int = 8, efa: int = 16) -
         (root / "dev" / f"neuron{i}").touch()
     for i in range(nvidia):
         (root / "dev" / f"nvidia{i}").touch()
+        (root / "dev" / f"hl{i}").touch()         # Gaudi: as many cards as GPUs
+    (root / "dev" / "hl_controlD0").touch()       # not a card: the gate must not count it
     for i in range(efa):
         port = root / "sys" / "class" / "infiniband" / f"rdmap{i}s0" / "ports" / "1"
         port.mkdir(parents=True, exist_ok=True)

@@ -512,6 +512,7 @@ class _KubeAPI:
         return path
 
 
+@pytest.mark.slow   # several seconds: the full tier runs it
 @pytest.mark.parametrize("operator", [False, True])
 def test_eks_commands_act_on_the_kind_that_was_submitted(jobgen_proc: Any, tmp_path: Path,
                                                         write_site: Any, operator: bool) -> None:

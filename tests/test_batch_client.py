@@ -479,6 +479,7 @@ def throttling(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         server.server_close()
 
 
+@pytest.mark.slow   # several seconds: the full tier runs it
 def test_throttling_is_retried_by_botocore_then_reported(
         throttling: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """botocore's own retries (standard mode) over real HTTP: two 429s, then the answer; a

@@ -57,6 +57,7 @@ def forbidden(name: str, nodes: int) -> bool:
     return par.global_batch_size % (par.micro_batch_size * dp) != 0
 
 
+@pytest.mark.slow   # several seconds: the full tier runs it
 def test_check_passes_and_skips_only_forbidden_combinations(
         full_check: subprocess.CompletedProcess[str], require: Callable) -> None:
     require.executable("shellcheck")

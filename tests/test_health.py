@@ -42,7 +42,7 @@ def test_gaudi_and_cuda_count_what_their_tool_lists() -> None:
                                         site="dl1-batch"))
     assert bert is not None
     assert bert["devices"]["command"][0] == "hl-smi" and bert["devices"]["count"] == 8
-    assert "files" not in bert["devices"] and bert["efa_interfaces"] == 4
+    assert bert["devices"]["files"] == "/dev/hl[0-9]*" and bert["efa_interfaces"] == 4
     from jobgen.platforms import PLATFORMS
     assert PLATFORMS["p4d.24xlarge"].health.device_command == (
         "nvidia-smi", "--query-gpu=index", "--format=csv,noheader")
@@ -186,13 +186,14 @@ def test_a_healthy_trn1_node_passes_every_check_in_well_under_a_minute(tmp_path:
      "`neuron-ls` exited 3 (nd3: device in error)"),
     (16, ("ACTIVE",) * 7 + ("DOWN",), {"neuron-ls": "true"}, "efa",
      "7 EFA interfaces up (rdmap7s0 down)"),
-    (16, ("ACTIVE",) * 8, {"neuron-ls": "sleep 30"}, "devices", "`neuron-ls` took longer than 5 s"),
+    (16, ("ACTIVE",) * 8, {"neuron-ls": "sleep 30"}, "devices", "`neuron-ls` took longer than 1 s"),
 ])
 def test_a_bad_node_names_the_check_and_the_value_seen(tmp_path: Path, neuron: int,
                                                        efa: tuple[str, ...], tools: dict[str, str],
                                                        check: str, seen: str) -> None:
     started = time.monotonic()
-    proc = _node(tmp_path, TRN1, rank=1, nodes=2, root=_root(tmp_path, neuron, efa), tools=tools)
+    proc = _node(tmp_path, {**TRN1, "timeout_s": 1}, rank=1, nodes=2,
+                 root=_root(tmp_path, neuron, efa), tools=tools)
     assert time.monotonic() - started < 20          # the tool's time limit, not its sleep
     assert proc.returncode == 75, proc.stderr
     line = [x for x in proc.stderr.splitlines() if "failed" in x]
@@ -277,7 +278,7 @@ def test_the_verdict_gives_up_after_max_requeues_and_blames_a_setting_not_every_
         proc.stderr
     _reports(tmp_path, [("n1", [])] + [None])
     (tmp_path / "run" / "logs" / "7" / "node-1" / "health.json").unlink()
-    proc = _node(tmp_path, TRN1, nodes=2, command="verdict --requeues 0")
+    proc = _node(tmp_path, {**TRN1, "timeout_s": 1}, nodes=2, command="verdict --requeues 0")
     assert proc.returncode == 1 and "node(s) 1 did not report" in proc.stderr
     _reports(tmp_path, [("n1", []), ("n2", [])])
     proc = _node(tmp_path, TRN1, nodes=2, command="verdict --requeues 0")
@@ -342,3 +343,13 @@ def test_plan_counts_the_gate_in_every_restart() -> None:
     for with_gate, without in zip(on["rows"], off["rows"]):
         assert with_gate["failures"]["restart_s"] == pytest.approx(
             without["failures"]["restart_s"] + cost)
+
+
+def test_gaudi_device_files_are_the_cards_only(tmp_path: Path) -> None:
+    from conftest import healthy_node
+    root = healthy_node(tmp_path / "node")           # hl0..hl7 and hl_controlD0
+    gaudi = {"devices": {"count": 8, "files": "/dev/hl[0-9]*"}, "shared_free_gib": 0}
+    assert _node(tmp_path, gaudi, root=root).returncode == 0
+    (root / "dev" / "hl7").unlink()
+    proc = _node(tmp_path, gaudi, root=root)
+    assert proc.returncode == 75 and "failed devices: 7 device files /dev/hl[0-9]*" in proc.stderr

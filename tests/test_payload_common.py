@@ -551,6 +551,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow   # several seconds: the full tier runs it
 def test_ranks_agree_on_the_step_when_one_hears_the_signal(tmp_path: Path) -> None:
     """Two real processes (torchrun, gloo): the signal reaches one; both stop at the same step."""
     script = tmp_path / "agree.py"

@@ -256,6 +256,7 @@ def test_watch_fault_switches_parse() -> None:
             faults(env)
 
 
+@pytest.mark.slow   # several seconds: the full tier runs it
 def test_injected_spikes_are_real_and_every_node_beats(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     need("torch", "transformers")
@@ -271,6 +272,7 @@ def test_injected_spikes_are_real_and_every_node_beats(tmp_path: Path,
     assert [(b["node"], b["step"]) for b in beats] == [(0, n) for n in range(1, 10)]
 
 
+@pytest.mark.slow   # several seconds: the full tier runs it
 def test_an_injected_hang_happens_once_per_run(tmp_path: Path) -> None:
     need("torch", "transformers")
     out = tmp_path / "out"

@@ -456,8 +456,9 @@ def main(argv: List[str]) -> int:
         return wait()
     if command == "verdict":
         requeues = int(argv[2]) if len(argv) > 2 and argv[1] == "--requeues" else 0
-        # The controller asks once the gate step has ended: every node has reported by then.
-        return wait(requeues, limit=5.0)
+        # The controller asks once the gate step has ended: every node has reported by then
+        # (a few seconds more for a shared file system that shows new files late).
+        return wait(requeues, limit=min(5.0, float(settings().get("timeout_s", 5))))
     if command == "collective":
         return collective()
     if command == "summary":
