@@ -450,11 +450,12 @@ def test_smoke_rehearsal_of_every_recipe(recipe: str, recipe_jobs: dict[str, Job
         list(range(EVERY, MAX_STEPS + 1, EVERY))
     assert [e["step"] for e in only(train_events, "done")] == [MAX_STEPS]
     assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
-    # Accounting: one srun step on both nodes runs the two-pass flow (payload/common/job_flow.sh).
-    # (accounting may still show the step RUNNING for a moment after the job ended)
+    # Accounting: the health gate's srun step, then one srun step on both nodes that runs the
+    # two-pass flow (payload/common/job_flow.sh). (Accounting may still show a step RUNNING for
+    # a moment after the job ended.)
     steps = wait_until(job, lambda: (lambda s: s if "RUNNING" not in str(s) else None)(
         sacct_steps(job.job_id)), "accounting to record the step's end", 60)
-    assert steps == {"0": ("COMPLETED", "2")}
+    assert steps == {"0": ("COMPLETED", "2"), "1": ("COMPLETED", "2")}
     # The job's own output file has the same events, compile first.
     phases = [e["phase"] for e in read_events(out) if e["event"] == "step"]
     assert phases == ["compile"] * COMPILE_STEPS + ["train"] * MAX_STEPS
@@ -491,7 +492,7 @@ def test_same_spec_again_skips_the_compile_pass(recipe_jobs: dict[str, Job]) -> 
     assert all(e.get("phase") != "compile" for e in read_events(out)), \
         explain(again, "compile-phase events in the second job")
     assert not again.node_log(0, 0, "compile").exists()
-    assert len(sacct_steps(again.job_id)) == 1     # one srun step: training only
+    assert len(sacct_steps(again.job_id)) == 2     # the health gate, then training only
     train_events = again.events(0, "train")
     assert only(train_events, "resume") == []      # its own run: from scratch
     assert steps_of(train_events, "train") == list(range(1, MAX_STEPS + 1))
