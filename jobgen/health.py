@@ -69,7 +69,13 @@ def settings(spec: JobSpec) -> Optional[dict[str, Any]]:
             devices["count_pattern"] = h.device_count_pattern
     if len(devices) > 1:
         out["devices"] = devices
-    efa = platform.efa_interfaces if h.efa_interfaces is None else h.efa_interfaces
+    efa = h.efa_interfaces
+    if efa is None:
+        # A backend whose site says how many interfaces a node gets (Batch's launch template,
+        # EKS's device plugin request) declares `efa_interfaces(spec)`; else all the platform has.
+        from . import backends
+        declared = getattr(backends.get(spec.backend), "efa_interfaces", None)
+        efa = declared(spec) if declared is not None else platform.efa_interfaces
     if efa:
         out["efa_interfaces"] = efa
     # Room for the next checkpoint, sized from the model, unless the site says how much.

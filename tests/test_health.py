@@ -42,7 +42,8 @@ def test_gaudi_and_cuda_count_what_their_tool_lists() -> None:
                                         site="dl1-batch"))
     assert bert is not None
     assert bert["devices"]["command"][0] == "hl-smi" and bert["devices"]["count"] == 8
-    assert bert["devices"]["files"] == "/dev/hl[0-9]*" and bert["efa_interfaces"] == 4
+    # dl1-batch attaches one EFA interface per node (batch.efa_interfaces): the gate checks one.
+    assert bert["devices"]["files"] == "/dev/hl[0-9]*" and bert["efa_interfaces"] == 1
     from jobgen.platforms import PLATFORMS
     assert PLATFORMS["p4d.24xlarge"].health.device_command == (
         "nvidia-smi", "--query-gpu=index", "--format=csv,noheader")
@@ -353,3 +354,19 @@ def test_gaudi_device_files_are_the_cards_only(tmp_path: Path) -> None:
     (root / "dev" / "hl7").unlink()
     proc = _node(tmp_path, gaudi, root=root)
     assert proc.returncode == 75 and "failed devices: 7 device files /dev/hl[0-9]*" in proc.stderr
+
+
+def test_the_gate_checks_the_efa_interfaces_the_site_gives_a_node(tmp_path: Path) -> None:
+    import yaml
+    site = yaml.safe_load((ROOT / "env" / "sites" / "dl1-batch.yaml").read_text())
+    site["name"] = "two-efa"
+    site["batch"]["efa_interfaces"] = {"dl1.24xlarge": 2}
+    path = tmp_path / "two-efa.yaml"
+    path.write_text(yaml.safe_dump(site))
+    spec = api.job_spec("bert1.5b", nodes=2, backend="batch", site=str(path))
+    found = health.settings(spec)
+    assert found is not None and found["efa_interfaces"] == 2
+    site["health"] = {"efa_interfaces": 0}         # the site's health section wins
+    path.write_text(yaml.safe_dump(site))
+    found = health.settings(api.job_spec("bert1.5b", nodes=2, backend="batch", site=str(path)))
+    assert found is not None and "efa_interfaces" not in found

@@ -70,6 +70,11 @@ def efa_devices(spec: JobSpec) -> tuple[str, ...]:
     return platform.efa_devices[:count]
 
 
+def efa_interfaces(spec: JobSpec) -> int:
+    """The EFA interfaces a node has on this backend (the health gate checks them)."""
+    return len(efa_devices(spec))
+
+
 def _instance(spec: JobSpec) -> dict[str, Any]:
     """Where each node runs: the platform's instance with its devices, or for a rehearsal the
     site's CPU instance type with no devices at all."""

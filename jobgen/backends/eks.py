@@ -50,13 +50,20 @@ def job_name(spec: JobSpec) -> str:
     return name or "jobgen"
 
 
+def efa_interfaces(spec: JobSpec) -> int:
+    """The EFA interfaces a pod asks for (the health gate checks them)."""
+    assert spec.site.eks is not None
+    return (spec.site.eks.efa_interfaces or {}).get(spec.platform.name,
+                                                     spec.platform.efa_interfaces)
+
+
 def _resources(spec: JobSpec) -> dict[str, Any]:
     site, platform = spec.site, spec.platform
     assert site.eks is not None
     if spec.rehearsal is not None:
         ask = {"cpu": site.eks.smoke_cpu, "memory": site.eks.smoke_memory}
         return {"requests": ask, "limits": ask}
-    efa = (site.eks.efa_interfaces or {}).get(platform.name, platform.efa_interfaces)
+    efa = efa_interfaces(spec)
     if not 0 <= efa <= platform.efa_interfaces:
         raise ConfigError(f"site {site.name}: eks.efa_interfaces.{platform.name}: {efa} is not "
                           f"between 0 and {platform.efa_interfaces}")
