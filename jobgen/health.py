@@ -18,7 +18,7 @@ from .spec import JobSpec
 DEFAULTS = Health(enabled=True, device_files=None, device_command=None,
                   device_count_pattern=None, efa_interfaces=None, local_free_gib=0.0,
                   shared_free_gib=None, clock_max_offset_ms=100.0, collective_command=None,
-                  collective_pattern=None, collective_floor_gbps=0.0, timeout_s=30,
+                  collective_pattern=None, collective_floor_gbps=0.0, timeout_s=20,
                   max_requeues=3, cost_s=20.0)
 GIB = 1 << 30
 
