@@ -384,3 +384,20 @@ def test_a_batch_job_id_goes_to_batch(jobgen: Callable) -> None:
     result = jobgen("status", "123", "--endpoint-url", "http://127.0.0.1:9")
     assert result.exit_code == 2
     assert "--endpoint-url is for Batch and SageMaker jobs" in result.stderr
+
+
+def test_render_loads_only_rendering() -> None:
+    """The command line is a package of command groups loaded when asked for: rendering imports
+    no other command group, nor planning, watching or any cloud SDK."""
+    code = ("import contextlib, io, sys\n"
+            "import jobgen.cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert jobgen.cli.main(['render', 'neox20b', '--nodes', '4']) == 0\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('jobgen.cli.', "
+            "'jobgen.planning', 'jobgen.watching', 'boto3', 'botocore', 'kubernetes', "
+            "'submitit')))))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["jobgen.cli.app", "jobgen.cli.options",
+                                     "jobgen.cli.render_cmds"]

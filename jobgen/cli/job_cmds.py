@@ -1,0 +1,126 @@
+"""A submitted job and its run: status, logs, cancel, runs."""
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from ..errors import ConfigError, JobgenError, printable
+from .options import _echo_json, _job, _job_backend, _job_options, _json_option
+
+
+@click.command()
+@click.argument("job")
+@_job_backend
+@_job_options
+@_json_option
+def status(job: str, backend: Optional[str], site: Optional[str],
+           endpoint_url: Optional[str], as_json: bool) -> None:
+    """The state of JOB (a run name or a job id): Slurm's from the controller, or from
+    accounting once it ended; Batch's for the job and each node."""
+    impl, ref = _job(job, backend, site, endpoint_url)
+    if as_json:
+        data = impl.status(ref)
+        data["run"] = ref.run.as_dict() if ref.run else None
+        _echo_json(data)
+        return
+    for line in impl.status_lines(ref):
+        click.echo(line)
+
+
+@click.command()
+@click.argument("job")
+@click.option("--node", type=click.IntRange(min=0),
+              help="One node's logs: Slurm, its compile and training logs of every restart "
+                   "(from the run folder); Batch, its CloudWatch stream. Default: the job's "
+                   "output (Slurm), the main node (Batch).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@_job_backend
+@_job_options
+def logs(job: str, node: Optional[int], follow: bool, backend: Optional[str],
+         site: Optional[str], endpoint_url: Optional[str]) -> None:
+    """The logs of JOB (a run name or a job id)."""
+    impl, ref = _job(job, backend, site, endpoint_url)
+    impl.logs(ref, node, follow, lambda text: click.echo(text, nl=False))
+
+
+@click.command()
+@click.argument("job")
+@_job_backend
+@_job_options
+def cancel(job: str, backend: Optional[str], site: Optional[str],
+           endpoint_url: Optional[str]) -> None:
+    """Cancel JOB (a run name or a job id); a job that already ended is left alone."""
+    impl, ref = _job(job, backend, site, endpoint_url)
+    click.echo(impl.cancel(ref))
+
+
+@click.command("runs")
+@click.argument("run_name", metavar="[RUN]", required=False)
+@click.option("--last", type=click.IntRange(min=1), default=20, show_default=True,
+              help="How many of the newest submissions.")
+@click.option("--no-state", is_flag=True, help="Do not ask the schedulers for the states.")
+@_json_option
+def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) -> None:
+    """The jobs jobgen submitted from this account (newest last): run name, backend, job id,
+    recipe, nodes, state (asked of the scheduler now), run folder. With RUN: what that run was
+    submitted with, every submission (its record)."""
+    from .. import backends, runs
+    if run_name is not None:
+        _show_record(run_name, as_json)
+        return
+    rows = []
+    for run in runs.load()[-last:]:
+        row = run.as_dict()
+        if not no_state:
+            try:
+                impl = backends.get(run.scheduler)
+                row["state"] = impl.status(backends.JobRef(run.job_id, run))["state"]
+            except JobgenError as exc:
+                row["state"], row["state_error"] = "?", printable(str(exc))
+        rows.append(row)
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        from ..runs import RECORD, state_dir
+        click.echo(f"no runs recorded in {state_dir() / RECORD}", err=True)
+        return
+    columns = ["name", "backend", "job_id", "recipe", "nodes", "state", "submitted", "run_dir"]
+    if no_state:
+        columns.remove("state")
+    table = [columns] + [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    for line in table:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+    # Why a state is `?`: each reason once, under the table.
+    for reason in dict.fromkeys(r["state_error"] for r in rows if r.get("state_error")):
+        click.echo(f"?: {reason}")
+
+
+def _show_record(run: str, as_json: bool) -> None:
+    from .. import runrecord
+    found = runrecord.find(run)
+    if found is None:
+        raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs)")
+    path, data = found
+    events = runrecord.health_events(run)
+    if as_json:
+        _echo_json({**data, "health": events})
+        return
+    import yaml
+    click.echo(f"# {path}")
+    for index, entry in enumerate(data["submissions"]):
+        shown = {k: v for k, v in entry.items() if k not in ("recipe_text", "site_text", "spec")}
+        click.echo(f"# submission {index + 1} of {len(data['submissions'])}")
+        click.echo(yaml.safe_dump(shown, sort_keys=False, width=100), nl=False)
+    if events:
+        click.echo(f"# the health gate: {len(events)} failed check(s)")
+        for e in events:
+            click.echo(f"- {e.get('time', '?')} job {e.get('job', '?')} allocation "
+                       f"{e.get('allocation', '?')}: node {e.get('node', '?')} "
+                       f"({e.get('host', '?')}) failed {e.get('check', '?')}: {e.get('seen', '?')}"
+                       f"; needs {e.get('needs', '?')} -> {e.get('action', '?')}")
+    click.echo("# the newest submission's resolved spec")
+    click.echo(yaml.safe_dump(data["submissions"][-1]["spec"], sort_keys=False, width=100),
+               nl=False)

@@ -1,0 +1,262 @@
+"""What the commands share: option types, the option groups (spec, Slurm, targets, AWS, jobs)
+and resolving a recipe into a spec."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import click
+
+from ..backends import spec_backend
+from ..errors import ConfigError
+
+F = Callable[..., Any]
+
+
+class _Text(click.ParamType):
+    """A string option that may not be empty (`--site ''` must not mean the default site)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("must not be empty", param, ctx)
+        return value
+
+
+class _Folder(click.Path):
+    """A folder path that may not be empty (click would read '' as the current folder)."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("must not be empty", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class _Amount(click.ParamType):
+    """A finite number more than 0 (1.8e12 tokens, a price, hours), at most `upper` if given."""
+
+    name = "number"
+
+    def __init__(self, upper: Optional[float] = None, unit: str = "") -> None:
+        self.upper, self.unit = upper, unit
+
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Any:
+        unit = f" {self.unit}" if self.unit else ""
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number{' of' + unit if unit else ''}", param, ctx)
+        if self.upper is not None:
+            if not (math.isfinite(number) and 0 < number <= self.upper):
+                self.fail(f"{value} must be more than 0 and at most {self.upper:g}{unit}",
+                          param, ctx)
+        elif not (math.isfinite(number) and number > 0):
+            self.fail(f"{value} must be a number more than 0", param, ctx)
+        return number
+
+
+def _Seconds() -> _Amount:
+    """A number of seconds, more than 0 and at most a day."""
+    amount = _Amount(86400, "seconds")
+    amount.name = "seconds"
+    return amount
+
+
+TEXT = _Text()
+
+
+def _spec_options(func: F) -> F:
+    """The options every command that resolves a recipe takes (defined once)."""
+    for option in reversed((
+        click.option("--nodes", "-n", type=int, help="Node count (default: the recipe's)."),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                     help="Override a recipe value, e.g. --set optim.lr=1e-4 (repeatable)."),
+        click.option("--site", type=TEXT, help="Site profile: a name in env/sites/ or a path "
+                                               "(default: local)."),
+        click.option("--compile", "compile_mode", type=click.Choice(["auto", "always", "never"]),
+                     default="auto", show_default=True,
+                     help="Compile pass: skip it when the cache has this spec's graphs (auto)."),
+        click.option("--run-name", type=TEXT,
+                     help="Run directory name (default: RECIPE-<N>n); a rerun with the same "
+                          "name resumes from its checkpoints."),
+        click.option("--smoke", is_flag=True,
+                     help="Rehearse on CPU: the same job, a tiny model of the recipe's family."),
+        *_SLURM_OPTIONS,
+        click.option("--sbatch-opt", "slurm_sbatch_opt", multiple=True, metavar="NAME=VALUE",
+                     help="Slurm: one more #SBATCH --NAME=VALUE (or --NAME) that jobgen does not "
+                          "own: constraint, gres, mem, mail-type, comment, dependency, ... "
+                          "(repeatable; after the site's slurm.extra_options)."),
+    )):
+        func = option(func)
+    return func
+
+
+# Per-job overrides of the site's Slurm values (spec.SLURM_OPTIONS): they land in click's
+# keyword arguments under the `slurm_` prefix and reach the spec as one mapping.
+_SLURM_OPTIONS = tuple(
+    click.option(f"--{name}", f"slurm_{name}", type=TEXT, metavar=metavar, help=text)
+    for name, metavar, text in (
+        ("partition", "NAME", "Slurm: the partition (default: the site's slurm.partition)."),
+        ("account", "NAME", "Slurm: the account to charge (default: the site's)."),
+        ("qos", "NAME", "Slurm: the quality of service (default: the site's slurm.qos)."),
+        ("reservation", "NAME", "Slurm: run in this reservation (default: the site's)."),
+        ("time", "LIMIT", "Slurm: the time limit, e.g. 2-00:00:00 (default: the recipe's "
+                          "job.time_limit, else the partition's)."),
+        ("exclude", "HOSTS", "Slurm: nodes not to use, e.g. n[3-4],n9."),
+        ("nodelist", "HOSTS", "Slurm: nodes the job must include.")))
+
+
+def _slurm_overrides(kwargs: dict[str, Any]) -> dict[str, Optional[str]]:
+    """Take the --partition ... options out of a command's keyword arguments."""
+    return {key[len("slurm_"):]: kwargs.pop(key) for key in list(kwargs)
+            if key.startswith("slurm_")}
+
+
+def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = "slurm",
+          slurm: Optional[dict[str, Optional[str]]] = None) -> Any:
+    from .. import api
+    return api.job_spec(recipe, nodes, overrides=overrides, site=site,
+                        backend=spec_backend(backend),  # type: ignore[arg-type]
+                        compile_mode=compile_mode,  # type: ignore[arg-type]
+                        run_name=run_name, smoke=smoke, slurm=slurm)
+
+
+_target_options = (
+    click.option("--tokens", type=_Amount(), help="Train to this many tokens (like 1.8e12): the "
+                                                  "schedule's steps as `jobgen plan` counts them."),
+    click.option("--samples", type=_Amount(), help="Train to this many samples (sequences)."))
+
+
+def _targeted(func: F) -> F:
+    for option in reversed(_target_options):
+        func = option(func)
+    return func
+
+
+def _with_target(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
+                 site: Optional[str], backend: str, smoke: bool, tokens: Optional[float],
+                 samples: Optional[float]) -> tuple[str, ...]:
+    """The overrides, plus schedule.max_steps for a --tokens/--samples target (what plan
+    assumes is then what the job trains; the run's record keeps the override)."""
+    if tokens is None and samples is None:
+        return overrides
+    from .. import api
+    spec = _spec(recipe, nodes, overrides, site, "auto", None, smoke, backend)
+    return overrides + (f"schedule.max_steps={api.steps_for_target(spec, tokens, samples)}",)
+
+
+def _backend_option(choices: tuple[str, ...], help: str) -> Callable[[F], F]:
+    return click.option("--backend", type=click.Choice(choices), default="slurm",
+                        show_default=True, help=help)
+
+
+_json_option = click.option("--json", "as_json", is_flag=True,
+                            help="Print JSON (for programs) instead of text.")
+
+
+def _echo_json(data: Any) -> None:
+    import json
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _aws_flag(name: str) -> Callable[[F], F]:
+    """--region / --profile: the AWS CLI's flags, ahead of AWS_REGION / AWS_PROFILE, the site
+    and the AWS config file (jobgen/batch_client.py: region)."""
+    def remember(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
+        if value is not None:
+            from ..batch_client import FLAGS
+            from ..site import REGION_RE
+            if name == "region" and not REGION_RE.fullmatch(value):
+                raise click.BadParameter(f"{value!r} is not an AWS region name (like us-east-1)")
+            FLAGS[name] = value
+    what = ("the AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the site's, the AWS "
+            "config's)" if name == "region" else "the AWS profile of the config and "
+            "credentials files (default: AWS_PROFILE, else default)")
+    return click.option(f"--{name}", type=TEXT, metavar=name.upper(), expose_value=False,
+                        callback=remember, help=f"Batch, SageMaker: {what}.")
+
+
+_endpoint_option = click.option(
+    "--endpoint-url", metavar="URL", type=TEXT,
+    help="Batch, SageMaker: an AWS endpoint (e.g. a moto server); default: AWS_ENDPOINT_URL or "
+         "AWS's own.")
+
+
+def _submit_options(func: F) -> F:
+    """The options of a submission (defined once: `submit` and its alias `batch submit`)."""
+    for option in reversed((
+        click.option("--amend", is_flag=True,
+                     help="Submit into an existing run although its training values or "
+                          "payload differ (a longer schedule, say); the run's record keeps "
+                          "every submission."),
+        click.option("--wait", is_flag=True,
+                     help="Follow the job until it ends; exit with its status."),
+        click.option("--poll", type=_Seconds(), metavar="SECONDS",
+                     help="How often --wait asks the scheduler (default: 2 s Slurm, 15 s "
+                          "Batch)."),
+        click.option("--queue", type=TEXT,
+                     help="Batch: the job queue (default: the site's batch.job_queue)."),
+        _endpoint_option, _aws_flag("region"), _aws_flag("profile"),
+        click.option("--dry-run", is_flag=True,
+                     help="Print what would run instead of running it: Slurm, a bash script of "
+                          "the sbatch commands with their scripts (`| bash` submits it); Batch, "
+                          "the RegisterJobDefinition and SubmitJob requests; submitit, its "
+                          "parameters and each node's command. Checks and submits nothing."),
+    )):
+        func = option(func)
+    return func
+
+
+def _job_options(func: F) -> F:
+    """How a submitted job is named and where to ask about it (status, logs, cancel, and their
+    `jobgen batch` aliases)."""
+    func = _aws_flag("profile")(_aws_flag("region")(_endpoint_option(func)))
+    return click.option("--site", type=TEXT,
+                        help="Batch: site profile (region, log group; default: the run's, "
+                             "else local).")(func)
+
+
+def _job(ref: str, backend: Optional[str], site: Optional[str],
+         endpoint_url: Optional[str]) -> tuple[Any, Any]:
+    """(the backend, the job) for REF: a run name or a job id jobgen recorded (its backend comes
+    from the record), else a job id of `backend` (default slurm)."""
+    from .. import backends, runs
+    if not ref.strip():
+        raise click.UsageError("the job must not be empty (a run name or a job id)")
+    found = runs.find(ref)
+    if found is not None:
+        if backend is not None and backend != found.scheduler:
+            raise ConfigError(f"{ref}: recorded as a {found.backend} job, not {backend}")
+        name = found.scheduler
+        job_id = found.job_id if ref == found.name else ref
+    else:   # Batch job ids are UUIDs; Slurm's are numbers
+        uuid = re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}(#\d+)?", ref)
+        name, job_id = backend or ("batch" if uuid else "slurm"), ref
+    if name in ("batch", "sagemaker"):
+        _need_aws_sdk(name)
+    elif endpoint_url is not None:
+        raise click.UsageError("--endpoint-url is for Batch and SageMaker jobs")
+    return backends.get(name), backends.JobRef(job_id, found, site, endpoint_url)
+
+
+_job_backend = click.option("--backend", type=click.Choice(["slurm", "batch", "sagemaker",
+                                                          "eks"]),
+                            help="Whose job id this is, for ids jobgen did not record "
+                                 "(default: slurm).")
+
+
+def _need_aws_sdk(backend: str = "batch") -> None:
+    """Without the [batch] extra, one line naming it (exit 2) before anything is written."""
+    if backend in ("batch", "sagemaker"):
+        from ..batch_client import require_sdk
+        require_sdk(f"--backend {backend}", ("botocore",), extra=backend)

@@ -1,0 +1,70 @@
+"""`jobgen plan`: time, cost and goodput before a reservation is booked."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from .options import TEXT, _Amount, _echo_json, _json_option
+
+
+@click.command("plan")
+@click.argument("recipe")
+@click.option("--nodes", "-n", "node_text", metavar="LIST",
+              help="Node counts: 16,32,64, or 4..64 (doubling from 4 to 64) (default: the "
+                   "recipe's).")
+@click.option("--tokens", type=_Amount(), help="Train to this many tokens (like 1.8e12).")
+@click.option("--samples", type=_Amount(), help="Train to this many samples (sequences).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe value, as for render (repeatable).")
+@click.option("--site", type=TEXT, help="Site profile: prices, node MTBF, storage (default: "
+                                        "local).")
+@click.option("--price", type=_Amount(), help="US dollars per node-hour (default: the site's).")
+@click.option("--rate", type=TEXT, help="Which of the site's prices: on_demand, reserved_3y, ...")
+@click.option("--node-mtbf-hours", type=_Amount(),
+              help="Mean hours between failures of one node (default: the site's).")
+@click.option("--restart-s", type=click.FloatRange(min=0),
+              help="Seconds from a failure to training again, before the checkpoint load "
+                   "(default: the site's plan.restart).")
+@click.option("--storage-mb-s", type=_Amount(),
+              help="Checkpoint storage bandwidth, MB/s, read and write (default: the site's).")
+@click.option("--checkpoint-gb", type=_Amount(),
+              help="Checkpoint size in GB (default: from the model's parameters).")
+@click.option("--measurements", "measurement_files", multiple=True, metavar="FILE",
+              help="Throughput rows of your own, in the form of "
+                   "recipes/measurements/published.yaml (repeatable).")
+@click.option("--from-run", "from_runs", multiple=True, metavar="RUN",
+              help="Use the throughput a finished run logged (a run name or job id; "
+                   "repeatable).")
+@click.option("--simulate", type=click.IntRange(min=2, max=1_000_000), metavar="N",
+              help="Check the expected goodput with N simulated runs (Monte Carlo).")
+@click.option("--seed", type=int, default=0, show_default=True, help="The simulation's seed.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a PNG: time to target and goodput against nodes (needs "
+                   "matplotlib).")
+@_json_option
+def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
+             site: Optional[str], plot_path: Optional[Path], as_json: bool,
+             **options: Any) -> None:
+    """How long, how much, and how much failures take: throughput from published
+    measurements (marked measured or modelled), time and cost to a target, and the expected
+    goodput at the recipe's checkpoint interval and at the recommended one."""
+    from ..planning import planner, report
+    if node_text is not None:
+        counts = planner.parse_nodes(node_text)
+    else:
+        from .. import recipe as recipes
+        counts = [recipes.load(recipe, list(overrides))[0].nodes]
+    options["measurement_files"] = tuple(options["measurement_files"])
+    options["from_runs"] = tuple(options["from_runs"])
+    options["simulate"] = options["simulate"] or 0
+    result = planner.plan(recipe, counts, overrides, site, planner.Options(**options))
+    if plot_path is not None:
+        report.plot(result, plot_path)
+    if as_json:
+        _echo_json(report.as_json(result))
+    else:
+        click.echo(report.text(result), nl=False)
+    if plot_path is not None and not as_json:
+        click.echo(f"plot: {plot_path}")

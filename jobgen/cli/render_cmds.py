@@ -1,0 +1,178 @@
+"""Reading and rendering: list, show, render, check, schema, image-context."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..backends import BACKENDS
+from ..errors import ConfigError
+from .options import (
+    TEXT,
+    _backend_option,
+    _echo_json,
+    _Folder,
+    _json_option,
+    _need_aws_sdk,
+    _slurm_overrides,
+    _spec,
+    _spec_options,
+    _targeted,
+    _with_target,
+)
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for programs) instead of text.")
+def list_cmd(as_json: bool) -> None:
+    """The built-in recipes, one line each."""
+    from .. import recipe as recipes
+    rows = []
+    for name in recipes.recipe_names():
+        rec, _ = recipes.load(name)
+        rows.append((rec.name, rec.payload, rec.platform, f"{rec.nodes}n", rec.description))
+    if not rows:
+        from ..resources import folder
+        raise ConfigError(f"no recipes in {folder('recipes')} (this installation has lost its "
+                          "built-in recipes: reinstall jobgen)")
+    if as_json:
+        _echo_json([{"name": r[0], "payload": r[1], "platform": r[2], "nodes": int(r[3][:-1]),
+                     "description": r[4]} for r in rows])
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])
+
+
+@click.command()
+@click.argument("recipe")
+@_spec_options
+@_backend_option(BACKENDS, "Resolve for this backend (paths differ on Batch).")
+@_targeted
+@_json_option
+def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+         compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
+         tokens: Optional[float], samples: Optional[float], as_json: bool,
+         **slurm: Optional[str]) -> None:
+    """The resolved job spec: every value, plus derived sizes (DP, accumulation, tokens/step);
+    with --smoke, what the rehearsal trains instead."""
+    overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
+                 _slurm_overrides(slurm))
+    from .. import userconfig
+    from ..payloads import key_report
+    shown = spec.as_dict()
+    ref, origin = userconfig.site(site)
+    # Where the site came from: --site, JOBGEN_SITE, the config file, or the built-in default.
+    said = origin if ref == spec.site.name or origin == "--site" else f"{origin} ({ref})"
+    shown = {k: v for key, value in shown.items()
+             for k, v in ([(key, value), ("site_from", said)] if key == "site"
+                          else [(key, value)])}
+    # Which values reach the trainer: the rest must stay at their defaults (or are refused).
+    shown["payload_keys"] = key_report(spec.recipe)
+    from .. import health
+    shown["health_gate"] = health.describe(spec)
+    if as_json:
+        _echo_json(shown)
+        return
+    import yaml
+    click.echo(yaml.safe_dump(shown, sort_keys=False, default_flow_style=False,
+                              width=100), nl=False)
+
+
+@click.command()
+@click.argument("recipe")
+@_spec_options
+@_backend_option(BACKENDS, "An sbatch script, a Batch job definition, what submitit is "
+                           "handed, or the local run's node commands.")
+@click.option("--output-dir", "-o", type=_Folder(),
+              help="Write the job's files into this folder (atomically) instead of stdout.")
+@_targeted
+def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+           compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
+           output_dir: Optional[Path], tokens: Optional[float], samples: Optional[float],
+           **slurm: Optional[str]) -> None:
+    """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
+    from .. import api
+    _need_aws_sdk(backend)
+    overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
+                 _slurm_overrides(slurm))
+    plan = api.plan(spec, backend)
+    from ..backends import get as backend_impl
+    if output_dir is None:
+        click.echo(plan.text, nl=False)
+        # Out first, then the payload snapshot the script points at (or the image check of a
+        # container backend): output that cannot be written leaves nothing behind, and
+        # `render | sbatch` reads to the end of the output, which comes when jobgen exits.
+        sys.stdout.flush()
+    written = plan.write(output_dir) if output_dir is not None else []
+    backend_impl(backend).prepare(spec, strict=False, say=lambda m: click.echo(m, err=True))
+    for path in written:
+        click.echo(str(path))
+
+
+@click.command()
+@click.option("--site", type=TEXT, help="Site profile to render for (default: local).")
+@click.option("--recipe", "recipes", multiple=True, help="Only these recipes (repeatable).")
+@click.option("--test-only", is_flag=True,
+              help="Also ask the Slurm controller with `sbatch --test-only` (node counts the "
+                   "cluster can hold).")
+@click.option("--no-shellcheck", is_flag=True,
+              help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Try every node count from 1 to this (or the site's limit, if lower).")
+@click.option("--backend", type=click.Choice(["slurm", "batch", "sagemaker", "eks"]),
+              default="slurm", show_default=True,
+              help="Check sbatch scripts, Batch job definitions, SageMaker training job "
+                   "requests or EKS manifests.")
+@_json_option
+def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
+          no_shellcheck: bool, max_nodes: int, backend: str, as_json: bool) -> None:
+    """Dry-run every recipe at every node count the site allows (up to --max-nodes): render,
+    shellcheck, optionally `sbatch --test-only`. Exits 1 if anything failed or a check could
+    not run."""
+    from .. import check as checking
+    _need_aws_sdk(backend)
+    report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
+                          shellcheck=not no_shellcheck, backend=backend,  # type: ignore[arg-type]
+                          max_nodes=max_nodes)
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        click.echo(report.table())
+    if not report.ok:
+        raise SystemExit(1)
+
+
+@click.command("schema")
+@click.argument("what", type=click.Choice(["recipe", "site"]))
+def schema_cmd(what: str) -> None:
+    """The JSON Schema (draft 2020-12) of a recipe or a site profile, generated from the records
+    and value rules the loader uses: point an editor at it with a
+    `# yaml-language-server: $schema=FILE` line."""
+    from .. import json_schema
+    _echo_json(json_schema.recipe_schema() if what == "recipe" else json_schema.site_schema())
+
+
+@click.command("image-context")
+@click.argument("folder", type=_Folder())
+def image_context(folder: Path) -> None:
+    """Write the build context of jobgen's container images to FOLDER (a new folder): the
+    payload with its digest file, and env/containers/; print the docker build commands, whose
+    tags carry the payload id that jobs rendered by this jobgen name."""
+    import shutil
+
+    from .. import resources, snapshot
+    full = snapshot.digest()
+    if folder.exists():
+        raise ConfigError(f"{folder}: exists; give a new folder")
+    snapshot.export(folder / "payload", full)
+    shutil.copytree(resources.folder("containers"), folder / "env" / "containers")
+    tag = snapshot.short(full)
+    for name, dockerfile in (("jobgen-neuron", "neuron"), ("jobgen-habana", "habana"),
+                             ("jobgen-smp", "sagemaker-pytorch")):
+        click.echo(f"docker build -f {folder}/env/containers/{dockerfile}.Dockerfile "
+                   f"--label io.jobgen.payload={full} -t {name}:{tag} {folder}")

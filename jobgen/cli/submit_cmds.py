@@ -1,0 +1,246 @@
+"""Submitting: submit, resubmit, and the local rehearsal `run`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from ..backends import SUBMITTED
+from ..errors import ConfigError
+from .options import (
+    _backend_option,
+    _endpoint_option,
+    _need_aws_sdk,
+    _Seconds,
+    _slurm_overrides,
+    _spec,
+    _spec_options,
+    _submit_options,
+    _targeted,
+    _with_target,
+)
+
+
+@click.command()
+@click.argument("recipe")
+@_spec_options
+@_backend_option(SUBMITTED, "Where the job goes: sbatch, an AWS Batch multi-node job, or "
+                            "Slurm through submitit.")
+@click.option("--via", type=click.Choice(["sbatch", "submitit"]), hidden=True,
+              help="Old spelling of --backend slurm|submitit.")
+@click.option("--chain", is_flag=True,
+              help="Slurm: compile and train as two jobs; training depends on the compile job "
+                   "(afterok).")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
+              help="One job per combination of the values (repeatable; a Slurm job array "
+                   "where the jobs' #SBATCH lines agree), each with its own run name.")
+@click.option("--no-check", is_flag=True,
+              help="Slurm: submit without first checking, from this host, that the launcher "
+                   "and the trainer are where the site says and that the partition has the "
+                   "nodes.")
+@_submit_options
+@_targeted
+def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+           compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
+           via: Optional[str], chain: bool, sweeps: tuple[str, ...], no_check: bool,
+           amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
+           endpoint_url: Optional[str], dry_run: bool, tokens: Optional[float],
+           samples: Optional[float], **slurm: Optional[str]) -> None:
+    """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
+    (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
+    if via is not None:
+        backend = "submitit" if via == "submitit" else "slurm"
+    overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
+    _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
+            not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
+            sweeps, amend)
+
+
+def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
+            site: Optional[str], compile_mode: str, run_name: Optional[str], smoke: bool,
+            backend: str, chain: bool, check: bool, wait: bool, poll: Optional[float],
+            queue: Optional[str], endpoint_url: Optional[str], dry_run: bool,
+            slurm: Optional[dict[str, Optional[str]]] = None,
+            sweeps: tuple[str, ...] = (), amend: bool = False,
+            pinned: Optional[tuple[Any, Path, Path]] = None) -> None:
+    """`pinned`: (spec, recipe file, site file) of `jobgen resubmit`, resolved already."""
+    import os
+
+    from .. import backends, runs
+    if queue is not None and backend != "batch":
+        raise click.UsageError("--queue is for --backend batch")
+    if endpoint_url is not None and backend not in ("batch", "sagemaker"):
+        raise click.UsageError("--endpoint-url is for --backend batch or sagemaker")
+    if chain and backend != "slurm":
+        raise click.UsageError(f"--chain is for --backend slurm ({backend} runs both passes in "
+                               "one job)")
+    if chain and sweeps:
+        raise click.UsageError("--chain and --sweep together are not supported: submit the "
+                               "sweep as one job per combination (both passes in each)")
+    if backend in ("batch", "sagemaker"):
+        _need_aws_sdk(backend)
+    spec = pinned[0] if pinned is not None else \
+        _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, slurm)
+    specs = [spec]
+    point_overrides: list[tuple[str, ...]] = [()]
+    if sweeps:
+        from .. import sweep
+        points = sweep.points(sweeps, spec.run_name)
+        point_overrides = [point.overrides + sweep.port_override(
+            point, i, spec.recipe.job.master_port, sweeps) for i, point in enumerate(points)]
+        specs = [_spec(recipe, nodes, overrides + extra, site, compile_mode, point.run_name,
+                       smoke, backend, slurm) for point, extra in zip(points, point_overrides)]
+    impl = backends.get(backend)
+    options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
+                                     endpoint_url=endpoint_url,
+                                     say=lambda note: click.echo(note, err=True))
+    from ..backends import slurm as slurm_backend
+    array = backend == "slurm" and len(specs) > 1 and slurm_backend.sweepable(specs)
+    if dry_run:
+        if array:
+            click.echo(slurm_backend.dry_run_sweep(specs, options), nl=False)
+        else:
+            for one in specs:
+                click.echo(impl.dry_run(one, options), nl=False)
+        return
+    if site is None:   # the user's default (JOBGEN_SITE, the config file, local), recorded
+        from .. import userconfig
+        site = userconfig.site(None)[0]
+    site_ref = site if not ("/" in site or site.endswith((".yaml", ".yml"))) \
+        else os.path.abspath(site)
+    from .. import runrecord
+    here = getattr(impl, "RUN_DIR_HERE", False)
+    from ..recipe import locate as locate_recipe
+    from ..site import locate as locate_site
+    recipe_file, site_file = (pinned[1], pinned[2]) if pinned is not None else \
+        (locate_recipe(recipe)[0], locate_site(site)[0])
+    entries = []
+    for one, point in zip(specs, point_overrides):
+        new = runrecord.submission(one, backend=backend, overrides=overrides + point,
+                                   site_ref=site_ref or "", recipe_file=recipe_file,
+                                   site_file=site_file, amend=amend, resubmit=pinned is not None)
+        entries.append((new, runrecord.admit(one, new, here, amend)))
+    if array:
+        submitted = slurm_backend.submit_sweep(specs, options)
+    else:
+        submitted = [impl.submit(one, options) for one in specs]
+    refs: list[Any] = []
+    for one, done in zip(specs, submitted):
+        for note in done.notes:
+            click.echo(note, err=True)
+        click.echo(" ".join(done.job_ids) + (f"  {one.run_name}" if len(specs) > 1 else ""))
+        run_dir = one.run_dir if backend in ("batch", "sagemaker", "eks") \
+            else os.path.abspath(one.run_dir)
+        record = runs.Run(name=one.run_name, backend=backend, job_id=done.job_id,
+                          recipe=one.recipe.name, nodes=one.nodes, site=site_ref or "",
+                          run_dir=run_dir, submitted=runs.now(), jobs=done.job_ids,
+                          smoke=one.smoke, endpoint_url=endpoint_url, queue=done.queue,
+                          max_steps=(one.rehearsal.max_steps if one.rehearsal
+                                     else one.recipe.schedule.max_steps),
+                          seq_length=(one.rehearsal.seq_length if one.rehearsal
+                                      else one.recipe.model.seq_length))
+        new, old = entries[len(refs)]
+        for warning in (runs.record(record),
+                        runrecord.commit(one, new, old, done.job_ids, here)):
+            if warning:
+                click.echo(f"warning: {warning}", err=True)
+        refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
+    if wait:
+        from ..progress import Ticker
+        default_poll = 15.0 if backend in ("batch", "sagemaker", "eks") else 2.0
+        def steps() -> str:   # the newest step, where the run folders are on this machine
+            from ..progress import newest_step
+            if not getattr(impl, "RUN_DIR_HERE", False):
+                return ""
+            found = [(newest_step(r.run.run_dir, r.job_id), r.run.max_steps) for r in refs]
+            return ", ".join(f"step {n}/{m}" for n, m in found if n is not None)
+
+        with Ticker(steps=steps) as ticker:
+            statuses = [impl.wait(ref, ticker.say, poll if poll is not None else default_poll)
+                        for ref in refs]
+        raise SystemExit(max(statuses))
+
+
+@click.command()
+@click.argument("run")
+@click.option("--no-check", is_flag=True,
+              help="Slurm: submit without first checking from this host (as for submit).")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends; exit with its status.")
+@click.option("--poll", type=_Seconds(), metavar="SECONDS", help="How often --wait asks.")
+@_endpoint_option
+@click.option("--dry-run", is_flag=True, help="Print what would run; submit nothing.")
+def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
+             endpoint_url: Optional[str], dry_run: bool) -> None:
+    """Submit RUN again exactly as it was last submitted: its recorded recipe and site files,
+    overrides, node count, Slurm request and payload snapshot (refused where this jobgen would
+    train anything else)."""
+    import tempfile
+
+    from .. import runrecord
+    found = runrecord.find(run)
+    if found is None:
+        raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs "
+                          "submitted from this account)")
+    with tempfile.TemporaryDirectory(prefix="jobgen-resubmit-") as tmp:
+        spec, recipe_file, site_file, last = runrecord.recorded_spec(found[1], Path(tmp))
+        try:   # where it was submitted from: the site's relative paths start there
+            os.chdir(last["cwd"])
+        except OSError as exc:
+            raise ConfigError(f"{run}: cannot go to {last['cwd']}, where it was submitted "
+                              f"from: {exc.strerror}") from None
+        _submit(last["recipe"], spec.nodes, tuple(last["overrides"]), last["site"] or None,
+                spec.compile_mode, spec.run_name, spec.smoke, last["backend"], False,
+                not no_check, wait, poll, None, endpoint_url, dry_run,
+                pinned=(spec, recipe_file, site_file))
+
+
+@click.command()
+@click.argument("recipe")
+@_spec_options
+@click.option("--dry-run", is_flag=True,
+              help="Print each emulated node's command and environment; run nothing.")
+@click.option("--backend", "run_backend", type=click.Choice(["local", "sagemaker", "eks"]),
+              default="local", show_default=True,
+              help="Whose nodes to emulate: jobgen's own, the SageMaker training job's "
+                   "instances or the EKS job's pods (their rendered commands and environment).")
+def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+        compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
+        run_backend: str, **slurm: Optional[str]) -> None:
+    """Run the job on this machine, no scheduler: one process group per emulated node (use
+    --smoke where there are no accelerators). Exits with the main node's status."""
+    from .. import local_runner
+    given = [k.replace("_", "-") for k, v in _slurm_overrides(slurm).items()
+             if v not in (None, ())]
+    if given:
+        raise click.UsageError(f"--{given[0]} is a Slurm setting; `jobgen run` uses no "
+                               "scheduler")
+    spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
+    if dry_run and run_backend != "local":
+        import json
+        for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run",
+                                                                  write=False)):
+            click.echo(json.dumps({"node": index, "argv": argv, "env": env}, indent=2))
+        return
+    if dry_run:
+        from .. import backends
+        click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
+        return
+    import time
+
+    from .. import runs
+    # Recorded like a submission, so `jobgen runs` and `status` know it (its state is the
+    # status its nodes wrote: jobgen/backends/local.py).
+    job_id = f"local-{int(time.time())}"
+    warning = runs.record(runs.Run(
+        name=spec.run_name, backend="local", job_id=job_id, recipe=spec.recipe.name,
+        nodes=spec.nodes, site=site or "", run_dir=os.path.abspath(spec.run_dir),
+        submitted=runs.now(), jobs=(job_id,), smoke=spec.smoke))
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    status = local_runner.run(spec, emit=click.echo, job_id=job_id)
+    if status == 75:
+        click.echo("jobgen: the health gate found a bad node (the lines above name it and the "
+                   "check); nothing was compiled or trained", err=True)
+    raise SystemExit(status)

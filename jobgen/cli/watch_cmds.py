@@ -1,0 +1,94 @@
+"""`jobgen watch`: a running job's health, and what to do about it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from ..errors import ConfigError
+from .options import _Amount, _Folder, _job, _job_backend, _job_options, _json_option
+
+
+@click.command("watch")
+@click.argument("job", required=False)
+@click.option("--run-dir", type=_Folder(),
+              help="The run folder: without JOB, judge it as recorded (nothing is acted on); "
+                   "with JOB, where that job writes (for jobs jobgen did not record).")
+@click.option("--on-hang", type=click.Choice(["requeue", "stop", "notify"]),
+              help="What to do when the job hangs (default: report only).")
+@click.option("--on-diverge", type=click.Choice(["requeue", "stop", "rollback", "notify"]),
+              help="What to do when training diverges: rollback resumes from the checkpoint "
+                   "before it began (default: report only).")
+@click.option("--notify", "notify_spec", metavar="cmd:COMMAND",
+              help="A command run (sh -c) for every action taken and as the notify action; "
+                   "the alert reaches it as JOBGEN_ALERT_* variables and JSON on stdin.")
+@click.option("--max-actions", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Requeues, stops and rollbacks at most.")
+@click.option("--poll", "poll_s", type=_Amount(3600, "seconds"), default=5.0,
+              show_default=True, help="Seconds between looks at the job and its files.")
+@click.option("--every", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds between status lines when stdout is not a terminal.")
+@click.option("--max-steps", type=click.IntRange(min=1),
+              help="The run's last step, for the time to finish (default: recorded).")
+@click.option("--spike-window", type=click.IntRange(min=2), default=20, show_default=True,
+              help="Steps in the running mean of the gradient norm (and of the loss).")
+@click.option("--spike-margin", type=click.FloatRange(min=0), default=0.1, show_default=True,
+              help="A spike: gradient norm above the running mean plus this.")
+@click.option("--spike-patience", type=click.IntRange(min=1), default=5, show_default=True,
+              help="A spike lasting this many steps is divergence.")
+@click.option("--growth-factor", type=_Amount(), default=3.0, show_default=True,
+              help="Divergence: gradient norm above this x its lowest running mean ...")
+@click.option("--growth-steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="... for this many steps in a row.")
+@click.option("--loss-spike", type=_Amount(), default=0.5, show_default=True,
+              help="A loss spike: loss above (1 + this) x its running mean.")
+@click.option("--hang-factor", type=_Amount(), default=10.0, show_default=True,
+              help="A hang: no step for this x the median step time ...")
+@click.option("--hang-min", "hang_min_s", type=click.FloatRange(min=0), default=300.0,
+              show_default=True, help="... and at least this many seconds (saves take long).")
+@click.option("--drop", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+              default=0.3, show_default=True,
+              help="A throughput drop: the recent median this fraction below the earlier one.")
+@click.option("--drop-steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Steps in the recent median (the earlier one needs twice as many).")
+@click.option("--restarts-per-node", type=click.IntRange(min=1), default=2, show_default=True,
+              help="A bad node: the first to fail in this many allocations.")
+@_job_backend
+@_job_options
+@_json_option
+def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str],
+              on_diverge: Optional[str], notify_spec: Optional[str], max_actions: int,
+              poll_s: float, every: float, max_steps: Optional[int], backend: Optional[str],
+              site: Optional[str], endpoint_url: Optional[str], as_json: bool,
+              **rule_values: Any) -> None:
+    """Follow JOB (a run name or a job id) while it runs: gradient-norm and loss spikes,
+    divergence, non-finite values, hangs, a silent node, throughput drops and a node that keeps
+    causing restarts; act on hangs and divergence when asked. Exits when the job ends (0 if it
+    completed), with a summary."""
+    from ..watching import command
+    from ..watching.detectors import Rules
+    from ..watching.watcher import Policy
+    rules = Rules(**rule_values)
+    if job is None:
+        if run_dir is None:
+            raise click.UsageError("give JOB (a run name or a job id) or --run-dir FOLDER")
+        if on_hang or on_diverge or notify_spec:
+            raise click.UsageError("--on-hang, --on-diverge and --notify act on a job: give JOB")
+        summary = command.watch_recorded(run_dir, rules, as_json)
+        raise SystemExit(1 if any(a.category != "report" for a in summary.alerts) else 0)
+    notify = command.parse_notify(notify_spec)
+    if "notify" in (on_hang, on_diverge) and notify is None:
+        raise click.UsageError("the notify action needs --notify cmd:COMMAND")
+    impl, ref = _job(job, backend, site, endpoint_url)
+    name = impl.__name__.rsplit(".", 1)[-1]
+    if name not in ("slurm", "batch"):
+        # SageMaker's and EKS's jobs have no reader here yet (CloudWatch, pod logs).
+        raise ConfigError(f"{job}: a {name} job cannot be watched while it runs (jobgen watch "
+                          "follows Slurm and AWS Batch jobs); judge its run folder afterwards "
+                          "with jobgen watch --run-dir FOLDER")
+    summary = command.watch_job(name, ref, run_dir=run_dir, rules=rules,
+                                policy=Policy(on_hang, on_diverge, notify, max_actions),
+                                as_json=as_json, poll_s=poll_s, every=every,
+                                max_steps=max_steps)
+    raise SystemExit(0 if summary.state in ("COMPLETED", "SUCCEEDED") else 1)
