@@ -44,6 +44,18 @@ class _Group(click.Group):
                                          where[1])
         return command
 
+    def resolve_command(
+            self, ctx: click.Context, args: list[str],
+    ) -> tuple[Optional[str], Optional[click.Command], list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            # click suggests close names from the commands it holds: none are loaded yet.
+            unknown = getattr(click.exceptions, "NoSuchCommand", None)
+            if unknown is not None and isinstance(exc, unknown) and args:
+                raise unknown(args[0], possibilities=COMMANDS, ctx=ctx) from None
+            raise
+
     def invoke(self, ctx: click.Context) -> Any:
         loaded = sys.modules.get(f"{_JOBGEN}.batch_client")
         if loaded is not None:   # --region/--profile are one command's (in-process callers)
