@@ -20,7 +20,7 @@ from . import api
 from . import recipe as recipe_module
 from .errors import ConfigError, JobgenError, RuleError
 from .record import record
-from .spec import CONTAINER_BACKENDS, Backend
+from .spec import Backend
 
 MAX_NODES = 128   # the default bound of the node counts tried
 SHELLCHECK_ARGS = ("-S", "warning", "-s", "bash", "-f", "gcc")
@@ -174,45 +174,36 @@ def _test_only(rows: list[Row], report: Report) -> None:
     report.notes.append(f"sbatch --test-only: checked against a cluster of {total} nodes")
 
 
-def _eks_version() -> str:
-    from .backends.eks import K8S_VERSION
-    return K8S_VERSION
-
-
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
         test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm",
         max_nodes: int = MAX_NODES) -> Report:
+    from . import backends
     from . import site as sites
     profile = sites.load(site)   # an unknown site or recipe is one error, not a table of them
-    if backend == "slurm" and profile.slurm.max_nodes == 0:
+    declared = backends.declaration(backend)
+    if not declared.checks:
+        raise ConfigError(f"--backend {backend}: jobgen check checks "
+                          f"{', '.join(backends.having(lambda d: d.checks))}")
+    if declared.site_section == "slurm" and profile.slurm.max_nodes == 0:
         raise ConfigError(f"site {profile.name} has no Slurm cluster (slurm.max_nodes: 0): "
                           "check its AWS Batch job definitions with --backend batch")
-    section = getattr(profile, backend) if backend in CONTAINER_BACKENDS else None
-    if backend in CONTAINER_BACKENDS and section is None:
-        raise ConfigError(f"site {profile.name} has no {backend} section: nothing to check "
-                          f"with --backend {backend}")
+    section = getattr(profile, declared.site_section)
+    if section is None:
+        raise ConfigError(f"site {profile.name} has no {declared.site_section} section: "
+                          f"nothing to check with --backend {backend}")
     names = recipes or recipe_module.recipe_names()
     for name in names:
         recipe_module.locate(name)
-    limit = section.max_nodes if section is not None else profile.slurm.max_nodes
+    limit = section.max_nodes
     counts = range(1, min(limit, max_nodes) + 1)
     report = Report(_render_matrix(site, names, backend, counts))
     report.notes.append(f"node counts 1 to {counts.stop - 1} (site {profile.name} allows "
                         f"{limit}; bound {max_nodes})")
-    if backend == "eks":
-        try:
-            from importlib.metadata import version
-            report.notes.append("manifests validated against the Kubernetes "
-                                f"{_eks_version()} schemas (kubernetes-validate "
-                                f"{version('kubernetes-validate')})")
-        except Exception:  # noqa: BLE001  (not installed: the [eks] extra)
-            report.problems.append("kubernetes-validate is not installed, so the manifests "
-                                   "were not checked against the Kubernetes schemas: pip "
-                                   "install 'jobgen[eks]'")
-    if backend == "sagemaker":
-        report.notes.append("requests validated against botocore's SageMaker model "
-                            "(members, types, lengths, counts, patterns, instance types)")
-    if backend != "slurm":
+    # What the backend checked beyond rendering (schemas, service models), or could not.
+    notes, problems = backends.get(backend).checked()
+    report.notes += notes
+    report.problems += problems
+    if not declared.shellcheck:
         return report
     if shellcheck:
         problem = _shellcheck(report.rows)

@@ -53,8 +53,9 @@ def settings(spec: JobSpec) -> Optional[dict[str, Any]]:
         return None
     h = merged(spec)
     out: dict[str, Any] = {"timeout_s": h.timeout_s, "max_requeues": h.max_requeues}
-    needs_local = bool(spec.site.paths.local_compile_cache) and spec.backend not in (
-        "batch", "sagemaker")
+    from . import backends
+    needs_local = bool(spec.site.paths.local_compile_cache) and \
+        backends.declaration(spec.backend).local_cache_step
     if spec.smoke:
         out["shared_free_gib"] = round(_checkpoint_gib(spec), 3)
         out["skipped"] = ["devices", "EFA", "clock", "collective"]
@@ -121,7 +122,7 @@ def describe(spec: JobSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"enabled": True, "checks": checks,
                            "timeout_s": found["timeout_s"], "cost_s": h.cost_s}
     from . import backends
-    out["on_failure"] = backends.get(spec.backend).HEALTH_ON_FAILURE.replace(
+    out["on_failure"] = backends.declaration(spec.backend).health_on_failure.replace(
         "health.max_requeues", f"{found['max_requeues']} (health.max_requeues)")
     if found.get("skipped"):
         out["skipped"] = "a CPU rehearsal: " + ", ".join(found["skipped"])

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from . import launch, node
-from .errors import ConfigError
 from .spec import JobSpec
 
 # How long the emulated nodes wait for each other (Batch's default).
@@ -42,14 +41,14 @@ def node_commands(spec: JobSpec, job_id: str) -> list[tuple[list[str], dict[str,
     return out
 
 
-def _relocate(value: str, moves: list[tuple[str, str]]) -> str:
+def relocate(value: str, moves: list[tuple[str, str]]) -> str:
     """`value` with each image path in `moves` replaced by this machine's."""
     for old, new in moves:
         value = value.replace(old, new)
     return value
 
 
-def _image_moves(spec: JobSpec, entrypoint: str, script: str) -> list[tuple[str, str]]:
+def image_moves(spec: JobSpec, entrypoint: str, script: str) -> list[tuple[str, str]]:
     """What the image holds, found in this checkout: payload/ and the entrypoint."""
     from . import resources, snapshot
     return [(entrypoint, str(resources.folder("containers") / script)),
@@ -59,76 +58,6 @@ def _image_moves(spec: JobSpec, entrypoint: str, script: str) -> list[tuple[str,
 def _image_payloads() -> Path:
     """Where a container rehearsal keeps the payload its emulated image holds (a snapshot)."""
     return Path.cwd() / ".jobgen-rehearsal" / "payload"
-
-
-def sagemaker_commands(spec: JobSpec, job_id: str, root: Path,
-                       write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
-    """Each instance of the rendered CreateTrainingJob request, emulated: the container's
-    entrypoint and arguments with the request's Environment, TRAINING_JOB_NAME, and what
-    SageMaker writes on every instance (/opt/ml/input/config/resourceconfig.json and
-    hyperparameters.json), under ROOT/algo-N/opt/ml: each instance has its own disk, as on
-    SageMaker (the run folder, its checkpoints and logs are node 0's under algo-1). Those files
-    are written only with `write` (not for a dry run)."""
-    import json
-
-    from .backends import sagemaker
-    request = sagemaker.training_job(spec)
-    site = spec.site.sagemaker
-    assert site is not None
-    hosts = [f"algo-{i + 1}" for i in range(spec.nodes)]
-    algorithm = request["AlgorithmSpecification"]
-    out = []
-    for host in hosts:
-        opt_ml = root / host / "opt" / "ml"
-        moves = _image_moves(spec, site.entrypoint, "sagemaker-entrypoint.sh") + [
-            ("/opt/ml/", f"{opt_ml}/")]
-        config = opt_ml / "input" / "config"
-        if write:
-            config.mkdir(parents=True, exist_ok=True)
-            (config / "resourceconfig.json").write_text(json.dumps({
-                "current_host": host, "current_instance_type": request["ResourceConfig"][
-                    "InstanceType"], "current_group_name": "homogeneousCluster",
-                "hosts": hosts, "network_interface_name": "eth0"}), encoding="utf-8")
-            (config / "hyperparameters.json").write_text(json.dumps({
-                k: _relocate(v, moves) for k, v in request["HyperParameters"].items()}),
-                encoding="utf-8")
-        env = {k: _relocate(v, moves) for k, v in request["Environment"].items()}
-        env.update({"TRAINING_JOB_NAME": job_id, "SM_INPUT_CONFIG_DIR": str(config),
-                    # algo-1 resolves inside SageMaker's network; here every instance is local
-                    "JOBGEN_MAIN_HOST": "127.0.0.1"})
-        argv = [_relocate(a, moves) for a in algorithm["ContainerEntrypoint"]
-                + algorithm["ContainerArguments"]]
-        out.append((argv, env))
-    return out
-
-
-def eks_commands(spec: JobSpec, job_id: str,
-                 root: Path) -> list[tuple[list[str], dict[str, str]]]:
-    """Each pod of the rendered Indexed Job, emulated: the container's command and arguments
-    with its environment, JOB_COMPLETION_INDEX and HOSTNAME as Kubernetes sets them, the main
-    pod's Service name resolved to this machine, and the node-local compile cache (a hostPath)
-    under ROOT/node-K."""
-    from .backends import eks
-    docs = eks.manifests(spec)
-    job = docs[-1]
-    if job["kind"] != "Job":
-        raise ConfigError("jobgen run --backend eks rehearses the Indexed Job form; this site "
-                          "renders a PyTorchJob (eks.training_operator)")
-    site = spec.site.eks
-    assert site is not None
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    name = job["metadata"]["name"]
-    out = []
-    for index in range(spec.nodes):
-        moves = _image_moves(spec, site.entrypoint, "eks-entrypoint.sh") + [
-            (site.local_cache_host_path, str(root / f"node-{index}" /
-                                             site.local_cache_host_path.lstrip("/")))]
-        env = {e["name"]: _relocate(e["value"], moves) for e in container["env"]}
-        env.update({"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"{name}-{index}",
-                    "JOBGEN_MAIN_HOST": "127.0.0.1", "JOBGEN_K8S_JOB": job_id})
-        argv = [_relocate(a, moves) for a in container["command"] + container["args"]]
-        out.append((argv, env))
-    return out
 
 
 def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None]) -> None:
@@ -155,16 +84,15 @@ def commands(spec: JobSpec, job_id: str,
     """The emulated nodes of `spec`'s backend: jobgen's own nodes, or a service's containers
     (with `write`, the files a service puts on each instance; a dry run writes nothing)."""
     root = Path.cwd() / ".jobgen-rehearsal" / job_id
-    if spec.backend == "sagemaker":
-        return sagemaker_commands(spec, job_id, root, write)
-    if spec.backend == "eks":
-        return eks_commands(spec, job_id, root)
+    from . import backends
+    if backends.declaration(spec.backend).container:
+        return backends.module(spec.backend, "rehearsal").commands(spec, job_id, root, write)
     return node_commands(spec, job_id)
 
 
 def _first_end(procs: list[subprocess.Popen], any_failure: bool) -> int:
-    """The job's status: the main node's, or (`any_failure`: SageMaker ends a training job when
-    any instance's container fails) the first node's that fails."""
+    """The job's status: the main node's, or (`any_failure`: the service ends the job when any
+    node fails, as SageMaker does) the first node's that fails."""
     while True:
         status = procs[0].poll()
         if status is not None:
@@ -183,8 +111,9 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
     from . import snapshot
     job_id = job_id or f"local-{int(time.time())}"
     # The payload the nodes run: the job's snapshot, or the one the emulated image holds.
-    root = str(_image_payloads()) if spec.backend in ("sagemaker", "eks") \
-        else spec.site.snapshot_root
+    from . import backends
+    declared = backends.declaration(spec.backend)
+    root = str(_image_payloads()) if declared.container else spec.site.snapshot_root
     snapshot.place(root, spec.payload_digest)
     procs, pumps = [], []
     for index, (argv, env) in enumerate(commands(spec, job_id)):
@@ -202,7 +131,7 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
         pump.start()
         pumps.append(pump)
     try:
-        status = _first_end(procs, spec.backend == "sagemaker")
+        status = _first_end(procs, declared.any_node_failure_ends)
         deadline = time.monotonic() + grace_s
         for proc in procs[1:]:
             try:

@@ -17,9 +17,7 @@ from .payloads import Launch, compile_cache_env, compile_key, env_block
 from .record import record
 from .spec import JobSpec
 
-Executor = Literal["slurm", "batch", "submitit", "local", "sagemaker", "eks"]
-# Executors whose nodes are containers: their entrypoint (env/containers/) finds the node's place.
-CONTAINERS = ("batch", "sagemaker", "eks")
+Executor = str   # a backend's name (jobgen.backends.names()): what runs the nodes
 Passes = Literal["both", "compile", "train"]
 
 # What the executor sets on each node, at run time.
@@ -88,19 +86,24 @@ def documentation() -> dict[str, str]:
 
 def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
              passes: Passes = "both", base: str = "",
-             rdzv_timeout_s: Optional[int] = None) -> NodeContract:
+             rdzv_timeout_s: Optional[int] = None,
+             shared: Optional[bool] = None) -> NodeContract:
     """The job-wide variables for `spec` run by `executor`. `base` is prefixed to relative site
-    paths where the executor resolves them on the submitting machine (submitit)."""
+    paths where the executor resolves them on the submitting machine (submitit); `shared`:
+    whether the nodes share storage, where the site decides it (default: as declared)."""
     site, recipe = spec.site, spec.recipe
 
     def path(p: str) -> str:
         return p if not base or p.startswith("/") else f"{base}/{p}"
 
+    from . import backends
     ((cache_var, cache_value),) = compile_cache_env(spec, "DIR").items()
-    container = executor in CONTAINERS
-    # Slurm and submitit nodes share the submission folder; EKS pods share the FSx claim;
-    # Batch and SageMaker nodes have their own disks (the entrypoint says so on the node).
-    shared = not container or (executor == "eks" and bool(site.eks and site.eks.shared_pvc))
+    # What the executor's nodes are, as it declares: containers (their entrypoint, env/containers/,
+    # finds the node's place), on shared storage or each on its own disk (`shared` overrides
+    # what it declares where its site decides: EKS pods share the FSx claim where it is one).
+    declared = backends.declaration(executor)
+    container = declared.container
+    shared = declared.shared_fs if shared is None else shared
     return NodeContract(
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),
@@ -115,9 +118,9 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_PASSES="" if passes == "both" else passes,
         JOBGEN_COMPILE_MODE=spec.compile_mode,
         JOBGEN_COMPILE_CACHE=path(site.paths.compile_cache),
-        # Batch and SageMaker nodes have no node-local cache step (their cache is their own).
+        # Nodes on their own disks have no node-local cache step (their cache is their own).
         JOBGEN_LOCAL_COMPILE_CACHE=(site.paths.local_compile_cache or "")
-        if executor not in ("batch", "sagemaker") else "",
+        if declared.local_cache_step else "",
         JOBGEN_COMPILE_KEY=compile_key(spec, lau),
         JOBGEN_CACHE_VAR=cache_var,
         JOBGEN_CACHE_SUFFIX=cache_value[len("DIR"):],
@@ -128,12 +131,11 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_SHARED_FS="1" if shared else "",
         # submitit's nodes share the folder: the main node writes, the others' trainers start
         # once it has reached the rendezvous. Slurm's controller does it once itself.
-        JOBGEN_SETUP_ON={"submitit": "main", "eks": "main" if shared else ""}.get(executor, ""),
-        JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if executor in ("slurm", "submitit")
-        else "",
+        JOBGEN_SETUP_ON="main" if declared.setup_on_main and shared else "",
+        JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if declared.resolves_master else "",
         JOBGEN_ACTIVATE=(site.setup.activate or "") if not container else "",
         # Only the sbatch script's controller forwards Slurm's time-limit warning.
-        JOBGEN_STOP_SIGNAL=lau.stop_signal if executor == "slurm" else "",
+        JOBGEN_STOP_SIGNAL=lau.stop_signal if declared.forwards_stop_signal else "",
         JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
         JOBGEN_HEALTH=_health(spec),

@@ -23,7 +23,7 @@ RECORD = "runs.jsonl"
 @_record.record
 class Run:
     name: str                  # the run name (the run folder's name; reruns of it resume)
-    backend: str               # slurm | submitit | batch | sagemaker | eks
+    backend: str               # a backend's name (jobgen.backends.names())
     job_id: str                # the job that trains (the second one of a --chain)
     recipe: str
     nodes: int
@@ -40,7 +40,8 @@ class Run:
     @property
     def scheduler(self) -> str:
         """Who answers for the job: submitit's jobs are Slurm jobs."""
-        return "slurm" if self.backend == "submitit" else self.backend
+        from . import backends
+        return backends.scheduler(self.backend)
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -78,13 +78,7 @@ def rehearsal(recipe: Recipe) -> Rehearsal:
         decay_steps=max(2, round(steps * (s.decay_steps or s.max_steps) / s.max_steps)),
         max_predictions=SMOKE["max_predictions"], samples=SMOKE["samples"])
 CompileMode = Literal["auto", "always", "never"]
-Backend = Literal["slurm", "batch", "local", "sagemaker", "eks"]
-# Backends whose nodes are containers with jobgen's payload/ in the image.
-CONTAINER_BACKENDS = ("batch", "sagemaker", "eks")
-# Where a SageMaker node keeps a run (synced to and restored from the site's S3 URI) and finds
-# its data channel.
-SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
-SAGEMAKER_DATA = "/opt/ml/input/data/train"
+Backend = str   # a backend's name: jobgen.backends.names()
 
 
 @record
@@ -277,11 +271,19 @@ class JobSpec:
         return posixpath.join(self.site.paths.work_dir, self.run_name)
 
     @property
+    def slurm_job(self) -> bool:
+        """Whether its nodes are a Slurm allocation's (or emulate one: jobgen run)."""
+        from . import backends
+        return backends.declaration(self.backend).site_section == "slurm"
+
+    @property
     def payload_dir(self) -> str:
         """Where the job's payload is on the nodes: its snapshot on the site's shared storage
         (Slurm, submitit, jobgen run), the image's copy in a container."""
-        if self.backend in CONTAINER_BACKENDS:
-            section = getattr(self.site, self.backend)
+        from . import backends
+        declared = backends.declaration(self.backend)
+        if declared.container:
+            section = getattr(self.site, declared.site_section)
             return (section.payload_dir if section else None) or IMAGE_PAYLOAD_DIR
         from . import snapshot
         return snapshot.folder(self.site.snapshot_root, self.payload_digest)
@@ -306,7 +308,7 @@ class JobSpec:
             **({"slurm": {**{k: v for k, v in dataclasses.asdict(self.slurm).items()
                              if v is not None and k != "extra"},
                           **({"extra": dict(self.slurm.extra)} if self.slurm.extra else {})}}
-               if self.backend in ("slurm", "local") else {}),
+               if self.slurm_job else {}),
             "derived": {
                 "workers_per_node": self.workers_per_node,
                 "world_size": self.world_size,
@@ -476,7 +478,9 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if n > platform.max_nodes:
         raise RuleError(f"--nodes {n}: {platform.name} jobs are limited to "
                         f"{platform.max_nodes} nodes")
-    if backend in ("slurm", "local"):
+    from . import backends
+    declared = backends.declaration(backend)
+    if declared.site_section == "slurm":
         if site.slurm.max_nodes == 0:
             raise ConfigError(f"site {site.name} has no Slurm cluster (slurm.max_nodes: 0): "
                               "render for AWS Batch with --backend batch, or submit with "
@@ -488,24 +492,14 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
                               "(slurm.platforms)")
         limit, key = site.slurm.max_nodes, "slurm.max_nodes"
     else:
-        section = getattr(site, backend)
+        section = getattr(site, declared.site_section)
         if section is None:
-            example, holds = {"batch": ("dl1-batch", "job queue, images, roles"),
-                              "sagemaker": ("sagemaker", "role, images, S3 locations"),
-                              "eks": ("sagemaker", "namespace, images, FSx claim")}[backend]
-            raise ConfigError(f"site {site.name} has no {backend} section ({holds}): use a "
-                              f"site with one (like {example}), or the Slurm backend")
-        limit, key = section.max_nodes, f"{backend}.max_nodes"
-        if backend == "sagemaker":
-            # A SageMaker node keeps the run in its checkpoint folder (synced to S3) and reads
-            # the data channel; the compile cache goes to S3 with the checkpoints.
-            site = dataclasses.replace(site, paths=dataclasses.replace(
-                site.paths, work_dir=SAGEMAKER_CHECKPOINTS, data_dir=SAGEMAKER_DATA,
-                compile_cache=section.compile_cache, local_compile_cache=None))
-        elif backend == "eks":
-            # The training pass reads the compile cache from the node's own disk (hostPath).
-            site = dataclasses.replace(site, paths=dataclasses.replace(
-                site.paths, local_compile_cache=section.local_cache_host_path))
+            raise ConfigError(f"site {site.name} has no {declared.site_section} section "
+                              f"({declared.site_section_holds}): use a site with one (like "
+                              f"{declared.site_example}), or the Slurm backend")
+        limit, key = section.max_nodes, f"{declared.site_section}.max_nodes"
+        # Where the backend's nodes keep the run, the data and the compile cache.
+        site = backends.get(backend).node_site(site)  # type: ignore[attr-defined]
     if n > limit:
         raise RuleError(f"--nodes {n}: site {site.name} allows at most {limit} nodes "
                         f"({key})")
@@ -514,12 +508,12 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if not schema.NAME_RE.fullmatch(name):
         raise ConfigError(f"--run-name: {schema.describe(name)} must match "
                           f"{schema.NAME_RE.pattern}")
-    if backend in CONTAINER_BACKENDS:
+    if not declared.takes("slurm_request") and declared.site_section != "slurm":
         given = sorted(k for k, v in (slurm or {}).items() if v not in (None, ()))
         if given:
             option = given[0].replace("_", "-")
             raise ConfigError(f"--{option}: a Slurm setting; a {backend} job takes its "
-                              f"limits from the site's {backend} section")
+                              f"limits from the site's {declared.site_section} section")
         request = SlurmRequest()
     else:
         request = slurm_request(site, recipe, slurm or {}, n)

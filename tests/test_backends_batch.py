@@ -1,4 +1,4 @@
-"""jobgen/backends/batch.py: the multi-node job definition of every recipe, byte-compared with
+"""jobgen/backends/batch/backend.py: the multi-node job definition of every recipe, byte-compared with
 tests/golden/batch/, validated offline as the AWS CLI would send it, and its Batch-specific
 values (devices, retry strategy, node ranges, learning-rate scaling) checked one by one."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen import api, batch_rules
-from jobgen.backends import batch
+from jobgen import api
+from jobgen.backends.batch import backend as batch
+from jobgen.backends.batch import rules as batch_rules
 from jobgen.errors import JobgenError
 
 SITE = "dl1-batch"

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_batch_client import _aws_env, aws, moto_inprocess, moto_url  # noqa: E402,F401
 
 from jobgen import api, recipe  # noqa: E402
-from jobgen.backends import eks, sagemaker  # noqa: E402
+from jobgen.backends.eks import backend as eks  # noqa: E402
+from jobgen.backends.sagemaker import backend as sagemaker  # noqa: E402
 from jobgen.errors import ConfigError, JobgenError, RuleError  # noqa: E402
 
 RECIPES = ("neox20b", "pythia6.9b", "llama2-7b", "bert1.5b", "bert-large")
@@ -238,6 +239,82 @@ def test_sagemaker_submit_status_logs_cancel_over_http(jobgen: Jobgen, aws: str,
     stop = jobgen("cancel", name, "--backend", "sagemaker", "--site", "local")
     assert stop.exit_code == 1 and "StopTrainingJob" in stop.output
     assert "Traceback" not in stop.output and len(stop.output.strip().splitlines()) == 1
+
+
+def _events(steps: range, spike_at: int) -> list[str]:
+    """The JSON events a training pass prints (payload/common/events.py's format)."""
+    from datetime import datetime, timezone
+
+    def at(n: int) -> str:
+        return datetime.fromtimestamp(1_700_000_000 + n, timezone.utc).isoformat(
+            timespec="milliseconds")
+    lines = [json.dumps({"event": "start", "phase": "train", "step": 0, "time": at(0)})]
+    lines += [json.dumps({"event": "step", "phase": "train", "step": n, "loss": 5.0 - 0.01 * n,
+                          "grad_norm": 40.0 if n == spike_at else 1.0 + 0.01 * (n % 3),
+                          "consumed_samples": n * 8, "time": at(n)}) for n in steps]
+    return lines
+
+
+@pytest.mark.moto
+def test_watch_follows_a_sagemaker_job_through_its_cloudwatch_logs(
+        jobgen: Jobgen, aws: str, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobgen watch` on a SageMaker job reads its instances' CloudWatch streams (moto over
+    HTTP): the gradient-norm spike in algo-1's events is found, and the job's end (Completed)
+    is the watch's exit 0."""
+    import boto3
+    monkeypatch.chdir(tmp_path)
+    run = f"w-{uuid.uuid4().hex[:8]}"
+    submitted = jobgen("submit", "llama2-7b", "--backend", "sagemaker", "--nodes", "2",
+                       "--run-name", run)
+    assert submitted.exit_code == 0, submitted.output
+    name = submitted.stdout.strip().splitlines()[-1]
+    logs = boto3.client("logs", region_name="us-east-1", endpoint_url=aws)
+    try:
+        logs.create_log_group(logGroupName=sagemaker.LOG_GROUP)
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    for host, lines in (("algo-1", _events(range(1, 61), spike_at=30)),
+                        ("algo-2", ["plain text from the second instance"])):
+        stream = f"{name}/{host}-1700000000"
+        logs.create_log_stream(logGroupName=sagemaker.LOG_GROUP, logStreamName=stream)
+        logs.put_log_events(logGroupName=sagemaker.LOG_GROUP, logStreamName=stream,
+                            logEvents=[{"timestamp": 1_700_000_000_000 + i, "message": line}
+                                       for i, line in enumerate(lines)])
+    watched = jobgen("watch", run, "--json", "--poll", "0.1")
+    assert watched.exit_code == 0, watched.output
+    records = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [(r["kind"], r["step"]) for r in records if r["type"] == "alert"] == \
+        [("grad_spike", 30)]
+    assert [r["step"] for r in records if r["type"] == "step"] == list(range(1, 61))
+    assert records[-1]["type"] == "summary" and records[-1]["state"] == "Completed"
+    # Rolling back needs the run folder here; a SageMaker job's is in S3: refused up front.
+    refused = jobgen("watch", run, "--on-diverge", "rollback")
+    assert refused.exit_code == 2 and "needs the run folder on this machine" in refused.output
+
+
+def test_stream_reader_counts_restarts_and_speaks_for_rank_zero() -> None:
+    """The reader of a service's node logs: node 0's events are the job's, other nodes count
+    for their beats only, and a second training start is a new allocation."""
+    from jobgen.watching.target import StreamReader, lines_after
+    first = _events(range(1, 4), spike_at=-1)
+    again = _events(range(3, 5), spike_at=-1)
+    beat = json.dumps({"event": "beat", "phase": "train", "step": 4, "node": 1,
+                       "time": "2023-11-14T22:13:24.000+00:00"})
+    batches = [{0: first, 1: [beat, json.dumps({"event": "step", "step": 9,
+                                                "time": "2023-11-14T22:13:24.000+00:00"})]},
+               {0: again}, {}]
+    reader = StreamReader(lambda: batches.pop(0), Path("."), clock=lambda: 100.0)
+    seen = reader.read()
+    assert [(o.kind, o.step, o.restart) for o in seen if o.kind != "beat"] == \
+        [("start", 0, 0), ("step", 1, 0), ("step", 2, 0), ("step", 3, 0)]
+    assert [(o.kind, o.node) for o in seen if o.kind == "beat"] == [("beat", 1)]
+    assert [(o.kind, o.step, o.restart) for o in reader.read()] == \
+        [("start", 0, 1), ("step", 3, 1), ("step", 4, 1)]
+    assert reader.read() == [] and reader.silence(130.0) == {0: 30.0, 1: 30.0}
+    # A pod's log re-read whole: only the complete lines not seen yet.
+    assert lines_after("a\nb\nc", 0) == (["a", "b"], 2)
+    assert lines_after("a\nb\nc\nd\n", 2) == (["c", "d"], 4)
 
 
 # --- EKS: the manifests --------------------------------------------------------------------------

@@ -24,8 +24,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from jobgen import batch_client
+from jobgen import aws as aws_layer
 from jobgen import site as sites
+from jobgen.backends.batch import client as batch_client
 from jobgen.errors import ConfigError, RemoteError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +296,7 @@ def _jobgen_process(*args: str, env: dict[str, str]) -> subprocess.CompletedProc
 def test_no_credentials_is_one_line_exit_1() -> None:
     result = _jobgen_process("batch", "submit", "bert-large", "-n", "2", env=_clean_env())
     assert (result.returncode, result.stdout) == (1, "")
-    assert result.stderr == f"error: {batch_client.NO_CREDENTIALS}\n"
+    assert result.stderr == f"error: {aws_layer.NO_CREDENTIALS}\n"
 
 
 def test_unreachable_endpoint_is_one_line_exit_1() -> None:
@@ -335,17 +336,17 @@ def test_render_and_import_do_not_load_the_aws_sdk(args: list[str]) -> None:
 def test_client_region_and_endpoint(monkeypatch: pytest.MonkeyPatch, write_site: Any) -> None:
     _aws_env(monkeypatch, None)
     local = sites.load("local")
-    assert batch_client.client(local).meta.region_name == "us-east-1"
-    explicit = batch_client.client(local, "http://127.0.0.1:9", service="logs")
+    assert aws_layer.client(local).meta.region_name == "us-east-1"
+    explicit = aws_layer.client(local, "http://127.0.0.1:9", service="logs")
     assert (explicit.meta.endpoint_url, explicit.meta.service_model.service_name) == (
         "http://127.0.0.1:9", "logs")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:8")
-    assert batch_client.client(local).meta.endpoint_url == "http://127.0.0.1:8"
+    assert aws_layer.client(local).meta.endpoint_url == "http://127.0.0.1:8"
     no_region = sites.load(str(write_site("local", {"batch.region": None})))
     with pytest.raises(ConfigError, match=r"^site local: no AWS region: set batch.region"):
-        batch_client.client(no_region)
+        aws_layer.client(no_region)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    assert batch_client.client(no_region).meta.region_name == "eu-west-1"
+    assert aws_layer.client(no_region).meta.region_name == "eu-west-1"
 
 
 @pytest.mark.parametrize("run,name", [("bert1.5b-16n", "bert1-5b-16n"), ("a b/c", "a-b-c"),
@@ -396,7 +397,7 @@ def test_cancel_queued_or_started_job(stubbed: tuple[Any, Any], jobgen: Jobgen,
     client, stub = stubbed
     stub.add_response("describe_jobs", {"jobs": [mnp("j1", state)]}, {"jobs": ["j1"]})
     stub.add_response(call, {}, {"jobId": "j1", "reason": "cancelled with jobgen"})
-    monkeypatch.setattr(batch_client, "client", lambda *a, **k: client)
+    monkeypatch.setattr(aws_layer, "client", lambda *a, **k: client)
     result = jobgen("batch", "cancel", "j1")
     assert (result.exit_code, result.stdout) == (0, said + "\n"), result.output
 
@@ -486,13 +487,13 @@ def test_throttling_is_retried_by_botocore_then_reported(
     user's AWS_MAX_ATTEMPTS is honoured, and running out of attempts is one line."""
     local = sites.load("local")
     _Throttling.throttle = 2
-    assert batch_client.describe(batch_client.client(local, throttling), "j1")["status"] \
+    assert batch_client.describe(aws_layer.client(local, throttling), "j1")["status"] \
         == "RUNNING"
     assert _Throttling.seen == ["/v1/describejobs"] * 3
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     _Throttling.throttle, _Throttling.seen = 5, []
     with pytest.raises(RemoteError) as info:
-        batch_client.describe(batch_client.client(local, throttling), "j1")
+        batch_client.describe(aws_layer.client(local, throttling), "j1")
     assert str(info.value) == ("AWS Batch DescribeJobs: throttled (TooManyRequestsException) "
                                "after 2 attempts; try again later")
     assert len(_Throttling.seen) == 2
@@ -501,19 +502,19 @@ def test_throttling_is_retried_by_botocore_then_reported(
 def test_retry_settings_default_and_from_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
     _aws_env(monkeypatch, None)
     local = sites.load("local")
-    made = batch_client.client(local, "http://127.0.0.1:9")
+    made = aws_layer.client(local, "http://127.0.0.1:9")
     assert made.meta.config.retries == {"mode": "standard",
-                                        "total_max_attempts": batch_client.MAX_ATTEMPTS}
+                                        "total_max_attempts": aws_layer.MAX_ATTEMPTS}
     monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
-    made = batch_client.client(local, "http://127.0.0.1:9")
+    made = aws_layer.client(local, "http://127.0.0.1:9")
     assert made.meta.config.retries == {"mode": "adaptive", "total_max_attempts": 3}
 
 
 def test_bad_request_parameters_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     """botocore checks the request before it needs credentials or a connection."""
     _aws_env(monkeypatch, None)
-    client = batch_client.client(sites.load("local"), "http://127.0.0.1:9")
+    client = aws_layer.client(sites.load("local"), "http://127.0.0.1:9")
     with pytest.raises(ConfigError) as info:
         batch_client.describe(client, 42)  # type: ignore[arg-type]
     assert str(info.value) == ("AWS Batch request: Invalid type for parameter jobs[0], value: 42, "
@@ -666,15 +667,15 @@ def test_region_from_aws_region_which_botocore_ignores(
     no_region = sites.load(str(write_site("local", delete=["batch.region"])))
     monkeypatch.setenv("AWS_REGION", "ap-south-2")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    assert batch_client.client(no_region).meta.region_name == "ap-south-2"
+    assert aws_layer.client(no_region).meta.region_name == "ap-south-2"
     # The AWS CLI's order: the environment before the site (and --region before both).
-    assert batch_client.client(sites.load("local")).meta.region_name == "ap-south-2"
+    assert aws_layer.client(sites.load("local")).meta.region_name == "ap-south-2"
     monkeypatch.delenv("AWS_REGION")
     monkeypatch.delenv("AWS_DEFAULT_REGION")
-    assert batch_client.client(sites.load("local")).meta.region_name == "us-east-1"
-    monkeypatch.setitem(batch_client.FLAGS, "region", "sa-east-1")
+    assert aws_layer.client(sites.load("local")).meta.region_name == "us-east-1"
+    monkeypatch.setitem(aws_layer.FLAGS, "region", "sa-east-1")
     monkeypatch.setenv("AWS_REGION", "ap-south-2")
-    assert batch_client.client(sites.load("local")).meta.region_name == "sa-east-1"
+    assert aws_layer.client(sites.load("local")).meta.region_name == "sa-east-1"
 
 
 @pytest.mark.parametrize("where,status,said", [
@@ -740,10 +741,10 @@ def test_password_in_an_unreachable_endpoint_is_not_shown(
 def test_redact(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_SESSION_TOKEN", "short")   # too short to be told from words
-    assert batch_client.redact(f"a https://u:{PASSWORD}@h/x and HTTP://u@h b {SECRET} short"
+    assert aws_layer.redact(f"a https://u:{PASSWORD}@h/x and HTTP://u@h b {SECRET} short"
                                ) == "a https://***@h/x and HTTP://***@h b *** short"
-    assert batch_client.redact(f"htp:/u:{PASSWORD}@h") == "htp:/***@h"
-    assert batch_client.redact("mailto me@example.com, s3://bucket/key@v") == \
+    assert aws_layer.redact(f"htp:/u:{PASSWORD}@h") == "htp:/***@h"
+    assert aws_layer.redact("mailto me@example.com, s3://bucket/key@v") == \
         "mailto me@example.com, s3://bucket/key@v"
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen import batch_rules
+from jobgen.backends.batch import rules as batch_rules
 from jobgen.errors import ConfigError
 
 RANGES = ("nodeProperties", "nodeRangeProperties")

@@ -383,7 +383,7 @@ def test_a_batch_job_id_goes_to_batch(jobgen: Callable) -> None:
     assert "--endpoint-url: 'not a url' is not an endpoint URL" in result.stderr
     result = jobgen("status", "123", "--endpoint-url", "http://127.0.0.1:9")
     assert result.exit_code == 2
-    assert "--endpoint-url is for Batch and SageMaker jobs" in result.stderr
+    assert "--endpoint-url is for batch and sagemaker jobs" in result.stderr
 
 
 def test_render_loads_only_rendering() -> None:

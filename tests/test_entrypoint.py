@@ -104,7 +104,7 @@ def smoke_definition() -> Definition:
     global _DEFINITION
     if _DEFINITION is None:
         from jobgen import api
-        from jobgen.backends import batch
+        from jobgen.backends.batch import backend as batch
 
         spec = api.job_spec("bert1.5b", 2, site="local", backend="batch", smoke=True)
         jd = batch.job_definition(spec)

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, launch, local_runner, node, submitit_runner
-from jobgen.backends import batch
+from jobgen import api, launch, local_runner, node
+from jobgen.backends.batch import backend as batch
+from jobgen.backends.submitit import runner as submitit_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = [ROOT / "payload" / "common" / "job_flow.sh",

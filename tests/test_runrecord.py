@@ -308,14 +308,20 @@ def test_missing_package_data_is_one_line(tmp_path: Path) -> None:
 
 
 def test_watch_says_which_jobs_it_cannot_follow(tmp_path: Path) -> None:
-    """A SageMaker or EKS job is not routed to Slurm's controller: one line, exit 2."""
-    for backend in ("sagemaker", "eks"):
-        proc = subprocess.run([str(JOBGEN), "watch", "some-job", "--backend", backend],
-                              capture_output=True, text=True, cwd=tmp_path, check=False)
-        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
-        assert proc.stderr == (f"error: some-job: a {backend} job cannot be watched while it "
-                               "runs (jobgen watch follows Slurm and AWS Batch jobs); judge its "
-                               "run folder afterwards with jobgen watch --run-dir FOLDER\n")
+    """A backend that declares it cannot be watched (a local run: it ran in the foreground)
+    says so in one line, exit 2, and where to look instead."""
+    env = {**os.environ, "JOBGEN_STATE_DIR": str(tmp_path / "state")}
+    from jobgen import runs
+    record = runs.Run(name="r1", backend="local", job_id="local-1", recipe="llama2-7b", nodes=2,
+                      site="", run_dir=str(tmp_path / "r1"), submitted="2026-01-01T00:00:00Z")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / runs.RECORD).write_text(json.dumps(record.as_dict()) + "\n")
+    proc = subprocess.run([str(JOBGEN), "watch", "r1"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, check=False)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == ("error: r1: a local job cannot be watched while it runs (it runs in "
+                           "the foreground; its nodes write the run folder as they go); judge "
+                           "its run folder afterwards with jobgen watch --run-dir FOLDER\n")
 
 
 # --- extras -------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def test_slurm_node_logs_need_the_record(jobgen: Callable) -> None:
 
 
 def test_node_logs_of_every_restart_oldest_first(tmp_path: Path) -> None:
-    from jobgen import slurm_client
+    from jobgen.backends.slurm import client as slurm_client
     folder = tmp_path / "logs" / "7"
     for restart in (10, 2, 0):
         for name in ("train.log", "compile.log"):

@@ -10,7 +10,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from jobgen import api, submitit_runner
+from jobgen import api
+from jobgen.backends.submitit import runner as submitit_runner
 
 
 def sbatch_lines(script: str) -> list[str]:

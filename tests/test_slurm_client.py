@@ -13,8 +13,9 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, slurm_client
-from jobgen.backends import slurm
+from jobgen import api
+from jobgen.backends.slurm import backend as slurm
+from jobgen.backends.slurm import client as slurm_client
 from jobgen.errors import RemoteError
 
 FAKE_SBATCH = """#!/usr/bin/env bash

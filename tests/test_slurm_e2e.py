@@ -868,7 +868,8 @@ def test_cli_chain_and_wait(cluster: int, tmp_path: Path) -> None:
 def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     """`jobgen submit --via submitit` and `submitit_runner.submit(spec)`, both jobs at once."""
-    from jobgen import api, submitit_runner
+    from jobgen import api
+    from jobgen.backends.submitit import runner as submitit_runner
 
     cli_dir, api_dir = tmp_path / "cli", tmp_path / "api"
     cli_dir.mkdir()

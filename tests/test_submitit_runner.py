@@ -7,7 +7,8 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, node, submitit_runner
+from jobgen import api, node
+from jobgen.backends.submitit import runner as submitit_runner
 
 
 @pytest.mark.parametrize("limit,minutes", [

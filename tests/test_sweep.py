@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 
 from jobgen import api, sweep
-from jobgen.backends import slurm
+from jobgen.backends.slurm import backend as slurm
 from jobgen.errors import ConfigError
 
 

@@ -200,7 +200,8 @@ def test_parsed_file_cache_is_exact_and_checked(tmp_path: Path,
 
 def test_botocore_verdict_is_remembered_only_for_what_it_accepted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobgen import api, batch_rules, cache
+    from jobgen import api, cache
+    from jobgen.backends.batch import rules as batch_rules
     from jobgen.errors import ConfigError
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache.folder.cache_clear()

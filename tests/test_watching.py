@@ -24,6 +24,7 @@ from common import checkpoints  # noqa: E402
 from common.events import format_event  # noqa: E402
 from test_batch_client import aws, moto_inprocess, moto_url, run_name, submit  # noqa: E402,F401
 
+from jobgen.backends.batch.watch import BatchController  # noqa: E402
 from jobgen.watching import actions, tfrecord  # noqa: E402
 from jobgen.watching.detectors import Detectors, Rules  # noqa: E402
 from jobgen.watching.observations import Observation  # noqa: E402
@@ -406,14 +407,14 @@ def test_notify_passes_the_alert_as_data_never_as_code(tmp_path: Path) -> None:
 def test_batch_requeue_submits_the_same_definition_again(jobgen: Any, aws: str) -> None:  # noqa: F811
     from jobgen import runs
     from jobgen.backends import JobRef
-    from jobgen.backends import batch as batch_backend
+    from jobgen.backends.batch import backend as batch_backend
     name = run_name()
     job_id, _ = submit(jobgen, "--run-name", name)
     run = runs.find(name)
     assert run is not None
     client = batch_backend._client(JobRef(job_id, run))
     seen: list[str] = []
-    controller = actions.BatchController(client, job_id, seen.append)
+    controller = BatchController(client, job_id, seen.append)
     before = client.describe_jobs(jobs=[job_id])["jobs"][0]
     text = controller.requeue()
     assert controller.job_id != job_id and seen == [controller.job_id]

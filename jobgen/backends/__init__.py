@@ -1,12 +1,26 @@
-"""Backends: where a job spec runs. Each is a plain module with the same functions (`Backend`):
-`plan(spec)` (pure: the files and the command that would run), `dry_run` (what `submit` would
-run, printed instead), `submit`, and, for the job once submitted, `wait`, `status`, `logs` and
-`cancel`. They are imported on first use, so rendering for Slurm never loads the AWS SDK."""
+"""Backends: where a job spec runs, and the registry that knows them.
+
+Each backend is a subpackage of this one. Its `__init__.py` holds only its `DECLARATION` (cheap
+to import: what it is, what it can do, what it takes); its `backend` module holds what it does
+(`Backend`): `plan(spec)` (pure: the files and the command that would run), `prepare`, `dry_run`,
+`submit`, and, for the job once submitted, `wait`, `status`, `status_lines`, `logs` and
+`cancel`. The CLI, `check`, `run` and `watch` ask this registry about a backend; none of them
+names one. A backend's implementation is imported on first use, so rendering for Slurm never
+loads the AWS SDK or another backend's code.
+
+Adding a backend: a subpackage here with its declaration and its backend module, its site
+section (jobgen/site.py), and its node entrypoint (env/ or payload/common/). Nothing else.
+"""
 from __future__ import annotations
 
+import dataclasses
+import enum
 import importlib
+import pkgutil
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, cast
 
+from ..errors import ConfigError
 from ..record import record
 
 if TYPE_CHECKING:   # not imported when rendering: only the types are needed here
@@ -14,10 +28,96 @@ if TYPE_CHECKING:   # not imported when rendering: only the types are needed her
     from ..runs import Run
     from ..spec import JobSpec
 
-BACKENDS = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")
-# The ones that hand the job to a scheduler.
-SUBMITTED = ("slurm", "batch", "submitit", "sagemaker", "eks")
 Echo = Callable[[str], None]
+
+
+class State(enum.Enum):
+    """A job's state, whoever runs it (each backend maps its scheduler's words onto these)."""
+    PENDING = "PENDING"        # accepted, not running yet (queued, starting, held, requeued)
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"    # ended with status 0
+    FAILED = "FAILED"          # ended otherwise (an error, a time limit, a node failure)
+    CANCELLED = "CANCELLED"    # stopped by someone
+    UNKNOWN = "UNKNOWN"        # the scheduler no longer knows, or said something unmapped
+
+    @property
+    def ended(self) -> bool:
+        return self in (State.COMPLETED, State.FAILED, State.CANCELLED)
+
+
+@record
+class JobStatus:
+    """What a backend says about a job: the common `state`, the scheduler's own word for it
+    (`native`), why it is in that state where the scheduler says, and the backend's details
+    (nodes, exit codes, pods) as `detail`."""
+    backend: str
+    job_id: str
+    state: State
+    native: str
+    reason: str = ""
+    exit_code: Optional[int] = None
+    detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """For --json: the common fields, then the backend's details."""
+        return {"backend": self.backend, "job_id": self.job_id, "state": self.state.value,
+                "native_state": self.native, "reason": self.reason,
+                "exit_code": self.exit_code, **dict(self.detail)}
+
+
+def job_status(backend: str, job_id: str, native: str, reason: str = "",
+               exit_code: Optional[int] = None, **detail: Any) -> JobStatus:
+    """A backend's answer, its state mapped by what the backend declares."""
+    state = declaration(backend).states.get(native.upper(), State.UNKNOWN)
+    return JobStatus(backend, job_id, state, native, reason, exit_code, detail)
+
+
+@record
+class Declaration:
+    """What a backend is and can do; asked of the registry, never written elsewhere."""
+    name: str
+    summary: str                          # one line: --help and `jobgen backends`
+    # The site section that must be present (a Site attribute), and what it holds, for the
+    # error when it is missing: (site attribute, what it holds, a built-in site that has one).
+    site_section: str
+    site_section_holds: str = ""
+    site_example: str = ""
+    spec_backend: str = ""                # whose spec it runs ("" = its own; submitit: slurm)
+    scheduler: str = ""                   # who answers for its jobs ("" = itself)
+    container: bool = False               # the nodes run the site's image (not a snapshot)
+    submits: bool = True                  # `jobgen submit` hands it to a scheduler
+    checks: bool = True                   # `jobgen check --backend` renders its matrix
+    rehearses: bool = False               # `jobgen run --backend` emulates its nodes here
+    #                                       (container backends: its package's rehearsal.py)
+    any_node_failure_ends: bool = False   # a node that fails ends the job (not only the main)
+    run_dir_here: bool = False            # the run folder is on storage this machine reaches
+    watch: bool = False                   # `jobgen watch` follows its jobs while they run
+    watch_note: str = ""                  # where it cannot: what to do instead
+    time_limit_requeue: bool = False      # a job at its time limit is requeued and resumes
+    logs_per_node: bool = False           # `jobgen logs --node K`
+    options: frozenset[str] = frozenset()   # the submit options it takes (SubmitOptions fields,
+    #                                        plus region, profile)
+    extra: str = ""                       # the pip extra its SDK comes in ("" = none)
+    sdk_modules: tuple[str, ...] = ()     # the modules that extra brings
+    renders_with_sdk: bool = False        # rendering validates with the SDK (needs the extra)
+    job_id_pattern: str = ""              # a regular expression its job ids match (a guess for
+    #                                       ids jobgen did not record)
+    default_poll_s: float = 2.0           # how often --wait asks
+    health_on_failure: str = ""           # what a bad node found by the health gate leads to
+    # Its nodes, as the node contract tells the two-pass flow (jobgen/node.py):
+    local_cache_step: bool = True         # the training pass reads a node-local copy of the
+    #                                       compile cache (the site's paths.local_compile_cache)
+    shared_fs: bool = True                # the nodes share the run folder's storage
+    setup_on_main: bool = False           # the main node writes the job's files, once
+    resolves_master: bool = False         # the flow finds the main node (slurm.master_resolver)
+    forwards_stop_signal: bool = False    # its controller forwards the time-limit warning
+    command: bool = False                 # it brings `jobgen NAME ...` (its package's cli.py)
+    shellcheck: bool = False              # what it renders is a shell script shellcheck reads
+    # The scheduler's words (upper case) -> State.
+    states: Mapping[str, State] = dataclasses.field(default_factory=dict)
+
+    def takes(self, option: str) -> bool:
+        return option in self.options
 
 
 @record
@@ -25,7 +125,7 @@ class SubmitOptions:
     chain: bool = False                 # Slurm: compile and training as two dependent jobs
     check: bool = True                  # Slurm: preflight from this host before submitting
     queue: Optional[str] = None         # Batch: the job queue (default: the site's)
-    endpoint_url: Optional[str] = None  # Batch: an AWS endpoint (moto) instead of AWS's own
+    endpoint_url: Optional[str] = None  # AWS: an endpoint (moto) instead of AWS's own
     say: Optional[Echo] = None          # where to say, as it happens, what was not checked
 
 
@@ -45,32 +145,74 @@ class JobRef:
     """A submitted job: its id, its record if jobgen submitted it, and where to ask about it."""
     job_id: str
     run: Optional[Run] = None
-    site: Optional[str] = None          # --site (Batch: region, log group)
+    site: Optional[str] = None          # --site (AWS: region, log group)
     endpoint_url: Optional[str] = None
 
 
 class Backend(Protocol):
-    HEALTH_ON_FAILURE: str   # what a bad node found by the health gate leads to
-
     def plan(self, spec: JobSpec) -> Plan: ...
     def prepare(self, spec: JobSpec, strict: bool = True,
                 say: Optional[Echo] = None) -> None: ...
     def dry_run(self, spec: JobSpec, options: SubmitOptions) -> str: ...
     def submit(self, spec: JobSpec, options: SubmitOptions) -> Submitted: ...
     def wait(self, ref: JobRef, echo: Echo, poll_s: float) -> int: ...
-    def status(self, ref: JobRef) -> dict[str, Any]: ...
+    def status(self, ref: JobRef) -> JobStatus: ...
     def status_lines(self, ref: JobRef) -> list[str]: ...
     def logs(self, ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None: ...
     def cancel(self, ref: JobRef) -> str: ...
+    def checked(self) -> tuple[list[str], list[str]]: ...
+
+
+_ORDER = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")   # help text order
+
+
+def names() -> tuple[str, ...]:
+    """Every backend here (the subpackages of this package: a listing, nothing imported)."""
+    found = {m.name for m in pkgutil.iter_modules(__path__) if m.ispkg}
+    return tuple(sorted(found, key=lambda n: (_ORDER.index(n) if n in _ORDER else 99, n)))
+
+
+def declaration(name: str) -> Declaration:
+    if name not in names():
+        raise ConfigError(f"unknown backend {name!r} (one of {', '.join(names())})")
+    return cast(Declaration, importlib.import_module(f"{__name__}.{name}").DECLARATION)
+
+
+def declarations() -> list[Declaration]:
+    return [declaration(name) for name in names()]
+
+
+def having(test: Callable[[Declaration], bool]) -> tuple[str, ...]:
+    """The names of the backends whose declaration passes `test`."""
+    return tuple(d.name for d in declarations() if test(d))
 
 
 def get(name: str) -> Backend:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}")
-    return cast(Backend, importlib.import_module(f"{__name__}.{name}"))
+    declaration(name)
+    return cast(Backend, importlib.import_module(f"{__name__}.{name}.backend"))
+
+
+def module(name: str, part: str) -> Any:
+    """A part of a backend's package (its watch controller, its rehearsal): imported now."""
+    declaration(name)
+    return importlib.import_module(f"{__name__}.{name}.{part}")
 
 
 def spec_backend(name: str) -> str:
     """The backend a spec is resolved for: submitit's nodes are Slurm's (same paths, same
     payload folder)."""
-    return "slurm" if name == "submitit" else name
+    return declaration(name).spec_backend or name
+
+
+def scheduler(name: str) -> str:
+    """Who answers for a job of backend `name` once submitted (submitit's jobs are Slurm's)."""
+    return declaration(name).scheduler or name
+
+
+def require_extra(name: str, what: str) -> None:
+    """The one rule for extras: what needs a backend's SDK where its extra is not installed is
+    refused in one line naming the extra (exit 2), before anything is written."""
+    decl = declaration(name)
+    if decl.extra and decl.sdk_modules:
+        from ..extras import require
+        require(what, decl.sdk_modules, decl.extra)

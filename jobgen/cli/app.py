@@ -23,9 +23,14 @@ COMMANDS = {
     "status": ("job_cmds", "status"), "logs": ("job_cmds", "logs"),
     "cancel": ("job_cmds", "cancel"), "runs": ("job_cmds", "runs_cmd"),
     "plan": ("plan_cmds", "plan_cmd"), "watch": ("watch_cmds", "watch_cmd"),
-    "batch": ("batch_cmds", "batch_group"),
 }
 _JOBGEN = __package__.rpartition(".")[0]
+
+
+def _backend_commands() -> list[str]:
+    """The backends that bring a command group of their own (declared: `command`)."""
+    from .. import backends
+    return list(backends.having(lambda d: d.command))
 
 
 class _Group(click.Group):
@@ -34,14 +39,17 @@ class _Group(click.Group):
     place where errors are caught."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted([*COMMANDS, *_backend_commands()])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
         where = COMMANDS.get(cmd_name)
-        if where is None:
-            return None
-        command: click.Command = getattr(importlib.import_module(f"{__package__}.{where[0]}"),
-                                         where[1])
+        if where is not None:
+            module = f"{__package__}.{where[0]}"
+        else:   # a command group a backend brings (its package's cli.py): `jobgen batch ...`
+            if cmd_name not in _backend_commands():
+                return None
+            module, where = f"{_JOBGEN}.backends.{cmd_name}.cli", ("", "group")
+        command: click.Command = getattr(importlib.import_module(module), where[1])
         return command
 
     def resolve_command(
@@ -53,11 +61,12 @@ class _Group(click.Group):
             # click suggests close names from the commands it holds: none are loaded yet.
             unknown = getattr(click.exceptions, "NoSuchCommand", None)
             if unknown is not None and isinstance(exc, unknown) and args:
-                raise unknown(args[0], possibilities=COMMANDS, ctx=ctx) from None
+                raise unknown(args[0], possibilities=[*COMMANDS, *_backend_commands()],
+                              ctx=ctx) from None
             raise
 
     def invoke(self, ctx: click.Context) -> Any:
-        loaded = sys.modules.get(f"{_JOBGEN}.batch_client")
+        loaded = sys.modules.get(f"{_JOBGEN}.aws")
         if loaded is not None:   # --region/--profile are one command's (in-process callers)
             loaded.FLAGS.clear()
         try:

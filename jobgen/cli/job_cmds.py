@@ -20,7 +20,7 @@ def status(job: str, backend: Optional[str], site: Optional[str],
     accounting once it ended; Batch's for the job and each node."""
     impl, ref = _job(job, backend, site, endpoint_url)
     if as_json:
-        data = impl.status(ref)
+        data = impl.status(ref).as_dict()
         data["run"] = ref.run.as_dict() if ref.run else None
         _echo_json(data)
         return
@@ -75,7 +75,8 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
         if not no_state:
             try:
                 impl = backends.get(run.scheduler)
-                row["state"] = impl.status(backends.JobRef(run.job_id, run))["state"]
+                found = impl.status(backends.JobRef(run.job_id, run))
+                row["state"], row["native_state"] = found.state.value, found.native
             except JobgenError as exc:
                 row["state"], row["state_error"] = "?", printable(str(exc))
         rows.append(row)

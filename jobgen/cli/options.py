@@ -155,8 +155,9 @@ def _with_target(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     return overrides + (f"schedule.max_steps={api.steps_for_target(spec, tokens, samples)}",)
 
 
-def _backend_option(choices: tuple[str, ...], help: str) -> Callable[[F], F]:
-    return click.option("--backend", type=click.Choice(choices), default="slurm",
+def _backend_option(test: Callable[[Any], bool], help: str) -> Callable[[F], F]:
+    """--backend, its choices the backends whose declaration passes `test`."""
+    return click.option("--backend", type=_Backends(test), default="slurm",
                         show_default=True, help=help)
 
 
@@ -171,10 +172,10 @@ def _echo_json(data: Any) -> None:
 
 def _aws_flag(name: str) -> Callable[[F], F]:
     """--region / --profile: the AWS CLI's flags, ahead of AWS_REGION / AWS_PROFILE, the site
-    and the AWS config file (jobgen/batch_client.py: region)."""
+    and the AWS config file (jobgen/aws.py: region)."""
     def remember(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
         if value is not None:
-            from ..batch_client import FLAGS
+            from ..aws import FLAGS
             from ..site import REGION_RE
             if name == "region" and not REGION_RE.fullmatch(value):
                 raise click.BadParameter(f"{value!r} is not an AWS region name (like us-east-1)")
@@ -239,24 +240,45 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
             raise ConfigError(f"{ref}: recorded as a {found.backend} job, not {backend}")
         name = found.scheduler
         job_id = found.job_id if ref == found.name else ref
-    else:   # Batch job ids are UUIDs; Slurm's are numbers
-        uuid = re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}(#\d+)?", ref)
-        name, job_id = backend or ("batch" if uuid else "slurm"), ref
-    if name in ("batch", "sagemaker"):
-        _need_aws_sdk(name)
-    elif endpoint_url is not None:
-        raise click.UsageError("--endpoint-url is for Batch and SageMaker jobs")
+    else:   # a job id jobgen did not record: whose ids look like it (Batch's are UUIDs)
+        name, job_id = backend or _guess_backend(ref), ref
+    if endpoint_url is not None and not backends.declaration(name).takes("endpoint_url"):
+        raise click.UsageError(f"--endpoint-url is for {_who_takes('endpoint_url')} jobs")
+    backends.require_extra(name, f"--backend {name}")
     return backends.get(name), backends.JobRef(job_id, found, site, endpoint_url)
 
 
-_job_backend = click.option("--backend", type=click.Choice(["slurm", "batch", "sagemaker",
-                                                          "eks"]),
+def _guess_backend(job_id: str) -> str:
+    """The backend whose job ids look like `job_id` (its declared pattern), else the first one
+    the registry lists (Slurm: its ids are numbers)."""
+    from .. import backends
+    for declared in backends.declarations():
+        if declared.job_id_pattern and re.fullmatch(declared.job_id_pattern, job_id):
+            return declared.name
+    return backends.names()[0]
+
+
+def _who_takes(option: str) -> str:
+    """'batch and sagemaker': the backends that take a submit option."""
+    from .. import backends
+    found = backends.having(lambda d: d.takes(option))
+    return " and ".join((", ".join(found[:-1]), found[-1])) if len(found) > 1 else found[0]
+
+
+class _Backends(click.Choice):
+    """--backend's choices, asked of the registry when first needed (help, a value to check):
+    declaring the option costs nothing, so `jobgen render` stays fast."""
+
+    def __init__(self, test: Callable[[Any], bool]) -> None:   # noqa: D107
+        self.test = test
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        from .. import backends
+        return backends.having(self.test)
+
+
+_job_backend = click.option("--backend", type=_Backends(lambda d: d.submits),
                             help="Whose job id this is, for ids jobgen did not record "
-                                 "(default: slurm).")
-
-
-def _need_aws_sdk(backend: str = "batch") -> None:
-    """Without the [batch] extra, one line naming it (exit 2) before anything is written."""
-    if backend in ("batch", "sagemaker"):
-        from ..batch_client import require_sdk
-        require_sdk(f"--backend {backend}", ("botocore",), extra=backend)
+                                 "(default: the backend whose ids look like it, else slurm).")

@@ -7,7 +7,6 @@ from typing import Optional
 
 import click
 
-from ..backends import BACKENDS
 from ..errors import ConfigError
 from .options import (
     TEXT,
@@ -15,7 +14,6 @@ from .options import (
     _echo_json,
     _Folder,
     _json_option,
-    _need_aws_sdk,
     _slurm_overrides,
     _spec,
     _spec_options,
@@ -49,7 +47,7 @@ def list_cmd(as_json: bool) -> None:
 @click.command()
 @click.argument("recipe")
 @_spec_options
-@_backend_option(BACKENDS, "Resolve for this backend (paths differ on Batch).")
+@_backend_option(lambda d: True, "Resolve for this backend (paths differ on Batch).")
 @_targeted
 @_json_option
 def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
@@ -85,7 +83,7 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
 @click.command()
 @click.argument("recipe")
 @_spec_options
-@_backend_option(BACKENDS, "An sbatch script, a Batch job definition, what submitit is "
+@_backend_option(lambda d: True, "An sbatch script, a Batch job definition, what submitit is "
                            "handed, or the local run's node commands.")
 @click.option("--output-dir", "-o", type=_Folder(),
               help="Write the job's files into this folder (atomically) instead of stdout.")
@@ -96,7 +94,7 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
            **slurm: Optional[str]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from .. import api
-    _need_aws_sdk(backend)
+    _sdk_for_rendering(backend)
     overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
@@ -124,10 +122,8 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
               help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
               help="Try every node count from 1 to this (or the site's limit, if lower).")
-@click.option("--backend", type=click.Choice(["slurm", "batch", "sagemaker", "eks"]),
-              default="slurm", show_default=True,
-              help="Check sbatch scripts, Batch job definitions, SageMaker training job "
-                   "requests or EKS manifests.")
+@_backend_option(lambda d: d.checks, "Check sbatch scripts, Batch job definitions, SageMaker "
+                                      "training job requests or EKS manifests.")
 @_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
           no_shellcheck: bool, max_nodes: int, backend: str, as_json: bool) -> None:
@@ -135,7 +131,7 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
     shellcheck, optionally `sbatch --test-only`. Exits 1 if anything failed or a check could
     not run."""
     from .. import check as checking
-    _need_aws_sdk(backend)
+    _sdk_for_rendering(backend)
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
                           shellcheck=not no_shellcheck, backend=backend,  # type: ignore[arg-type]
                           max_nodes=max_nodes)
@@ -176,3 +172,10 @@ def image_context(folder: Path) -> None:
                              ("jobgen-smp", "sagemaker-pytorch")):
         click.echo(f"docker build -f {folder}/env/containers/{dockerfile}.Dockerfile "
                    f"--label io.jobgen.payload={full} -t {name}:{tag} {folder}")
+
+
+def _sdk_for_rendering(backend: str) -> None:
+    """Where rendering validates with a backend's SDK, its extra first (one line, exit 2)."""
+    from .. import backends
+    if backends.declaration(backend).renders_with_sdk:
+        backends.require_extra(backend, f"--backend {backend}")

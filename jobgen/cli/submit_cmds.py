@@ -7,18 +7,18 @@ from typing import Any, Optional
 
 import click
 
-from ..backends import SUBMITTED
 from ..errors import ConfigError
 from .options import (
     _backend_option,
+    _Backends,
     _endpoint_option,
-    _need_aws_sdk,
     _Seconds,
     _slurm_overrides,
     _spec,
     _spec_options,
     _submit_options,
     _targeted,
+    _who_takes,
     _with_target,
 )
 
@@ -26,7 +26,7 @@ from .options import (
 @click.command()
 @click.argument("recipe")
 @_spec_options
-@_backend_option(SUBMITTED, "Where the job goes: sbatch, an AWS Batch multi-node job, or "
+@_backend_option(lambda d: d.submits, "Where the job goes: sbatch, an AWS Batch multi-node job, or "
                             "Slurm through submitit.")
 @click.option("--via", type=click.Choice(["sbatch", "submitit"]), hidden=True,
               help="Old spelling of --backend slurm|submitit.")
@@ -69,18 +69,19 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     import os
 
     from .. import backends, runs
-    if queue is not None and backend != "batch":
-        raise click.UsageError("--queue is for --backend batch")
-    if endpoint_url is not None and backend not in ("batch", "sagemaker"):
-        raise click.UsageError("--endpoint-url is for --backend batch or sagemaker")
-    if chain and backend != "slurm":
-        raise click.UsageError(f"--chain is for --backend slurm ({backend} runs both passes in "
-                               "one job)")
+    declared = backends.declaration(backend)
+    for option, given in (("queue", queue is not None), ("endpoint_url", endpoint_url is not None),
+                          ("chain", chain)):
+        if given and not declared.takes(option):
+            why = "runs both passes in one job" if option == "chain" else "does not take it"
+            raise click.UsageError(f"--{option.replace('_', '-')} is for --backend "
+                                   f"{_who_takes(option).replace(' and ', ' or ')} ({backend} "
+                                   f"{why})")
     if chain and sweeps:
         raise click.UsageError("--chain and --sweep together are not supported: submit the "
                                "sweep as one job per combination (both passes in each)")
-    if backend in ("batch", "sagemaker"):
-        _need_aws_sdk(backend)
+    if not dry_run or declared.renders_with_sdk:
+        backends.require_extra(backend, f"--backend {backend}")
     spec = pinned[0] if pinned is not None else \
         _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, slurm)
     specs = [spec]
@@ -92,15 +93,15 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             point, i, spec.recipe.job.master_port, sweeps) for i, point in enumerate(points)]
         specs = [_spec(recipe, nodes, overrides + extra, site, compile_mode, point.run_name,
                        smoke, backend, slurm) for point, extra in zip(points, point_overrides)]
-    impl = backends.get(backend)
+    impl: Any = backends.get(backend)   # and, where it takes sweep_array, its sweep functions
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,
                                      say=lambda note: click.echo(note, err=True))
-    from ..backends import slurm as slurm_backend
-    array = backend == "slurm" and len(specs) > 1 and slurm_backend.sweepable(specs)
+    # A sweep whose jobs can be one job array (a backend that takes sweep_array says which).
+    array = len(specs) > 1 and declared.takes("sweep_array") and impl.sweepable(specs)
     if dry_run:
         if array:
-            click.echo(slurm_backend.dry_run_sweep(specs, options), nl=False)
+            click.echo(impl.dry_run_sweep(specs, options), nl=False)
         else:
             for one in specs:
                 click.echo(impl.dry_run(one, options), nl=False)
@@ -111,7 +112,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     site_ref = site if not ("/" in site or site.endswith((".yaml", ".yml"))) \
         else os.path.abspath(site)
     from .. import runrecord
-    here = getattr(impl, "RUN_DIR_HERE", False)
+    here = declared.run_dir_here
     from ..recipe import locate as locate_recipe
     from ..site import locate as locate_site
     recipe_file, site_file = (pinned[1], pinned[2]) if pinned is not None else \
@@ -123,7 +124,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                                    site_file=site_file, amend=amend, resubmit=pinned is not None)
         entries.append((new, runrecord.admit(one, new, here, amend)))
     if array:
-        submitted = slurm_backend.submit_sweep(specs, options)
+        submitted = impl.submit_sweep(specs, options)
     else:
         submitted = [impl.submit(one, options) for one in specs]
     refs: list[Any] = []
@@ -131,8 +132,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
         for note in done.notes:
             click.echo(note, err=True)
         click.echo(" ".join(done.job_ids) + (f"  {one.run_name}" if len(specs) > 1 else ""))
-        run_dir = one.run_dir if backend in ("batch", "sagemaker", "eks") \
-            else os.path.abspath(one.run_dir)
+        run_dir = os.path.abspath(one.run_dir) if here else one.run_dir
         record = runs.Run(name=one.run_name, backend=backend, job_id=done.job_id,
                           recipe=one.recipe.name, nodes=one.nodes, site=site_ref or "",
                           run_dir=run_dir, submitted=runs.now(), jobs=done.job_ids,
@@ -149,10 +149,10 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
         refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
     if wait:
         from ..progress import Ticker
-        default_poll = 15.0 if backend in ("batch", "sagemaker", "eks") else 2.0
+        default_poll = declared.default_poll_s
         def steps() -> str:   # the newest step, where the run folders are on this machine
             from ..progress import newest_step
-            if not getattr(impl, "RUN_DIR_HERE", False):
+            if not here:
                 return ""
             found = [(newest_step(r.run.run_dir, r.job_id), r.run.max_steps) for r in refs]
             return ", ".join(f"step {n}/{m}" for n, m in found if n is not None)
@@ -201,7 +201,7 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
 @_spec_options
 @click.option("--dry-run", is_flag=True,
               help="Print each emulated node's command and environment; run nothing.")
-@click.option("--backend", "run_backend", type=click.Choice(["local", "sagemaker", "eks"]),
+@click.option("--backend", "run_backend", type=_Backends(lambda d: d.rehearses),
               default="local", show_default=True,
               help="Whose nodes to emulate: jobgen's own, the SageMaker training job's "
                    "instances or the EKS job's pods (their rendered commands and environment).")
@@ -217,14 +217,14 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
         raise click.UsageError(f"--{given[0]} is a Slurm setting; `jobgen run` uses no "
                                "scheduler")
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
-    if dry_run and run_backend != "local":
+    from .. import backends
+    if dry_run and backends.declaration(run_backend).container:
         import json
         for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run",
                                                                   write=False)):
             click.echo(json.dumps({"node": index, "argv": argv, "env": env}, indent=2))
         return
     if dry_run:
-        from .. import backends
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
         return
     import time

@@ -80,15 +80,18 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
     notify = command.parse_notify(notify_spec)
     if "notify" in (on_hang, on_diverge) and notify is None:
         raise click.UsageError("the notify action needs --notify cmd:COMMAND")
+    from .. import backends
     impl, ref = _job(job, backend, site, endpoint_url)
-    name = impl.__name__.rsplit(".", 1)[-1]
-    if name not in ("slurm", "batch"):
-        # SageMaker's and EKS's jobs have no reader here yet (CloudWatch, pod logs).
-        raise ConfigError(f"{job}: a {name} job cannot be watched while it runs (jobgen watch "
-                          "follows Slurm and AWS Batch jobs); judge its run folder afterwards "
-                          "with jobgen watch --run-dir FOLDER")
+    name = impl.__name__.split(".")[-2]   # jobgen.backends.NAME.backend: who answers for it
+    declared = backends.declaration(name)
+    if not declared.watch:
+        raise ConfigError(f"{job}: a {name} job cannot be watched while it runs"
+                          + (f" ({declared.watch_note})" if declared.watch_note else "")
+                          + "; judge its run folder afterwards with jobgen watch --run-dir "
+                          "FOLDER")
     summary = command.watch_job(name, ref, run_dir=run_dir, rules=rules,
                                 policy=Policy(on_hang, on_diverge, notify, max_actions),
                                 as_json=as_json, poll_s=poll_s, every=every,
                                 max_steps=max_steps)
-    raise SystemExit(0 if summary.state in ("COMPLETED", "SUCCEEDED") else 1)
+    ended = declared.states.get(summary.state.upper(), backends.State.UNKNOWN)
+    raise SystemExit(0 if ended == backends.State.COMPLETED else 1)

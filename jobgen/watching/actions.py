@@ -1,11 +1,7 @@
 """What `jobgen watch` can do about a job: requeue it, stop it, roll it back to the checkpoint
-before the trouble began, or run the user's notification command.
-
-Slurm: `scontrol requeue` (the job resumes from its newest checkpoint on a fresh allocation),
-`scancel`; a rollback (and a requeue that leaves a bad node out) holds the requeued job
-(`scontrol requeuehold`), changes what must change while nothing runs, then releases it.
-Batch: a multi-node job cannot be requeued, so it is terminated and the same definition
-submitted again under the same run name (recorded, so `jobgen status RUN` follows it).
+before the trouble began, or run the user's notification command. How a job is requeued or
+stopped is its backend's (a `Controller` in the backend package's watch.py); what is the same
+everywhere (the rollback of a run folder, the notification) is here.
 """
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
-
-from ..errors import RemoteError
 
 NOTIFY_TIMEOUT_S = 60
 HOLD_TIMEOUT_S = 300
@@ -38,107 +32,6 @@ class Controller(Protocol):
 
     def stop(self) -> str: ...
 
-
-class SlurmController:
-    def __init__(self, job_id: str, poll_s: float = 1.0) -> None:
-        self.job_id = job_id
-        self.poll_s = poll_s
-
-    def state(self) -> tuple[str, bool]:
-        from .. import slurm_client
-        st = slurm_client.state(self.job_id)
-        return st.state, st.finished
-
-    def _scontrol(self, *args: str) -> None:
-        from .. import slurm_client
-        slurm_client._run(["scontrol", *args])
-
-    def requeue(self, prepare: Optional[Callable[[], str]] = None,
-                exclude: Optional[str] = None) -> str:
-        if prepare is None and exclude is None:
-            self._scontrol("requeue", self.job_id)
-            return f"scontrol requeue {self.job_id}"
-        self._scontrol("requeuehold", self.job_id)
-        done = [f"scontrol requeuehold {self.job_id}"]
-        try:
-            self._wait_pending()
-            if exclude:
-                self._scontrol("update", f"JobId={self.job_id}", f"ExcNodeList={exclude}")
-                done.append(f"excluded {exclude}")
-            if prepare is not None:
-                done.append(prepare())
-        finally:
-            self._scontrol("release", self.job_id)
-            done.append(f"scontrol release {self.job_id}")
-        return "; ".join(done)
-
-    def _wait_pending(self) -> None:
-        """Until the requeued job's processes are gone: Slurm shows it PENDING (held) then."""
-        deadline = time.monotonic() + HOLD_TIMEOUT_S
-        while True:
-            state, finished = self.state()
-            if finished:
-                raise RemoteError(f"job {self.job_id} ended ({state}) instead of being requeued")
-            if state == "PENDING":
-                return
-            if time.monotonic() > deadline:
-                raise RemoteError(f"job {self.job_id} still {state} {HOLD_TIMEOUT_S} s after "
-                                  "scontrol requeuehold")
-            time.sleep(self.poll_s)
-
-    def stop(self) -> str:
-        from .. import slurm_client
-        return slurm_client.cancel(self.job_id)
-
-
-class BatchController:
-    """A Batch job: `state` and `stop` through the Batch API; `requeue` terminates the job and
-    submits its definition again (same queue, name, node count and parameters)."""
-
-    def __init__(self, client: Any, job_id: str,
-                 on_resubmit: Optional[Callable[[str], None]] = None) -> None:
-        self.client = client
-        self.job_id = job_id
-        self.on_resubmit = on_resubmit
-
-    def _job(self) -> dict[str, Any]:
-        from .. import batch_client
-        return batch_client.describe(self.client, self.job_id)
-
-    def state(self) -> tuple[str, bool]:
-        status = str(self._job().get("status", "UNKNOWN"))
-        return status, status in ("SUCCEEDED", "FAILED")
-
-    def stop(self) -> str:
-        from .. import batch_client
-        return batch_client.cancel(self.client, self.job_id, "stopped by jobgen watch")
-
-    def requeue(self, prepare: Optional[Callable[[], str]] = None,
-                exclude: Optional[str] = None) -> str:
-        from .. import batch_client
-        job = self._job()
-        done = [batch_client.cancel(self.client, self.job_id,
-                                    "requeued by jobgen watch")]
-        if prepare is not None:
-            done.append(prepare())
-        request: dict[str, Any] = {"jobName": job["jobName"], "jobQueue": job["jobQueue"],
-                                   "jobDefinition": job["jobDefinition"]}
-        nodes = (job.get("nodeProperties") or {}).get("numNodes")
-        if nodes:
-            request["nodeOverrides"] = {"numNodes": int(nodes)}
-        if job.get("parameters"):
-            request["parameters"] = job["parameters"]
-        if job.get("tags"):
-            request["tags"] = job["tags"]
-        answer = batch_client._call(self.client.submit_job, **request)
-        old, self.job_id = self.job_id, str(answer["jobId"])
-        if self.on_resubmit is not None:
-            self.on_resubmit(self.job_id)
-        done.append(f"submitted again as {self.job_id} (was {old})")
-        return "; ".join(done)
-
-
-# --- rollback ----------------------------------------------------------------------------------
 
 def _complete_steps(root: Path) -> list[int]:
     """Steps of jobgen's payload checkpoints (payload/common/checkpoints.py) that have their

@@ -3,13 +3,11 @@ view together, and run until the job ends."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError, RemoteError
-from . import actions
+from ..errors import ConfigError
 from .detectors import Detectors, Rules
 from .readers import RunReader
 from .view import JsonView, PlainView, TerminalView
@@ -25,27 +23,6 @@ def parse_notify(text: Optional[str]) -> Optional[str]:
         raise ConfigError(f"--notify {text!r}: give cmd:COMMAND (a shell command; the alert "
                           "reaches it as JOBGEN_ALERT_* variables and JSON on stdin)")
     return command
-
-
-def slurm_run_dir(job_id: str) -> Optional[Path]:
-    """The run folder of a Slurm job jobgen rendered but did not record (render | sbatch):
-    JOBGEN_RUN_DIR in its batch script, relative to its working directory."""
-    from .. import slurm_client
-    try:
-        fields = slurm_client._scontrol_fields(job_id) or {}
-        script = slurm_client._run(["scontrol", "write", "batch_script", job_id, "-"])
-    except RemoteError:
-        return None
-    for line in script.splitlines():
-        line = line.strip()
-        if line.startswith("export JOBGEN_RUN_DIR="):
-            try:
-                value = shlex.split(line[len("export "):])[0].partition("=")[2]
-            except ValueError:
-                return None
-            workdir = fields.get("WorkDir", "")
-            return Path(value) if os.path.isabs(value) or not workdir else Path(workdir, value)
-    return None
 
 
 def make_view(as_json: bool, every: float) -> Any:
@@ -65,48 +42,28 @@ def watch_recorded(run_dir: Path, rules: Rules, as_json: bool) -> Summary:
     return watch.run(0.0)
 
 
-def watch_job(impl_name: str, ref: Any, *, run_dir: Optional[Path], rules: Rules,
+def watch_job(backend: str, ref: Any, *, run_dir: Optional[Path], rules: Rules,
               policy: Policy, as_json: bool, poll_s: float, every: float,
               max_steps: Optional[int]) -> Summary:
-    """Follow a submitted job until it ends."""
+    """Follow a submitted job until it ends: its backend (its package's watch.py) says what to
+    read and how to act."""
+    from .. import backends
     run = ref.run
     view = make_view(as_json, every)
     seq_length = run.seq_length if run else None
     max_steps = max_steps or (run.max_steps if run else None)
-    if impl_name == "batch":
-        from .. import runs
-        from ..backends import batch as batch_backend
-        client = batch_backend._client(ref)
-        job_ids = [ref.job_id]
-
-        def resubmitted(new_id: str) -> None:
-            job_ids.append(new_id)
-            if run is not None:
-                import dataclasses
-                warning = runs.record(dataclasses.replace(
-                    run, job_id=new_id, jobs=(new_id,), submitted=runs.now()))
-                if warning:
-                    view.note(warning)
-
-        controller: actions.Controller = BatchController(client, ref.job_id, resubmitted)
-        jobs = lambda: list(job_ids)   # noqa: E731
-    else:
-        controller = actions.SlurmController(ref.job_id)
-        jobs = lambda: [ref.job_id]   # noqa: E731
-    if run_dir is None and run is not None:
-        run_dir = Path(run.run_dir)
-    if run_dir is None and impl_name == "slurm":
-        run_dir = slurm_run_dir(ref.job_id)
-    if run_dir is None:
-        raise ConfigError(f"job {ref.job_id}: jobgen did not record it and its run folder is "
-                          "unknown; give --run-dir")
-    if not run_dir.is_dir():
-        view.note(f"the run folder {run_dir} is not visible here (yet); watching for it")
-    log_path = run_dir / WATCH_LOG
-    watch = Watch(RunReader(run_dir, jobs), Detectors(rules), policy, controller, view,
+    target = backends.module(backend, "watch").target(ref, run_dir, view)
+    if not target.run_dir_here and "rollback" in (policy.on_hang, policy.on_diverge):
+        raise ConfigError(f"--on-diverge rollback needs the run folder on this machine, and a "
+                          f"{backend} job's is not: use requeue or stop")
+    reader = target.reader
+    log_path = None
+    if target.run_dir_here:
+        if not reader.run_dir.is_dir():
+            view.note(f"the run folder {reader.run_dir} is not visible here (yet); watching "
+                      "for it")
+        log_path = reader.run_dir / WATCH_LOG
+    watch = Watch(reader, Detectors(rules), policy, target.controller, view,
                   run_name=run.name if run else "", max_steps=max_steps,
                   seq_length=seq_length, log_path=log_path)
     return watch.run(poll_s)
-
-
-BatchController = actions.BatchController

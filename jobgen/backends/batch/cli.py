@@ -6,21 +6,25 @@ from typing import Optional
 
 import click
 
-from ..errors import ConfigError
-from .job_cmds import cancel, logs, status
-from .options import _job_options, _json_option, _slurm_overrides, _spec_options, _submit_options
-from .submit_cmds import _submit
-
-# --- AWS Batch: `jobgen batch ...` are aliases of the commands above with --backend batch ----
+from ...cli.job_cmds import cancel, logs, status
+from ...cli.options import (
+    _job_options,
+    _json_option,
+    _slurm_overrides,
+    _spec_options,
+    _submit_options,
+)
+from ...cli.submit_cmds import _submit
+from ...errors import ConfigError
 
 
 @click.group("batch")
-def batch_group() -> None:
+def group() -> None:
     """AWS Batch multi-node jobs (aliases of submit/status/logs/cancel with --backend batch);
     validate job definitions. (Each command checks for the [batch] extra: --help needs none.)"""
 
 
-@batch_group.command("submit")
+@group.command("submit")
 @click.argument("recipe")
 @_spec_options
 @_submit_options
@@ -35,7 +39,7 @@ def batch_submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             amend)
 
 
-@batch_group.command("status")
+@group.command("status")
 @click.argument("job")
 @_job_options
 @_json_option
@@ -47,7 +51,7 @@ def batch_status(ctx: click.Context, job: str, site: Optional[str],
                as_json=as_json)
 
 
-@batch_group.command("logs")
+@group.command("logs")
 @click.argument("job")
 @click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
               help="Node index (0 is the main node).")
@@ -61,7 +65,7 @@ def batch_logs(ctx: click.Context, job: str, node: int, follow: bool, site: Opti
                endpoint_url=endpoint_url)
 
 
-@batch_group.command("cancel")
+@group.command("cancel")
 @click.argument("job")
 @_job_options
 @click.pass_context
@@ -71,17 +75,17 @@ def batch_cancel(ctx: click.Context, job: str, site: Optional[str],
     ctx.invoke(cancel, job=job, backend="batch", site=site, endpoint_url=endpoint_url)
 
 
-@batch_group.command("validate")
+@group.command("validate")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def batch_validate(file: Path) -> None:
     """Check a job-definition JSON file (e.g. a hand-edited one) offline: botocore's request
     shape, then the multi-node rules. Prints "ok", or the first problem (exit 2)."""
     import json
 
-    from ..batch_client import require_sdk
-    from ..batch_rules import validate
-    from ..yaml12 import MAX_BYTES, MAX_DEPTH
-    require_sdk("jobgen batch validate", ("botocore",))
+    from ...extras import require
+    from ...yaml12 import MAX_BYTES, MAX_DEPTH
+    require("jobgen batch validate", ("botocore",), "batch")
+    from .rules import validate
     try:
         with file.open("rb") as f:
             data = f.read(MAX_BYTES + 1)

@@ -13,25 +13,28 @@ states (botocore does not check those before sending).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
 import time
 from typing import Any, Optional
 
-from .. import launch, node, snapshot
-from ..cache import sha256
-from ..errors import ConfigError, RemoteError, RuleError
-from ..plan import Plan, PlannedFile
-from ..recipe import time_limit_seconds
-from ..spec import JobSpec
-from . import Echo, JobRef, SubmitOptions, Submitted
-
-# What happens when the health gate finds a bad node (`jobgen show` says it).
-HEALTH_ON_FAILURE = (
-    "the training job fails with the node and the check as its failure reason; not retried")
+from ... import aws, launch, node, snapshot
+from ...aws import call as _call
+from ...cache import sha256
+from ...errors import ConfigError, RemoteError, RuleError
+from ...plan import Plan, PlannedFile
+from ...recipe import time_limit_seconds
+from ...site import Site
+from ...spec import JobSpec
+from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+# Where a SageMaker node keeps a run (synced to and restored from the site's S3 URI) and finds
+# its data channel.
+CHECKPOINTS = "/opt/ml/checkpoints"
+DATA = "/opt/ml/input/data/train"
 DONE = ("Completed", "Failed", "Stopped")
 MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30
 # SageMaker's model-parallel library v2 runs on these GPU instance types only.
@@ -45,8 +48,8 @@ METRICS = (
 
 @functools.lru_cache(maxsize=1)
 def _sdk() -> Any:
-    from ..batch_client import require_sdk
-    require_sdk("--backend sagemaker", ("botocore",), extra="sagemaker")
+    from ...extras import require
+    require("--backend sagemaker", ("botocore",), "sagemaker")
     import botocore.session
     return botocore.session.get_session().get_service_model("sagemaker")
 
@@ -202,7 +205,7 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
     env = node.environment(spec, lau, contract)
     hyper = spill(node.flow_args(lau), env)
     if recipe.payload == "smp_fsdp" and spec.rehearsal is None:
-        from ..payloads.smp_fsdp import smp_parameters
+        from ...payloads.smp_fsdp import smp_parameters
         hyper["mp_parameters"] = json.dumps(smp_parameters(spec), sort_keys=True)
     request: dict[str, Any] = {
         "TrainingJobName": job_name(spec),
@@ -250,6 +253,17 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
     return request
 
 
+
+def node_site(site: Site) -> Site:
+    """The site as a SageMaker node sees it: the run in its checkpoint folder (synced to S3),
+    the data channel, and the compile cache on S3 with the checkpoints."""
+    section = site.sagemaker
+    assert section is not None
+    return dataclasses.replace(site, paths=dataclasses.replace(
+        site.paths, work_dir=CHECKPOINTS, data_dir=DATA, compile_cache=section.compile_cache,
+        local_compile_cache=None))
+
+
 def plan(spec: JobSpec) -> Plan:
     request = training_job(spec)
     name = f"{spec.run_name}.training-job.json"
@@ -266,21 +280,18 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
     snapshot.prepare_image(spec, "sagemaker", strict, say)
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
-    from .. import batch_client
-    name, origin = batch_client.region(spec.site, "sagemaker")
+    name, origin = aws.region(spec.site, "sagemaker")
     return json.dumps({"region": {"name": name, "from": origin},
                        "CreateTrainingJob": training_job(spec)}, indent=2) + "\n"
 
 
 def _client(site: Any, endpoint_url: Optional[str], service: str = "sagemaker") -> Any:
-    from .. import batch_client
-    return batch_client.client(site, endpoint_url, service, region_of="sagemaker")
+    return aws.client(site, endpoint_url, service, region_of="sagemaker")
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     """CreateTrainingJob with the request `jobgen render --backend sagemaker` prints. Names
     are never reused by SageMaker: a second submission of the same request gets -2, -3, ..."""
-    from ..batch_client import _call
     if options.chain:
         raise ConfigError("--chain is for Slurm (a SageMaker job runs both passes on its "
                           "instances)")
@@ -305,7 +316,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
 
 
 def _ref_client(ref: JobRef, service: str = "sagemaker") -> Any:
-    from .. import site as sites
+    from ... import site as sites
     site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
                       if ref.run else None)
     endpoint = ref.endpoint_url or (ref.run.endpoint_url if ref.run else None)
@@ -313,24 +324,23 @@ def _ref_client(ref: JobRef, service: str = "sagemaker") -> Any:
 
 
 def describe(client: Any, name: str) -> dict[str, Any]:
-    from ..batch_client import _call
     found: dict[str, Any] = _call(client.describe_training_job, TrainingJobName=name)
     return found
 
 
-def status(ref: JobRef) -> dict[str, Any]:
+def status(ref: JobRef) -> JobStatus:
     job = describe(_ref_client(ref), ref.job_id)
-    return {"job_id": ref.job_id, "state": job.get("TrainingJobStatus"),
-            "secondary": job.get("SecondaryStatus"), "reason": job.get("FailureReason", ""),
-            "instances": job.get("ResourceConfig", {}).get("InstanceCount"),
-            "instance_type": job.get("ResourceConfig", {}).get("InstanceType")}
+    return job_status("sagemaker", ref.job_id, str(job.get("TrainingJobStatus", "")),
+                      job.get("FailureReason", ""), secondary=job.get("SecondaryStatus"),
+                      instances=job.get("ResourceConfig", {}).get("InstanceCount"),
+                      instance_type=job.get("ResourceConfig", {}).get("InstanceType"))
 
 
 def status_lines(ref: JobRef) -> list[str]:
     s = status(ref)
-    line = (f"{s['job_id']}: {s['state']} ({s['secondary']}), {s['instances']} x "
-            f"{s['instance_type']}")
-    return [line + (f": {s['reason']}" if s["reason"] else "")]
+    line = (f"{s.job_id}: {s.native} ({s.detail['secondary']}), {s.detail['instances']} x "
+            f"{s.detail['instance_type']}")
+    return [line + (f": {s.reason}" if s.reason else "")]
 
 
 def wait(ref: JobRef, echo: Echo, poll_s: float = 30.0) -> int:
@@ -350,7 +360,6 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 30.0) -> int:
 def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> None:
     """Instance `node` (0: algo-1)'s CloudWatch log events: group /aws/sagemaker/TrainingJobs,
     streams JOB/algo-N-EPOCH."""
-    from ..batch_client import _call
     client, logs_client = _ref_client(ref), _ref_client(ref, "logs")
     prefix = f"{ref.job_id}/algo-{(node_index or 0) + 1}-"
     token: Optional[str] = None
@@ -383,7 +392,12 @@ def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> No
 
 
 def cancel(ref: JobRef) -> str:
-    from ..batch_client import _call
     client = _ref_client(ref)
     _call(client.stop_training_job, TrainingJobName=ref.job_id)
     return f"stopping SageMaker training job {ref.job_id}"
+
+
+def checked() -> tuple[list[str], list[str]]:
+    """What `jobgen check` says it checked beyond rendering (notes), or could not (problems)."""
+    return ["requests validated against botocore's SageMaker model (members, types, lengths, "
+            "counts, patterns, instance types)"], []

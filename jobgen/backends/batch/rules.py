@@ -7,7 +7,7 @@ import functools
 import re
 from typing import Any, Optional
 
-from .errors import ConfigError
+from ...errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 RANGE_RE = re.compile(r"^(\d*):(\d*)$|^(\d+)$")
@@ -137,7 +137,7 @@ def _accepted_entry(jd: dict[str, Any]) -> Optional[str]:
     import json
     import os
 
-    from . import cache
+    from ... import cache
     folder = cache.folder("accepted")
     botocore = cache.stamp("botocore")
     if folder is None or botocore is None:
@@ -150,7 +150,7 @@ def validate(jd: dict[str, Any], where: str) -> None:
     """botocore first (shape), then the multi-node rules (meaning). botocore's verdict on a
     definition it accepted before is remembered (loading its Batch model is most of a Batch
     render's time); the multi-node rules always run."""
-    from . import cache
+    from ... import cache
     entry = _accepted_entry(jd)
     if entry is None or cache.read(entry) != b"accepted":
         problems = botocore_errors(jd)

@@ -10,16 +10,14 @@ import json
 import re
 from typing import Any, Optional
 
-from .. import launch, node, snapshot
-from ..cache import sha256
-from ..errors import ConfigError
-from ..plan import Plan, PlannedFile
-from ..spec import JobSpec
-from . import Echo, JobRef, SubmitOptions, Submitted
-
-# What happens when the health gate finds a bad node (`jobgen show` says it).
-HEALTH_ON_FAILURE = (
-    "the job fails, naming the node and the check; not retried (Batch cannot leave a host out)")
+from ... import aws, launch, node, snapshot
+from ...cache import sha256
+from ...errors import ConfigError
+from ...plan import Plan, PlannedFile
+from ...site import Site
+from ...spec import JobSpec
+from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from . import client as batch_client
 
 # Retry what the infrastructure broke (a host that went away, an image that could not be pulled
 # or started); exit on everything else, which is the training's own failure. First match wins.
@@ -106,8 +104,8 @@ def _instance(spec: JobSpec) -> dict[str, Any]:
 def job_definition(spec: JobSpec) -> dict[str, Any]:
     """The RegisterJobDefinition request for this spec, validated offline (with botocore:
     without the [batch] extra, one line that names it)."""
-    from ..batch_client import require_sdk
-    require_sdk("--backend batch", ("botocore",))
+    from ...extras import require
+    require("--backend batch", ("botocore",), "batch")
     site, platform = spec.site, spec.platform
     if site.batch is None:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
@@ -154,9 +152,16 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     # twice (`jobgen batch submit` looks for an ACTIVE revision carrying this tag).
     digest = sha256(json.dumps(jd, sort_keys=True).encode()).hexdigest()[:16]
     jd["tags"]["jobgen:hash"] = digest
-    from ..batch_rules import validate
+    from .rules import validate
     validate(jd, f"job definition for {spec.source}")
     return jd
+
+
+
+def node_site(site: Site) -> Site:
+    """The site as a Batch node sees it: the same paths (the shared file system is mounted
+    where the site says)."""
+    return site
 
 
 def plan(spec: JobSpec) -> Plan:
@@ -183,22 +188,20 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """The RegisterJobDefinition and SubmitJob requests `submit` makes, as JSON."""
-    from .. import batch_client
     request = batch_client.dry_run(job_definition(spec), queue=_queue(spec, options),
                                    nodes=spec.nodes, run_name=spec.run_name)
-    name, origin = batch_client.region(spec.site, "batch")
+    name, origin = aws.region(spec.site, "batch")
     return json.dumps({"region": {"name": name, "from": origin}, **request}, indent=2) + "\n"
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     """Register the definition `jobgen render --backend batch` prints (only if no ACTIVE
     revision has its content) and submit it."""
-    from .. import batch_client
     if options.chain:
         raise ConfigError("--chain is for Slurm (a Batch job runs both passes on its nodes)")
     prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
     queue = _queue(spec, options)
-    batch = batch_client.client(spec.site, options.endpoint_url)
+    batch = aws.client(spec.site, options.endpoint_url)
     job = batch_client.submit(batch, job_definition(spec), queue=queue, nodes=spec.nodes,
                               run_name=spec.run_name)
     how = "registered" if job.definition.registered else "reusing unchanged"
@@ -207,36 +210,36 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
 
 
 def _site(ref: JobRef) -> Any:
-    from .. import site as sites
+    from ... import site as sites
     if ref.site is not None:
         return sites.load(ref.site)
     return sites.load(ref.run.site or None if ref.run else None)
 
 
 def _client(ref: JobRef, service: str = "batch") -> Any:
-    from .. import batch_client
     endpoint = ref.endpoint_url or (ref.run.endpoint_url if ref.run else None)
-    return batch_client.client(_site(ref), endpoint, service)
+    return aws.client(_site(ref), endpoint, service)
 
 
 def wait(ref: JobRef, echo: Echo, poll_s: float = 15.0) -> int:
-    from .. import batch_client
     return batch_client.wait(_client(ref), ref.job_id, echo=echo, poll_s=poll_s)
 
 
-def status(ref: JobRef) -> dict[str, Any]:
-    from .. import batch_client
-    return batch_client.status(_client(ref), ref.job_id)
+def status(ref: JobRef) -> JobStatus:
+    found = batch_client.status(_client(ref), ref.job_id)
+    main = [n for n in found["nodes"] if n["main"]]
+    code = main[0].get("exit_code") if main else None
+    return job_status("batch", found["job_id"], found["state"], found["reason"],
+                      code if isinstance(code, int) else None, name=found["name"],
+                      nodes=found["nodes"])
 
 
 def status_lines(ref: JobRef) -> list[str]:
-    from .. import batch_client
     return batch_client.status_lines(_client(ref), ref.job_id)
 
 
 def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
     """A node's CloudWatch log events (the main node's without `node`)."""
-    from .. import batch_client
     site = _site(ref)
     batch_client.logs(_client(ref), _client(ref, "logs"), ref.job_id, node=node or 0,
                       follow=follow, echo=lambda line: echo(line + "\n"),
@@ -244,5 +247,9 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
 
 
 def cancel(ref: JobRef) -> str:
-    from .. import batch_client
     return batch_client.cancel(_client(ref), ref.job_id)
+
+
+def checked() -> tuple[list[str], list[str]]:
+    """What `jobgen check` says it checked beyond rendering (notes), or could not (problems)."""
+    return [], []

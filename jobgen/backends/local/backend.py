@@ -4,26 +4,19 @@ are in the run folder (RUN_DIR/logs/local-<time>/)."""
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn, Optional
+from typing import NoReturn, Optional
 
-from ..errors import ConfigError
-from ..plan import Plan, PlannedFile
-from ..spec import JobSpec
-from . import Echo, JobRef, SubmitOptions, Submitted
-
-# What happens when the health gate finds a bad node (`jobgen show` says it).
-HEALTH_ON_FAILURE = (
-    "the rehearsal stops, naming the node and the check")
-
-# The run folder is on storage this machine reaches: the run's record is kept there too.
-RUN_DIR_HERE = True
+from ...errors import ConfigError
+from ...plan import Plan, PlannedFile
+from ...spec import JobSpec
+from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 
 JOB_ID = "local-{time}"   # what the plan shows for the id `jobgen run` makes when it starts
 
 
 def plan(spec: JobSpec) -> Plan:
     """Each emulated node's command and the environment it adds."""
-    from .. import local_runner
+    from ... import local_runner
     nodes = [{"argv": argv, "env": env} for argv, env in local_runner.node_commands(spec, JOB_ID)]
     name = f"{spec.run_name}.local.json"
     return Plan(backend="local", files=(PlannedFile(name, json.dumps(
@@ -32,7 +25,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The payload snapshot, as for an sbatch script (the nodes read the same folders)."""
-    from . import slurm
+    from ..slurm import backend as slurm
     slurm.prepare(spec, strict, say)
 
 
@@ -53,7 +46,7 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 1.0) -> int:
     _foreground("wait")
 
 
-def status(ref: JobRef) -> dict[str, Any]:
+def status(ref: JobRef) -> JobStatus:
     """A finished (or running) `jobgen run`: what its nodes wrote when their flow ended
     (RUN_DIR/logs/JOB/node-K/job.status: `STATUS PASS`)."""
     from pathlib import Path
@@ -74,12 +67,12 @@ def status(ref: JobRef) -> dict[str, Any]:
     else:
         state, reason = "FAILED", "; ".join(f"node {k}: {v}" for k, v in nodes.items()
                                             if not v.startswith("0 "))
-    return {"job_id": ref.job_id, "state": state, "reason": reason, "nodes": nodes}
+    return job_status("local", ref.job_id, state, reason, nodes=nodes)
 
 
 def status_lines(ref: JobRef) -> list[str]:
     s = status(ref)
-    return [f"{s['job_id']}: {s['state']}" + (f" ({s['reason']})" if s["reason"] else "")]
+    return [f"{s.job_id}: {s.native}" + (f" ({s.reason})" if s.reason else "")]
 
 
 def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
@@ -88,3 +81,8 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
 
 def cancel(ref: JobRef) -> str:
     _foreground("cancel")
+
+
+def checked() -> tuple[list[str], list[str]]:
+    """What `jobgen check` says it checked beyond rendering (notes), or could not (problems)."""
+    return [], []

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from .errors import ConfigError, RemoteError
-from .plan import Plan
-from .record import record
+from ...errors import ConfigError, RemoteError
+from ...plan import Plan
+from ...record import record
 
 if TYPE_CHECKING:
-    from .payloads import Launch
-    from .spec import JobSpec
+    from ...payloads import Launch
+    from ...spec import JobSpec
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
@@ -76,7 +76,7 @@ def dry_run(plans: Sequence[Plan]) -> str:
     as `jobgen submit` does."""
     import shlex
 
-    from .cache import sha256
+    from ...cache import sha256
 
     lines = ["#!/bin/bash",
              "# What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).",

@@ -4,25 +4,18 @@ a Slurm job, so status, logs and cancel are Slurm's."""
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Optional
 
-from ..errors import ConfigError
-from ..plan import Plan, PlannedFile
-from ..spec import JobSpec
-from . import Echo, JobRef, SubmitOptions, Submitted
-from . import slurm as _slurm
-
-# What happens when the health gate finds a bad node (`jobgen show` says it).
-HEALTH_ON_FAILURE = (
-    "the job stops, naming the node and the check (resubmit with --exclude HOST)")
-
-# The run folder is on storage this machine reaches: the run's record is kept there too.
-RUN_DIR_HERE = True
+from ...errors import ConfigError
+from ...plan import Plan, PlannedFile
+from ...spec import JobSpec
+from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted
+from ..slurm import backend as _slurm
 
 
 def plan(spec: JobSpec) -> Plan:
     """What submitit is handed: its parameters, and each node's command and environment."""
-    from .. import submitit_runner
+    from . import runner as submitit_runner
     name = f"{spec.run_name}.submitit.json"
     text = json.dumps(submitit_runner.dry_run(spec), indent=2) + "\n"
     return Plan(backend="submitit", files=(PlannedFile(name, text),), primary=name,
@@ -31,8 +24,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The payload snapshot, as for an sbatch script (the nodes read the same folders)."""
-    from . import slurm
-    slurm.prepare(spec, strict, say)
+    _slurm.prepare(spec, strict, say)
 
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
@@ -43,7 +35,7 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
-    from .. import submitit_runner
+    from . import runner as submitit_runner
     if options.chain:
         dry_run(spec, options)   # the same refusal
     prepare(spec, strict=True, say=options.say)   # the snapshot, before the preflight looks
@@ -55,7 +47,7 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 2.0) -> int:
     return _slurm.wait(ref, echo, poll_s)
 
 
-def status(ref: JobRef) -> dict[str, Any]:
+def status(ref: JobRef) -> JobStatus:
     return _slurm.status(ref)
 
 
@@ -69,3 +61,8 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
 
 def cancel(ref: JobRef) -> str:
     return _slurm.cancel(ref)
+
+
+def checked() -> tuple[list[str], list[str]]:
+    """What `jobgen check` says it checked beyond rendering (notes), or could not (problems)."""
+    return [], []

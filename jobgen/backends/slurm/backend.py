@@ -6,21 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .. import launch, node
-from ..errors import ConfigError, RemoteError
-from ..node import Passes
-from ..plan import Plan, PlannedFile
-from ..render import render
-from ..spec import JobSpec
-from . import Echo, JobRef, SubmitOptions, Submitted
-
-# What happens when the health gate finds a bad node (`jobgen show` says it).
-HEALTH_ON_FAILURE = (
-    "the job is requeued without the failed nodes (ExcNodeList), at most health.max_requeues "
-    "times, not counted against job.max_restarts")
-
-# The run folder is on storage this machine reaches: the run's record is kept there too.
-RUN_DIR_HERE = True
+from ... import launch, node
+from ...errors import ConfigError, RemoteError
+from ...node import Passes
+from ...plan import Plan, PlannedFile
+from ...render import render
+from ...spec import JobSpec
+from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 
 TEMPLATE = "slurm/job.sbatch.j2"
 
@@ -97,7 +89,7 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
     """Place the job's payload snapshot on the site's shared storage (jobgen/snapshot.py):
     the script points there. `strict` (submit) refuses where that storage is not mounted here;
     otherwise (render) that is said, and the job checks when it starts."""
-    from .. import snapshot
+    from ... import snapshot
     snapshot.place(spec.site.snapshot_root, spec.payload_digest, strict=strict, say=say)
 
 
@@ -105,7 +97,7 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """A bash script of the sbatch commands `submit` runs (the scripts as here-documents)."""
-    from .. import slurm_client
+    from . import client as slurm_client
     plans = [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
     return _guarded(slurm_client.dry_run(plans), spec)
 
@@ -115,7 +107,7 @@ def _guarded(script: str, spec: JobSpec) -> str:
     point at is not there: a dry run places nothing, `jobgen render` or `submit` does."""
     import shlex
 
-    from .. import snapshot
+    from ... import snapshot
     folder = snapshot.folder(spec.site.snapshot_root, spec.payload_digest)
     marker = shlex.quote(f"{folder}/{snapshot.MARKER}")
     said = shlex.quote(f"jobgen: the payload snapshot these jobs run, {folder}, is not "
@@ -134,13 +126,13 @@ def sweepable(specs: Sequence[JobSpec]) -> bool:
 
 def dry_run_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> str:
     """What `submit --sweep` runs: the sbatch of one job array."""
-    from .. import slurm_client
+    from . import client as slurm_client
     return _guarded(slurm_client.dry_run([plan_array(specs)]), specs[0])
 
 
 def submit_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> list[Submitted]:
     """One job array; task K's id (ARRAYID_K) for specs[K]."""
-    from .. import slurm_client
+    from . import client as slurm_client
     prepare(specs[0], strict=True, say=options.say)   # one payload snapshot for every task
     check(specs[0], options)   # one payload, one partition, one node count for every task
     array_id = slurm_client.submit(plan_array(specs))
@@ -149,14 +141,14 @@ def submit_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> list[Submi
 
 def preflight(spec: JobSpec) -> tuple[str, ...]:
     """What could not be checked from this host (raises at the first failed check)."""
-    from .. import slurm_client
+    from . import client as slurm_client
     unchecked = slurm_client.preflight(spec, launch.for_spec(spec, "slurm"))
     return (f"not checked from this host: {'; '.join(unchecked)}",) if unchecked else ()
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     """sbatch of exactly the script `jobgen render` prints (two dependent jobs with chain)."""
-    from .. import slurm_client
+    from . import client as slurm_client
     prepare(spec, strict=True, say=options.say)   # the payload snapshot the script points at
     check(spec, options)
     if options.chain:
@@ -172,25 +164,30 @@ def check(spec: JobSpec, options: SubmitOptions) -> None:
 
 
 def wait(ref: JobRef, echo: Echo, poll_s: float = 2.0) -> int:
-    from .. import slurm_client
+    from . import client as slurm_client
     final = slurm_client.wait(ref.job_id, poll=poll_s, on_change=echo)
     return 0 if final.state == "COMPLETED" else 1
 
 
-def status(ref: JobRef) -> dict[str, Any]:
-    from .. import slurm_client
-    return slurm_client.status(ref.job_id)
+def status(ref: JobRef) -> JobStatus:
+    from . import client as slurm_client
+    found = slurm_client.status(ref.job_id)
+    code = found["exit_code"].partition(":")[0]   # STATUS:SIGNAL, once the job ended
+    return job_status("slurm", found["job_id"], found["state"], found["reason"],
+                      int(code) if code.isdigit() else None, exit=found["exit_code"],
+                      nodes=found["nodes"], restarts=found["restarts"],
+                      output=found["output"])
 
 
 def status_lines(ref: JobRef) -> list[str]:
-    from .. import slurm_client
+    from . import client as slurm_client
     return slurm_client.status_lines(ref.job_id)
 
 
 def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
     """The job's output file; with `node`, that node's compile and training logs (every
     restart's, oldest first) from the run folder, which needs the run's record."""
-    from .. import slurm_client
+    from . import client as slurm_client
     if node is None:
         path = slurm_client.log_path(ref.job_id)
         files: Callable[[], list[Path]] = lambda: [path]   # noqa: E731
@@ -216,5 +213,10 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
 
 
 def cancel(ref: JobRef) -> str:
-    from .. import slurm_client
+    from . import client as slurm_client
     return slurm_client.cancel(ref.job_id)
+
+
+def checked() -> tuple[list[str], list[str]]:
+    """What `jobgen check` says it checked beyond rendering (notes), or could not (problems)."""
+    return [], []

@@ -17,21 +17,19 @@ restarted on the same node would find again).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
 import time
 from typing import Any, Optional
 
-from .. import launch, node, snapshot
-from ..errors import ConfigError, RemoteError
-from ..plan import Plan, PlannedFile
-from ..spec import JobSpec
-from . import Echo, JobRef, SubmitOptions, Submitted
-
-# What happens when the health gate finds a bad node (`jobgen show` says it).
-HEALTH_ON_FAILURE = (
-    "the job fails (its pod failure policy on exit 75), naming the node and the check")
+from ... import launch, node, snapshot
+from ...errors import ConfigError, RemoteError
+from ...plan import Plan, PlannedFile
+from ...site import Site
+from ...spec import JobSpec
+from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 
 # Exit statuses that end the Indexed Job at once: a bad node (the health gate), a configuration
 # error.
@@ -80,7 +78,8 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     image = snapshot.site_image(eks.images, platform.name, "eks.images", site.name,
                                 spec.payload_digest)
     lau = launch.for_spec(spec, "eks")
-    contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s)
+    contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s,
+                             shared=bool(eks.shared_pvc))
     env = node.environment(spec, lau, contract)
     env["JOBGEN_K8S_JOB"] = name
     if not operator:   # the operator sets MASTER_ADDR itself
@@ -125,7 +124,7 @@ def _deadline(spec: JobSpec) -> Optional[int]:
     """activeDeadlineSeconds from the recipe's time limit, if it has one."""
     if not spec.recipe.job.time_limit:
         return None
-    from ..recipe import time_limit_seconds
+    from ...recipe import time_limit_seconds
     return time_limit_seconds(spec.recipe.job.time_limit)
 
 
@@ -209,6 +208,16 @@ def _say_once(note: str) -> None:
     if note not in _SAID:
         _SAID.add(note)
         print(note, file=sys.stderr)
+
+
+
+def node_site(site: Site) -> Site:
+    """The site as an EKS pod sees it: the training pass reads the compile cache from the
+    node's own disk (hostPath)."""
+    section = site.eks
+    assert section is not None
+    return dataclasses.replace(site, paths=dataclasses.replace(
+        site.paths, local_compile_cache=section.local_cache_host_path))
 
 
 def plan(spec: JobSpec) -> Plan:
@@ -306,7 +315,7 @@ def _kind(job_id: str) -> tuple[str, str]:
 
 
 def _where(ref: JobRef) -> tuple[Any, Any]:
-    from .. import site as sites
+    from ... import site as sites
     site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
                       if ref.run else None)
     if site.eks is None:
@@ -334,7 +343,7 @@ def _index(pod: Any) -> int:
     return -1
 
 
-def status(ref: JobRef) -> dict[str, Any]:
+def status(ref: JobRef) -> JobStatus:
     kubernetes = _kube()
     site, api = _where(ref)
     ns = site.eks.namespace
@@ -359,23 +368,24 @@ def status(ref: JobRef) -> dict[str, Any]:
         active, succeeded, failed = st.active or 0, st.succeeded or 0, st.failed or 0
         state = ("Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions
                  else "Running" if active else "Pending")
-    return {"job_id": ref.job_id, "kind": kind, "state": state, "active": active,
-            "succeeded": succeeded, "failed": failed,
-            "pods": {str(k): v for k, v in sorted(pods.items())}}
+    return job_status("eks", ref.job_id, state, kind=kind, active=active,
+                      succeeded=succeeded, failed=failed,
+                      pods={str(k): v for k, v in sorted(pods.items())})
 
 
 def status_lines(ref: JobRef) -> list[str]:
     s = status(ref)
-    lines = [f"{s['job_id']}: {s['state']} (active {s['active']}, succeeded {s['succeeded']}, "
-             f"failed pods {s['failed']})"]
-    lines += [f"  node {k}: {v}" for k, v in s["pods"].items()]
+    d = s.detail
+    lines = [f"{s.job_id}: {s.native} (active {d['active']}, succeeded {d['succeeded']}, "
+             f"failed pods {d['failed']})"]
+    lines += [f"  node {k}: {v}" for k, v in d["pods"].items()]
     return lines
 
 
 def wait(ref: JobRef, echo: Echo, poll_s: float = 15.0) -> int:
     seen = None
     while True:
-        state = status(ref)["state"]
+        state = status(ref).native
         if state != seen:
             echo(f"{ref.job_id}: {state}\n")
             seen = state
@@ -419,3 +429,15 @@ def cancel(ref: JobRef) -> str:
     except RemoteError as exc:   # deleted by hand already: the job is what mattered
         return f"deleted Job {name} (and its pods) in namespace {ns}; its Service: {exc}"
     return f"deleted Job {name} and its Service (and its pods) in namespace {ns}"
+
+
+def checked() -> tuple[list[str], list[str]]:
+    """What `jobgen check` says it checked beyond rendering (notes), or could not (problems)."""
+    try:
+        from importlib.metadata import version
+        return ["manifests validated against the Kubernetes "
+                f"{K8S_VERSION} schemas (kubernetes-validate "
+                f"{version('kubernetes-validate')})"], []
+    except Exception:  # noqa: BLE001  (not installed: the [eks] extra)
+        return [], ["kubernetes-validate is not installed, so the manifests were not checked "
+                    "against the Kubernetes schemas: pip install 'jobgen[eks]'"]

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import launch, node
-from .errors import ConfigError
-from .record import record
-from .spec import JobSpec
+from ... import launch, node
+from ...errors import ConfigError
+from ...record import record
+from ...spec import JobSpec
 
 # What submitit's job gets when the recipe sets no job.time_limit (Slurm's partition default
 # would apply to an sbatch script; submitit always sends one).
@@ -149,7 +149,7 @@ def submit(spec: JobSpec, folder: Optional[Path] = None) -> Any:
         import submitit
     except ImportError:
         raise ConfigError("--via submitit needs submitit: pip install 'jobgen[submitit]'") from None
-    from . import snapshot
+    from ... import snapshot
     # The payload the nodes run: its snapshot on the shared storage (placed once, verified).
     snapshot.place(spec.site.snapshot_root, spec.payload_digest)
     task = node_task(spec)

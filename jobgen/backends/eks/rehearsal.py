@@ -1,0 +1,38 @@
+"""`jobgen run --backend eks`: the Indexed Job's pods emulated on this machine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import ConfigError
+from ...local_runner import image_moves, relocate
+from ...spec import JobSpec
+from .backend import manifests
+
+
+def commands(spec: JobSpec, job_id: str, root: Path,
+             write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
+    """Each pod of the rendered Indexed Job, emulated: the container's command and arguments
+    with its environment, JOB_COMPLETION_INDEX and HOSTNAME as Kubernetes sets them, the main
+    pod's Service name resolved to this machine, and the node-local compile cache (a hostPath)
+    under ROOT/node-K (nothing is written beforehand: `write` is for the same call as
+    SageMaker's)."""
+    docs = manifests(spec)
+    job = docs[-1]
+    if job["kind"] != "Job":
+        raise ConfigError("jobgen run --backend eks rehearses the Indexed Job form; this site "
+                          "renders a PyTorchJob (eks.training_operator)")
+    site = spec.site.eks
+    assert site is not None
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    name = job["metadata"]["name"]
+    out = []
+    for index in range(spec.nodes):
+        moves = image_moves(spec, site.entrypoint, "eks-entrypoint.sh") + [
+            (site.local_cache_host_path, str(root / f"node-{index}" /
+                                             site.local_cache_host_path.lstrip("/")))]
+        env = {e["name"]: relocate(e["value"], moves) for e in container["env"]}
+        env.update({"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"{name}-{index}",
+                    "JOBGEN_MAIN_HOST": "127.0.0.1", "JOBGEN_K8S_JOB": job_id})
+        argv = [relocate(a, moves) for a in container["command"] + container["args"]]
+        out.append((argv, env))
+    return out

@@ -1,0 +1,19 @@
+"""The local backend (`jobgen run`): every node of the job as a process group on this machine,
+no scheduler (backend.py); the runner is jobgen/local_runner.py."""
+from __future__ import annotations
+
+from .. import Declaration, State
+
+DECLARATION = Declaration(
+    name="local",
+    summary="every node as a process group on this machine (jobgen run)",
+    site_section="slurm",
+    submits=False,
+    checks=False,
+    rehearses=True,
+    run_dir_here=True,
+    watch_note="it runs in the foreground; its nodes write the run folder as they go",
+    default_poll_s=1.0,
+    health_on_failure="the rehearsal stops, naming the node and the check",
+    states={"RUNNING": State.RUNNING, "COMPLETED": State.COMPLETED, "FAILED": State.FAILED},
+)

@@ -1,0 +1,29 @@
+"""The SageMaker backend: a CreateTrainingJob request for SageMaker's model-parallel library v2
+(backend.py), its instances emulated on this machine (rehearsal.py), and what `jobgen watch`
+does to a training job (watch.py: its CloudWatch logs)."""
+from __future__ import annotations
+
+from .. import Declaration, State
+
+DECLARATION = Declaration(
+    name="sagemaker",
+    summary="a SageMaker training job (CreateTrainingJob request)",
+    site_section="sagemaker", site_section_holds="role, images, S3 locations",
+    site_example="sagemaker",
+    container=True,
+    local_cache_step=False,
+    shared_fs=False,
+    rehearses=True,
+    any_node_failure_ends=True,
+    watch=True,
+    logs_per_node=True,
+    options=frozenset({"endpoint_url", "region", "profile"}),
+    extra="sagemaker", sdk_modules=("botocore",), renders_with_sdk=True,
+    default_poll_s=30.0,
+    health_on_failure=(
+        "the training job fails with the node and the check as its failure reason; not "
+        "retried"),
+    # DescribeTrainingJob's TrainingJobStatus.
+    states={"INPROGRESS": State.RUNNING, "COMPLETED": State.COMPLETED,
+            "FAILED": State.FAILED, "STOPPING": State.RUNNING, "STOPPED": State.CANCELLED},
+)

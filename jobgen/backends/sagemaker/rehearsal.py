@@ -1,0 +1,47 @@
+"""`jobgen run --backend sagemaker`: the training job's instances emulated on this machine."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...local_runner import image_moves, relocate
+from ...spec import JobSpec
+from .backend import training_job
+
+
+def commands(spec: JobSpec, job_id: str, root: Path,
+             write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
+    """Each instance of the rendered CreateTrainingJob request, emulated: the container's
+    entrypoint and arguments with the request's Environment, TRAINING_JOB_NAME, and what
+    SageMaker writes on every instance (/opt/ml/input/config/resourceconfig.json and
+    hyperparameters.json), under ROOT/algo-N/opt/ml: each instance has its own disk, as on
+    SageMaker (the run folder, its checkpoints and logs are node 0's under algo-1). Those files
+    are written only with `write` (not for a dry run)."""
+    request = training_job(spec)
+    site = spec.site.sagemaker
+    assert site is not None
+    hosts = [f"algo-{i + 1}" for i in range(spec.nodes)]
+    algorithm = request["AlgorithmSpecification"]
+    out = []
+    for host in hosts:
+        opt_ml = root / host / "opt" / "ml"
+        moves = image_moves(spec, site.entrypoint, "sagemaker-entrypoint.sh") + [
+            ("/opt/ml/", f"{opt_ml}/")]
+        config = opt_ml / "input" / "config"
+        if write:
+            config.mkdir(parents=True, exist_ok=True)
+            (config / "resourceconfig.json").write_text(json.dumps({
+                "current_host": host, "current_instance_type": request["ResourceConfig"][
+                    "InstanceType"], "current_group_name": "homogeneousCluster",
+                "hosts": hosts, "network_interface_name": "eth0"}), encoding="utf-8")
+            (config / "hyperparameters.json").write_text(json.dumps({
+                k: relocate(v, moves) for k, v in request["HyperParameters"].items()}),
+                encoding="utf-8")
+        env = {k: relocate(v, moves) for k, v in request["Environment"].items()}
+        env.update({"TRAINING_JOB_NAME": job_id, "SM_INPUT_CONFIG_DIR": str(config),
+                    # algo-1 resolves inside SageMaker's network; here every instance is local
+                    "JOBGEN_MAIN_HOST": "127.0.0.1"})
+        argv = [relocate(a, moves) for a in algorithm["ContainerEntrypoint"]
+                + algorithm["ContainerArguments"]]
+        out.append((argv, env))
+    return out

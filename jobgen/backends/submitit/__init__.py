@@ -1,0 +1,23 @@
+"""The submitit backend: the sbatch job's nodes handed to Slurm by submitit (backend.py,
+runner.py); once submitted it is a Slurm job, so status, logs, cancel and watch are Slurm's."""
+from __future__ import annotations
+
+from .. import Declaration
+
+DECLARATION = Declaration(
+    name="submitit",
+    summary="Slurm through submitit (same nodes, same flow as the sbatch script)",
+    site_section="slurm",
+    spec_backend="slurm",
+    scheduler="slurm",
+    checks=False,
+    run_dir_here=True,
+    time_limit_requeue=True,
+    setup_on_main=True,
+    resolves_master=True,
+    options=frozenset({"check", "slurm_request"}),
+    extra="submitit", sdk_modules=("submitit",),
+    default_poll_s=2.0,
+    health_on_failure=(
+        "the job stops, naming the node and the check (resubmit with --exclude HOST)"),
+)

@@ -1,0 +1,30 @@
+"""The one rule for optional extras: a command that needs a module an extra brings, where the
+extra is not installed, is refused in one line naming the extra to install (exit 2), before
+anything is written; `--help` never needs one."""
+from __future__ import annotations
+
+import importlib
+
+from .errors import ConfigError
+
+
+def require(what: str, modules: tuple[str, ...], extra: str) -> None:
+    """Refuse `what` in one line where one of `modules` (brought by `extra`: batch, sagemaker,
+    eks) cannot be imported."""
+    how = f"pip install 'jobgen[{extra}]'"
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] != name:
+                raise ConfigError(f"{what}: {name} is installed but cannot import "
+                                  f"{exc.name}: {how}") from None
+            raise ConfigError(f"{what} needs {name}, which is not installed: {how}") from None
+        except ImportError as exc:
+            raise ConfigError(f"{what}: cannot import {name} ({_first_line(str(exc))}): "
+                              f"{how}") from None
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else text
