@@ -1,5 +1,5 @@
-"""jobgen/backends/batch/backend.py: the multi-node job definition of every recipe, byte-compared with
-tests/golden/batch/, validated offline as the AWS CLI would send it, and its Batch-specific
+"""jobgen/backends/batch/backend.py: the multi-node job definition of every recipe, byte-compared
+with tests/golden/batch/, validated offline as the AWS CLI would send it, and its Batch-specific
 values (devices, retry strategy, node ranges, learning-rate scaling) checked one by one."""
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def test_slurm_node_logs_need_the_record(jobgen: Callable) -> None:
 
 
 def test_node_logs_of_every_restart_oldest_first(tmp_path: Path) -> None:
-    from jobgen.backends.slurm import client as slurm_client
+    from jobgen.backends.slurm import jobs as slurm_jobs
     folder = tmp_path / "logs" / "7"
     for restart in (10, 2, 0):
         for name in ("train.log", "compile.log"):
@@ -133,8 +133,8 @@ def test_node_logs_of_every_restart_oldest_first(tmp_path: Path) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"{restart} {name}\n")
     (folder / "restart-2" / "node-0").mkdir()
-    found = slurm_client.node_logs(folder, 1)
+    found = slurm_jobs.node_logs(folder, 1)
     assert [p.read_text() for p in found] == [
         "0 compile.log\n", "0 train.log\n", "2 compile.log\n", "2 train.log\n",
         "10 compile.log\n", "10 train.log\n"]
-    assert slurm_client.node_logs(folder, 0) == []
+    assert slurm_jobs.node_logs(folder, 0) == []

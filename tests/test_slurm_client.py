@@ -16,6 +16,7 @@ import pytest
 from jobgen import api
 from jobgen.backends.slurm import backend as slurm
 from jobgen.backends.slurm import client as slurm_client
+from jobgen.backends.slurm import jobs as slurm_jobs
 from jobgen.errors import RemoteError
 
 FAKE_SBATCH = """#!/usr/bin/env bash
@@ -122,17 +123,17 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, squeue: objec
 
 def test_state_from_squeue_json_2205(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_slurm(tmp_path, monkeypatch, squeue=SQUEUE_2205)
-    assert slurm_client.status("77") == {
+    assert slurm_jobs.status("77") == {
         "backend": "slurm", "job_id": "77", "state": "RUNNING", "finished": False, "reason": "",
         "exit_code": "", "nodes": "n[1-2]", "restarts": 1,
         "output": "/home/u/my runs/neox20b-smoke-77.out"}   # a folder with a space, whole
-    assert slurm_client.status_lines("78") == [
+    assert slurm_jobs.status_lines("78") == [
         "job 78: CANCELLED, exit 0:15, nodes n1", "output /abs/x.out"]
 
 
 def test_state_from_squeue_json_2311(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_slurm(tmp_path, monkeypatch, squeue=SQUEUE_2311)
-    st = slurm_client.status("79")
+    st = slurm_jobs.status("79")
     assert (st["state"], st["exit_code"], st["restarts"], st["reason"]) == (
         "FAILED", "1:0", 2, "NonZeroExitCode")
 
@@ -140,9 +141,9 @@ def test_state_from_squeue_json_2311(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_state_from_accounting_once_the_controller_forgot(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_slurm(tmp_path, monkeypatch, sacct=SACCT_2205)
-    assert slurm_client.status_lines("80") == ["job 80: TIMEOUT, exit 0:15, nodes n[1-4]"]
+    assert slurm_jobs.status_lines("80") == ["job 80: TIMEOUT, exit 0:15, nodes n[1-4]"]
     with pytest.raises(RemoteError, match="job 81 is unknown to the controller and to"):
-        slurm_client.state("81")
+        slurm_jobs.state("81")
 
 
 def test_state_from_scontrol_text_where_slurm_has_no_json(
@@ -151,11 +152,11 @@ def test_state_from_scontrol_text_where_slurm_has_no_json(
             "ExitCode=0:0 NodeList=n[1-2] StdOut=/home/u/my runs/neox20b-82.out "
             "StdErr=/home/u/my runs/neox20b-82.out Power=")
     fake_slurm(tmp_path, monkeypatch, scontrol=line, json_ok=False)
-    st = slurm_client.state("82")
+    st = slurm_jobs.state("82")
     assert (st.state, st.nodes, st.stdout) == ("RUNNING", "n[1-2]",
                                                "/home/u/my runs/neox20b-82.out")
 
 
 def test_not_a_slurm_job_id() -> None:
     with pytest.raises(RemoteError, match="'abc' is not a Slurm job id"):
-        slurm_client.state("abc")
+        slurm_jobs.state("abc")

@@ -6,7 +6,7 @@ from pathlib import Path
 from ...errors import ConfigError
 from ...local_runner import image_moves, relocate
 from ...spec import JobSpec
-from .backend import manifests
+from .manifests import manifests
 
 
 def commands(spec: JobSpec, job_id: str, root: Path,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ...local_runner import image_moves, relocate
 from ...spec import JobSpec
-from .backend import training_job
+from .request import training_job
 
 
 def commands(spec: JobSpec, job_id: str, root: Path,

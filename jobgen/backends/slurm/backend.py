@@ -164,14 +164,14 @@ def check(spec: JobSpec, options: SubmitOptions) -> None:
 
 
 def wait(ref: JobRef, echo: Echo, poll_s: float = 2.0) -> int:
-    from . import client as slurm_client
-    final = slurm_client.wait(ref.job_id, poll=poll_s, on_change=echo)
+    from . import jobs as slurm_jobs
+    final = slurm_jobs.wait(ref.job_id, poll=poll_s, on_change=echo)
     return 0 if final.state == "COMPLETED" else 1
 
 
 def status(ref: JobRef) -> JobStatus:
-    from . import client as slurm_client
-    found = slurm_client.status(ref.job_id)
+    from . import jobs as slurm_jobs
+    found = slurm_jobs.status(ref.job_id)
     code = found["exit_code"].partition(":")[0]   # STATUS:SIGNAL, once the job ended
     return job_status("slurm", found["job_id"], found["state"], found["reason"],
                       int(code) if code.isdigit() else None, exit=found["exit_code"],
@@ -180,16 +180,16 @@ def status(ref: JobRef) -> JobStatus:
 
 
 def status_lines(ref: JobRef) -> list[str]:
-    from . import client as slurm_client
-    return slurm_client.status_lines(ref.job_id)
+    from . import jobs as slurm_jobs
+    return slurm_jobs.status_lines(ref.job_id)
 
 
 def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
     """The job's output file; with `node`, that node's compile and training logs (every
     restart's, oldest first) from the run folder, which needs the run's record."""
-    from . import client as slurm_client
+    from . import jobs as slurm_jobs
     if node is None:
-        path = slurm_client.log_path(ref.job_id)
+        path = slurm_jobs.log_path(ref.job_id)
         files: Callable[[], list[Path]] = lambda: [path]   # noqa: E731
         if not follow and not path.exists():
             raise RemoteError(f"{path}: not written yet")
@@ -202,19 +202,19 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
             raise ConfigError(f"--node: job {ref.job_id} has {ref.run.nodes} nodes "
                               f"(0 to {ref.run.nodes - 1})")
         folder = Path(ref.run.run_dir, "logs", ref.job_id)
-        files = lambda: slurm_client.node_logs(folder, node)   # noqa: E731
+        files = lambda: slurm_jobs.node_logs(folder, node)   # noqa: E731
         if not follow and not files():
             raise RemoteError(f"job {ref.job_id} node {node}: no logs yet in {folder}")
     if follow:
-        slurm_client.follow(files, ref.job_id, echo)
+        slurm_jobs.follow(files, ref.job_id, echo)
         return
     for path in files():
         echo(path.read_text(encoding="utf-8", errors="replace"))
 
 
 def cancel(ref: JobRef) -> str:
-    from . import client as slurm_client
-    return slurm_client.cancel(ref.job_id)
+    from . import jobs as slurm_jobs
+    return slurm_jobs.cancel(ref.job_id)
 
 
 def checked() -> tuple[list[str], list[str]]:

@@ -16,6 +16,7 @@ from ...watching.readers import RunReader
 from ...watching.target import Target
 from .. import JobRef
 from . import client as slurm_client
+from . import jobs as slurm_jobs
 
 
 def target(ref: JobRef, run_dir: Optional[Path], view: Any) -> Target:
@@ -32,7 +33,7 @@ def slurm_run_dir(job_id: str) -> Optional[Path]:
     """The run folder of a Slurm job jobgen rendered but did not record (render | sbatch):
     JOBGEN_RUN_DIR in its batch script, relative to its working directory."""
     try:
-        fields = slurm_client._scontrol_fields(job_id) or {}
+        fields = slurm_jobs._scontrol_fields(job_id) or {}
         script = slurm_client._run(["scontrol", "write", "batch_script", job_id, "-"])
     except RemoteError:
         return None
@@ -55,7 +56,7 @@ class SlurmController:
         self.poll_s = poll_s
 
     def state(self) -> tuple[str, bool]:
-        st = slurm_client.state(self.job_id)
+        st = slurm_jobs.state(self.job_id)
         return st.state, st.finished
 
     def _scontrol(self, *args: str) -> None:
@@ -95,4 +96,4 @@ class SlurmController:
             time.sleep(self.poll_s)
 
     def stop(self) -> str:
-        return slurm_client.cancel(self.job_id)
+        return slurm_jobs.cancel(self.job_id)

@@ -1,0 +1,204 @@
+"""The EKS backend: Kubernetes manifests for one multi-node training job.
+
+The plain form runs on any cluster: a headless Service that gives every pod a stable name, and an
+Indexed Job with one pod per node (pod K's host name is JOB-K, so the main node is JOB-0.SERVICE
+for the rendezvous). Where the site says Kubeflow's training operator is installed, the job is a
+PyTorchJob instead (a Master and N-1 Workers; the operator sets MASTER_ADDR and RANK).
+
+Each pod runs the image's EKS entrypoint (env/containers/eks-entrypoint.sh) with the payload
+launcher and the two passes' arguments, asks for all of its node's accelerators and EFA
+interfaces through the device plugins, mounts the site's FSx claim (run folders, data, the
+shared compile cache) and a hostPath on the node's own disk for the compile cache the training
+pass reads. A failed pod is restarted within a backoffLimit of the recipe's restarts times the
+pods, and resumes from the newest checkpoint: in place under a PyTorchJob (OnFailure); an Indexed
+Job replaces it (Never), and its pod failure policy ends the whole job at once on the statuses no
+restart cures: 78 (a configuration error) and 75 (the health gate found a bad node, which a pod
+restarted on the same node would find again).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Optional
+
+from ... import launch, node, snapshot
+from ...errors import ConfigError
+from ...spec import JobSpec
+
+# Exit statuses that end the Indexed Job at once: a bad node (the health gate), a configuration
+# error.
+NO_RETRY = (75, 78)
+# The Kubernetes release whose schemas the manifests are checked against (EKS standard support).
+K8S_VERSION = "1.31"
+# Device plugin resources, per accelerator: Neuron devices (Trainium chips), Gaudi cards, GPUs.
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+LABEL = "jobgen/job"
+MANAGED = {"app.kubernetes.io/managed-by": "jobgen"}
+
+
+def job_name(spec: JobSpec) -> str:
+    """An RFC 1123 name short enough for the pods' host names (JOB-K, at most 63)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", spec.run_name.lower()).strip("-")[:52].strip("-")
+    return name or "jobgen"
+
+
+def efa_interfaces(spec: JobSpec) -> int:
+    """The EFA interfaces a pod asks for (the health gate checks them)."""
+    assert spec.site.eks is not None
+    return (spec.site.eks.efa_interfaces or {}).get(spec.platform.name,
+                                                     spec.platform.efa_interfaces)
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    site, platform = spec.site, spec.platform
+    assert site.eks is not None
+    if spec.rehearsal is not None:
+        ask = {"cpu": site.eks.smoke_cpu, "memory": site.eks.smoke_memory}
+        return {"requests": ask, "limits": ask}
+    efa = efa_interfaces(spec)
+    if not 0 <= efa <= platform.efa_interfaces:
+        raise ConfigError(f"site {site.name}: eks.efa_interfaces.{platform.name}: {efa} is not "
+                          f"between 0 and {platform.efa_interfaces}")
+    limits: dict[str, Any] = {platform.device_resource: platform.devices}
+    if efa:
+        limits[EFA_RESOURCE] = efa
+    return {"limits": limits, "requests": dict(limits)}
+
+
+def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
+    site, platform = spec.site, spec.platform
+    eks = site.eks
+    assert eks is not None
+    image = snapshot.site_image(eks.images, platform.name, "eks.images", site.name,
+                                spec.payload_digest)
+    lau = launch.for_spec(spec, "eks")
+    contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s,
+                             shared=bool(eks.shared_pvc))
+    env = node.environment(spec, lau, contract)
+    env["JOBGEN_K8S_JOB"] = name
+    if not operator:   # the operator sets MASTER_ADDR itself
+        env["JOBGEN_MAIN_HOST"] = f"{name}-0.{name}"
+    container: dict[str, Any] = {
+        "name": "pytorch" if operator else "trainer",   # the operator's required name
+        "image": image,
+        "command": ["/bin/bash", eks.entrypoint],
+        "args": [lau.launcher, *node.flow_args(lau)],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "resources": _resources(spec),
+        "ports": [{"name": "pytorchjob-port" if operator else "rendezvous",
+                   "containerPort": spec.recipe.job.master_port}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if eks.shared_pvc:
+        container["volumeMounts"].append({"name": "shared", "mountPath": eks.shared_mount})
+        volumes.append({"name": "shared",
+                        "persistentVolumeClaim": {"claimName": eks.shared_pvc}})
+    if contract.JOBGEN_LOCAL_COMPILE_CACHE:
+        container["volumeMounts"].append({"name": "local-compile-cache",
+                                          "mountPath": contract.JOBGEN_LOCAL_COMPILE_CACHE})
+        volumes.append({"name": "local-compile-cache", "hostPath": {
+            "path": eks.local_cache_host_path, "type": "DirectoryOrCreate"}})
+    pod: dict[str, Any] = {"restartPolicy": "OnFailure", "containers": [container],
+                           "volumes": volumes}
+    if spec.rehearsal is None:
+        # EFA registers memory with the NIC; the real job runs on its platform's nodes only.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        pod["nodeSelector"] = {"node.kubernetes.io/instance-type": platform.name}
+        pod["tolerations"] = [{"key": platform.device_resource,
+                               "operator": "Exists", "effect": "NoSchedule"}]
+    if not operator:
+        pod["subdomain"] = name   # JOB-K.SERVICE resolves through the headless Service
+    if eks.service_account:
+        pod["serviceAccountName"] = eks.service_account
+    return pod
+
+
+def _deadline(spec: JobSpec) -> Optional[int]:
+    """activeDeadlineSeconds from the recipe's time limit, if it has one."""
+    if not spec.recipe.job.time_limit:
+        return None
+    from ...recipe import time_limit_seconds
+    return time_limit_seconds(spec.recipe.job.time_limit)
+
+
+def manifests(spec: JobSpec) -> list[dict[str, Any]]:
+    site = spec.site
+    eks = site.eks
+    if eks is None:
+        raise ConfigError(f"site {site.name}: has no eks section (namespace, images, FSx claim)")
+    name = job_name(spec)
+    labels = {**MANAGED, "jobgen/recipe": spec.recipe.name, "jobgen/run": name}
+    meta = {"name": name, "namespace": eks.namespace, "labels": labels}
+    template_meta = {"labels": {**labels, LABEL: name}}
+    restarts = spec.recipe.job.max_restarts
+    deadline = _deadline(spec)
+    if eks.training_operator:
+        pod = _pod_spec(spec, name, operator=True)
+        replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure",
+                                               "template": {"metadata": template_meta,
+                                                            "spec": pod}}}
+        if spec.nodes > 1:
+            replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "OnFailure",
+                                  "template": {"metadata": template_meta, "spec": pod}}
+        run_policy: dict[str, Any] = {"backoffLimit": restarts * spec.nodes,
+                                      "cleanPodPolicy": "None"}
+        if deadline:
+            run_policy["activeDeadlineSeconds"] = deadline
+        return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
+                 "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas}}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                        "selector": {LABEL: name},
+                        "ports": [{"name": "rendezvous", "port": spec.recipe.job.master_port}]}}
+    pod = _pod_spec(spec, name, operator=False)
+    pod["restartPolicy"] = "Never"          # a pod failure policy needs it
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes,
+        # Each restart of the job can cost one pod restart per node.
+        "backoffLimit": restarts * spec.nodes,
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": pod["containers"][0]["name"],
+                                                  "operator": "In", "values": list(NO_RETRY)}},
+            # A pod evicted for a drain or a preemption is not the job's failure.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
+                                                      "status": "True"}]}]},
+        "template": {"metadata": template_meta, "spec": pod}}
+    if deadline:
+        job_spec["activeDeadlineSeconds"] = deadline
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+    return [service, job]
+
+
+def validate(docs: list[dict[str, Any]], where: str) -> None:
+    """Each manifest against the Kubernetes schemas (kubernetes-validate); a PyTorchJob's pod
+    template as a PodTemplate (the operator's own schema is not bundled)."""
+    import kubernetes_validate
+    for doc in docs:
+        targets = [doc]
+        if doc["kind"] == "PyTorchJob":
+            targets = [{"apiVersion": "v1", "kind": "PodTemplate",
+                        "metadata": {"name": f"{doc['metadata']['name']}-{role.lower()}"},
+                        "template": replica["template"]}
+                       for role, replica in doc["spec"]["pytorchReplicaSpecs"].items()]
+        for target in targets:
+            try:
+                kubernetes_validate.validate(target, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                raise ConfigError(f"{where}: {target['kind']} {path}: {exc.message}") from None
+
+
+def render_yaml(docs: list[dict[str, Any]]) -> str:
+    import yaml
+    return "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=100) for doc in docs)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(note: str) -> None:
+    """A note on stderr, once per process (`jobgen check` renders hundreds of manifests)."""
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note, file=sys.stderr)
