@@ -79,7 +79,7 @@ def check(recipe: Recipe, where: str) -> None:
                               f"Linux carries in one environment variable ({ENV_MAX} with its "
                               "name)")
     from . import schema
-    from .json_schema import RECIPE_LIMITS
+    from .limits import RECIPE_LIMITS
     check_limits(schema.to_plain(recipe), RECIPE_LIMITS, where)
 
 

@@ -11,8 +11,8 @@ from typing import Literal, Optional
 from . import resources, schema
 from .errors import ConfigError
 from .platforms import Health, check_health
-from .recipe import load_yaml
 from .record import record
+from .yamlfile import load_yaml
 
 DEFAULT_SITE = "local"
 # botocore's rule for a region name (a host label), which it checks only when a client is made.
@@ -325,7 +325,7 @@ def load_file(path: Path, shown: str) -> Site:
         if region is not None and not REGION_RE.fullmatch(region):
             raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
                               "region name (like us-east-1)")
-    from .json_schema import SITE_LIMITS
+    from .limits import SITE_LIMITS
     from .rules import check_limits, check_site_paths
     check_site_paths(site.paths.work_dir, site.paths.compile_cache,
                      site.paths.local_compile_cache, shown)
