@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from .. import launch, node, snapshot
+from .. import node, payloads, snapshot
 from ..errors import ConfigError, RemoteError
 from ..plan import Plan, PlannedFile
 from ..spec import JobSpec
@@ -79,7 +79,7 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     assert eks is not None
     image = snapshot.site_image(eks.images, platform.name, "eks.images", site.name,
                                 spec.payload_digest)
-    lau = launch.for_spec(spec, "eks")
+    lau = payloads.for_spec(spec, "eks")
     contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s)
     env = node.environment(spec, lau, contract)
     env["JOBGEN_K8S_JOB"] = name
