@@ -100,7 +100,8 @@ def record(cls: type, limits: dict[str, dict[str, Any]], path: str = "") -> dict
 
 
 def recipe_schema() -> dict[str, Any]:
-    from .recipe import OVERLAY_BACKENDS, Recipe
+    from .overlays import OVERLAY_BACKENDS
+    from .recipe import Recipe
     body = record(Recipe, RECIPE_LIMITS)
     # A recipe may carry per-backend overlays of its own values (jobgen/recipe.py).
     body["properties"]["backends"] = {

@@ -128,7 +128,7 @@ def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Any],
                   nodes: int) -> SlurmRequest:
     """The job's Slurm request; an override is checked like the site value it replaces and
     named as its option in errors."""
-    from .recipe import TIME_LIMIT_RE
+    from .rules import TIME_LIMIT_RE
     from .sbatch_options import extra_options
     extra = extra_options(site, overrides.get("sbatch_opt") or ())
     given = {SLURM_OPTIONS[k]: v for k, v in overrides.items()
