@@ -20,7 +20,8 @@ from typing import Any, Mapping, Optional, Sequence
 from . import schema
 from .errors import ConfigError
 from .recipe import Recipe
-from .spec import SLURM_OPTIONS, JobSpec
+from .slurm_request import SLURM_OPTIONS
+from .spec import JobSpec
 
 FILE = "jobgen-run.json"
 HEALTH_FILE = "jobgen-health.jsonl"   # the health gate's findings, beside it
