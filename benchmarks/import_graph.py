@@ -8,7 +8,8 @@ in A: at the top of the module ("top") or inside a function ("function", run whe
 is first called); imports under `if TYPE_CHECKING:` are never run and are left out. Importing a
 submodule runs its packages' __init__ first, so `from ..payloads.base import X` is an edge to
 jobgen.payloads as well ("package"). A circle is a strongly connected set of modules; each is
-printed with its shortest circles (one per edge inside the set) and where those edges are.
+printed with its shortest circles (one per edge inside the set, the first few unless --edges)
+and where those edges are.
 
 --edges prints every edge as well; --all includes the command line (jobgen.cli.*), which is left
 out by default: it sits on top of the core, and nothing in the core imports it.
@@ -20,10 +21,11 @@ import ast
 import sys
 from collections import deque
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "jobgen"
+SHOW = 6             # circles printed per set of modules (all of them with --edges)
 
 
 class Edge(NamedTuple):
@@ -53,9 +55,12 @@ def _type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
+Statement = Union[ast.Import, ast.ImportFrom]
+
+
+def _imports(tree: ast.Module) -> list[tuple[Statement, str]]:
     """(import statement, top|function), leaving out the TYPE_CHECKING-only ones."""
-    out: list[tuple[ast.stmt, str]] = []
+    out: list[tuple[Statement, str]] = []
 
     def visit(node: ast.AST, kind: str) -> None:
         for child in ast.iter_child_nodes(node):
@@ -210,12 +215,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         for edge in sorted(found):
             print(f"{edge.source} -> {edge.target}  ({edge.kind}, line {edge.line})")
     circles = components(sorted(known), graph)
+    verbose = args.edges
     print(f"{len(known)} modules, {len(where)} imported pairs, "
           f"{len(circles)} import circle{'s' if len(circles) != 1 else ''}")
     for number, members in enumerate(circles, 1):
         within = set(members)
         print(f"\ncircle {number}: {', '.join(members)}")
         seen: set[tuple[str, ...]] = set()
+        shown = 0
         for source in members:
             for target in sorted(graph[source] & within):
                 back = shortest_path(graph, target, source, within)
@@ -227,11 +234,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if key in seen:
                     continue
                 seen.add(key)
+                shown += 1
+                if shown > SHOW and not verbose:
+                    continue
                 print("  " + " -> ".join([*key, key[0]]))
                 for a, b in zip(key, [*key[1:], key[0]]):
                     for edge in where[(a, b)]:
                         path = known[a].relative_to(ROOT)
                         print(f"      {path}:{edge.line}: imports {b} ({edge.kind})")
+        if shown > SHOW and not verbose:
+            print(f"  ... and {shown - SHOW} more through the same modules (--edges shows all)")
     return 1 if circles else 0
 
 
