@@ -12,7 +12,8 @@ printed with its shortest circles (one per edge inside the set, the first few un
 and where those edges are.
 
 --edges prints every edge as well; --all includes the command line (jobgen.cli.*), which is left
-out by default: it sits on top of the core, and nothing in the core imports it.
+out by default: it sits on top of the core, and nothing in the core imports it; --typing counts
+the TYPE_CHECKING-only imports too (annotations that name a module which imports this one).
 """
 from __future__ import annotations
 
@@ -58,13 +59,16 @@ def _type_checking(test: ast.expr) -> bool:
 Statement = Union[ast.Import, ast.ImportFrom]
 
 
-def _imports(tree: ast.Module) -> list[tuple[Statement, str]]:
-    """(import statement, top|function), leaving out the TYPE_CHECKING-only ones."""
+def _imports(tree: ast.Module, typing: bool) -> list[tuple[Statement, str]]:
+    """(import statement, top|function|typing); the TYPE_CHECKING-only ones only if `typing`."""
     out: list[tuple[Statement, str]] = []
 
     def visit(node: ast.AST, kind: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _type_checking(child.test):
+                if typing:
+                    for stmt in child.body:
+                        visit_stmt(stmt, "typing")
                 for stmt in child.orelse:
                     visit_stmt(stmt, kind)
                 continue
@@ -94,11 +98,11 @@ def _resolve(importer: str, node: ast.ImportFrom, known: dict[str, Path]) -> Opt
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def edges(known: dict[str, Path]) -> list[Edge]:
+def edges(known: dict[str, Path], typing: bool = False) -> list[Edge]:
     found: set[Edge] = set()
     for name, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for node, kind in _imports(tree):
+        for node, kind in _imports(tree, typing):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -198,9 +202,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", action="store_true", help="print every edge too")
     parser.add_argument("--all", action="store_true", help="include jobgen.cli")
+    parser.add_argument("--typing", action="store_true",
+                        help="count the imports under `if TYPE_CHECKING:` too")
     args = parser.parse_args(argv)
     known = modules(ROOT)
-    found = edges(known)
+    found = edges(known, args.typing)
     if not args.all:
         def core(module: str) -> bool:
             return not (module == f"{PACKAGE}.cli" or module.startswith(f"{PACKAGE}.cli."))
