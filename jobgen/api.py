@@ -6,8 +6,9 @@ from typing import Mapping, Optional, Sequence
 
 from . import backends, recipe
 from . import site as sites
+from .payloads import resolved as resolve
 from .plan import Plan
-from .spec import Backend, CompileMode, JobSpec, resolve
+from .spec import Backend, CompileMode, JobSpec
 
 
 def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] = (),

@@ -16,7 +16,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Optional
 
-from . import api
+from . import api, payloads
 from . import recipe as recipe_module
 from .errors import ConfigError, JobgenError, RuleError
 from .record import record
@@ -72,7 +72,6 @@ class Report:
 def _render_matrix(site: Optional[str], names: list[str], backend: Backend,
                    counts: range) -> list[Row]:
     from . import site as sites
-    from .spec import resolve
     profile = sites.load(site)
     rows = []
     for name in names:
@@ -85,7 +84,7 @@ def _render_matrix(site: Optional[str], names: list[str], backend: Backend,
             row = Row(name, n)
             try:
                 # Batch definitions are validated (botocore + multi-node rules) as they render.
-                plan = api.plan(resolve(recipe, source, profile, n, backend=backend))
+                plan = api.plan(payloads.resolved(recipe, source, profile, n, backend=backend))
                 row.script = plan.text
             except RuleError as exc:
                 row.status, row.detail = "skipped", str(exc)

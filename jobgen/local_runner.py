@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
-from . import launch, node
+from . import node, payloads
 from .spec import JobSpec
 
 # How long the emulated nodes wait for each other (Batch's default).
@@ -23,7 +23,7 @@ RDZV_TIMEOUT_S = 900
 
 def node_commands(spec: JobSpec, job_id: str) -> list[tuple[list[str], dict[str, str]]]:
     """(argv, environment) for each emulated node; node 0 is the main node."""
-    lau = launch.for_spec(spec, "local")
+    lau = payloads.for_spec(spec, "local")
     contract = node.contract(spec, lau, "local", rdzv_timeout_s=RDZV_TIMEOUT_S)
     base = node.environment(spec, lau, contract)
     # The nodes share this machine's folders: the main node writes the files, once.

@@ -178,7 +178,7 @@ class _Platforms(Mapping[str, Platform]):
         if path is None:
             raise KeyError(name)
         from . import schema
-        from .recipe import load_yaml
+        from .yamlfile import load_yaml
         builtin = path.parent == resources.folder("platforms")
         shown = f"env/platforms/{path.name}" if builtin else str(path)
         platform = _check(schema.build(Platform, load_yaml(path, shown), shown), shown, name)

@@ -8,13 +8,15 @@ job spec's (`spec.py`).
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
 from . import resources, schema
-from .errors import ConfigError, printable
+from .errors import ConfigError
+from .overlays import apply_overlay
 from .record import record
+from .rules import check_names
+from .yamlfile import load_yaml
 
 PayloadName = str   # a registered payload (jobgen/payloads: built-in, or an entry point)
 
@@ -171,105 +173,6 @@ def locate(ref: str) -> tuple[Path, str]:
     return path, f"recipes/{ref}.yaml"
 
 
-def load_yaml(path: Path, shown: str) -> dict[str, Any]:
-    """Parse a YAML mapping (YAML 1.2 scalars, no duplicate keys, bounded: jobgen/yaml12.py),
-    turning every problem into a one-line ConfigError."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read: {exc}") from None
-    cached = _parsed(raw)
-    if cached is not None:
-        return cached
-    import yaml
-
-    from .yaml12 import YamlError, loads
-    try:
-        text = raw.decode("utf-8")
-        data = loads(text)
-    except yaml.reader.ReaderError as exc:   # a character YAML does not allow (ESC, NUL, ...)
-        line = text.count("\n", 0, exc.position) + 1
-        char = chr(exc.character) if isinstance(exc.character, int) else str(exc.character)
-        raise ConfigError(f"{shown}: invalid YAML (line {line}): the character "
-                          f"{printable(char)} is not allowed") from None
-    except YamlError as exc:
-        where = f" (line {exc.line})" if exc.line else ""
-        raise ConfigError(f"{shown}{where}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{shown}: invalid YAML{where}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{shown}: cannot read: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: expected a mapping at the top level")
-    _remember(raw, data)
-    return data
-
-
-# Parsed recipe and site files, kept in jobgen's private cache (jobgen/cache.py) as JSON under
-# the SHA-256 of the file's bytes: rendering a file already read needs no YAML parser. Only a
-# document that JSON carries exactly (string keys, no NaN) is kept; errors are never cached.
-_PARSER = b"yaml12-v1\0"
-
-
-def _entry(raw: bytes) -> Optional[str]:
-    import os
-
-    from . import cache
-    folder = cache.folder("parsed")
-    if folder is None:
-        return None
-    return os.path.join(folder, cache.sha256(_PARSER + raw).hexdigest() + ".json")
-
-
-def _parsed(raw: bytes) -> Optional[dict[str, Any]]:
-    import json
-
-    from . import cache
-    entry = _entry(raw)
-    payload = cache.read(entry) if entry else None
-    if payload is None:
-        return None
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _nodes_within(data: Any, limit: int) -> bool:
-    """Whether the document has at most `limit` values once its aliases are expanded (a few
-    aliases can stand for billions: such a document is never written out)."""
-    stack, seen = [data], 0
-    while stack:
-        seen += 1
-        if seen > limit:
-            return False
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
-def _remember(raw: bytes, data: dict[str, Any]) -> None:
-    import json
-
-    from . import cache
-    if not _nodes_within(data, 20_000):
-        return
-    try:
-        text = json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError):
-        return
-    entry = _entry(raw)
-    if entry and repr(json.loads(text)) == repr(data):
-        cache.write(entry, text.encode("utf-8"))
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> dict[str, Any]:
     """Apply `--set a.b=value` overrides to raw recipe data; the path must exist in the schema and
     the value is parsed as YAML, then type-checked by the same constructor as the file."""
@@ -315,11 +218,6 @@ def _parse_value(text: str, target: Any) -> Any:
         return text
 
 
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
-TIME_LIMIT_RE = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INFINITE",
-                           re.IGNORECASE)
-
-
 def time_limit_seconds(text: str) -> Optional[int]:
     """A recipe's job.time_limit (Slurm's formats) in seconds; None for no limit."""
     if text.upper() in ("UNLIMITED", "INFINITE"):
@@ -334,95 +232,6 @@ def time_limit_seconds(text: str) -> Optional[int]:
     if len(parts) == 2:    # M:S
         return max(1, parts[0] * 60 + parts[1])
     return max(1, parts[0] * 3600 + parts[1] * 60 + parts[2])   # H:M:S
-
-
-# `env:` names a recipe may not set, in one place. Names jobgen's own scripts own (the sbatch
-# template, payload/common/node_launch.sh, env/containers/entrypoint.sh): a recipe value would
-# silently replace what the job computed.
-JOBGEN_OWNED = frozenset({
-    "RUN_DIR", "PAYLOAD_DIR", "LAUNCHER", "ACTIVATE", "MAX_RESTARTS", "COMPILE_MODE",
-    "COMPILE_CACHE", "LOCAL_COMPILE_CACHE", "COMPILE_KEY", "COMPILE_ARGS", "TRAIN_ARGS",
-    "PREPARE", "MASTER_RESOLVER", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-    "LOCAL_RANK", "NEURON_COMPILE_CACHE_URL", "PT_HPU_RECIPE_CACHE_CONFIG",
-})
-# Names that change how a shell or the dynamic loader behaves: one of these in the job's
-# environment can run an arbitrary file (BASH_ENV, ENV, LD_PRELOAD) or change what every later
-# line means (IFS, PATH, SHELLOPTS). LD_LIBRARY_PATH stays allowed: Gaudi's EFA setup sets it.
-SHELL_AND_LOADER = frozenset({
-    "BASH_ENV", "ENV", "IFS", "PATH", "CDPATH", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "PS4",
-    "PROMPT_COMMAND", "HOME", "SHELL", "LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP",
-    "PYTHONPATH", "PYTHONHOME", "PYTHONINSPECT",
-})
-RESERVED_PREFIXES = ("JOBGEN_", "SLURM_", "SBATCH_", "SRUN_", "AWS_BATCH_", "BASH_FUNC_")
-
-
-def check_env_name(name: str, where: str) -> None:
-    if name in JOBGEN_OWNED or name.startswith(RESERVED_PREFIXES):
-        raise ConfigError(f"{where}: env.{name}: set by jobgen or the scheduler; a recipe may "
-                          "not set it")
-    if name in SHELL_AND_LOADER:
-        raise ConfigError(f"{where}: env.{name}: changes how the job's shell or loader "
-                          "behaves; a recipe may not set it")
-
-
-def check_names(recipe: Recipe, where: str) -> None:
-    """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
-    if not schema.NAME_RE.fullmatch(recipe.name):
-        raise ConfigError(f"{where}: name: {schema.describe(recipe.name)} must match "
-                          f"{schema.NAME_RE.pattern}")
-    for key in list(recipe.env) + list(recipe.launch):
-        if not schema.ENV_NAME_RE.fullmatch(key):
-            section = "env" if key in recipe.env else "launch"
-            raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
-    for key in recipe.env:
-        check_env_name(key, where)
-    limit = recipe.job.time_limit  # goes on an #SBATCH line, where no quoting helps
-    if limit is not None and not TIME_LIMIT_RE.fullmatch(limit):
-        raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "
-                          "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
-
-
-# Backends a recipe may carry an overlay for (`backends:`): where the same model is trained with
-# another trainer or instance type (SageMaker's model-parallel library runs on GPU instances).
-OVERLAY_BACKENDS = ("slurm", "batch", "local", "sagemaker", "eks")
-# Sections an overlay replaces whole instead of merging key by key: their keys belong to one
-# trainer (a Neuron runtime variable means nothing to a GPU trainer).
-OVERLAY_REPLACES = ("env", "launch")
-
-
-def _merged(base: dict[str, Any], overlay: dict[str, Any], top: bool = True) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) \
-                and not (top and key in OVERLAY_REPLACES):
-            out[key] = _merged(out[key], value, top=False)
-        else:
-            out[key] = value
-    return out
-
-
-def apply_overlay(data: dict[str, Any], backend: Optional[str], where: str) -> dict[str, Any]:
-    """Take the recipe's `backends:` section out of `data` and, for `backend`, apply its overlay
-    (values replace the recipe's; mappings merge, except env and launch, which are replaced)."""
-    data = dict(data)
-    overlays = data.pop("backends", None)
-    if overlays is None:
-        return data
-    if not isinstance(overlays, dict):
-        raise ConfigError(f"{where}: backends: must be a mapping of backend name to recipe "
-                          "values")
-    for name, overlay in overlays.items():
-        if name not in OVERLAY_BACKENDS:
-            raise ConfigError(f"{where}: backends.{name}: not a backend (backends: "
-                              f"{', '.join(OVERLAY_BACKENDS)})")
-        if not isinstance(overlay, dict):
-            raise ConfigError(f"{where}: backends.{name}: must be a mapping of recipe values")
-        for key in overlay:
-            if key in ("name", "backends"):
-                raise ConfigError(f"{where}: backends.{name}.{key}: cannot be changed per "
-                                  "backend")
-    chosen = overlays.get(backend) if backend else None
-    return _merged(data, chosen) if chosen else data
 
 
 def overlay_of(ref: str, backend: str) -> dict[str, Any]:

@@ -1,15 +1,19 @@
 """Recipe values checked against what the trainers accept, before anything is rendered: the
 rules a single field's type cannot say (enums of the upstream trainer, signs, cross-field
-arithmetic, what a process environment can carry). Each refusal is one line naming the file,
+arithmetic, what a process environment can carry), and the names that reach #SBATCH lines, file
+names and the job's environment (check_names). Each refusal is one line naming the file,
 the key and the rule. Where an upstream trainer only warns and changes the value (Megatron turns
 sequence parallelism off at tensor parallelism 1), jobgen refuses: a silent change is worse."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from . import schema
 from .errors import ConfigError
-from .recipe import Recipe
+
+if TYPE_CHECKING:   # the records only: jobgen/recipe.py imports this module
+    from .recipe import Recipe
 
 # neuronx-nemo-megatron at the SDK 2.20 release the payload is pinned to (d22aabf; the same at
 # 2.21), nemo/collections/nlp/modules/common/megatron/transformer.py: the block types
@@ -78,8 +82,7 @@ def check(recipe: Recipe, where: str) -> None:
             raise ConfigError(f"{where}: env.{name}: {len(value.encode())} bytes is longer than "
                               f"Linux carries in one environment variable ({ENV_MAX} with its "
                               "name)")
-    from . import schema
-    from .json_schema import RECIPE_LIMITS
+    from .limits import RECIPE_LIMITS
     check_limits(schema.to_plain(recipe), RECIPE_LIMITS, where)
 
 
@@ -110,7 +113,7 @@ def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "st
 
 
 def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> None:
-    """The single-value rules of a JSON Schema table (jobgen/json_schema.py), applied to the
+    """The single-value rules of a JSON Schema table (jobgen/limits.py), applied to the
     loaded record as plain data: the schema and the loader refuse the same values."""
     for key, rule in limits.items():
         value: Any = data
@@ -134,3 +137,54 @@ def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> No
                                   f"{', '.join(rule['enum'])}")
             if "pattern" in rule and not re.search(rule["pattern"], value):
                 raise ConfigError(f"{where}: {key}: {shown} does not match {rule['pattern']}")
+
+
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
+TIME_LIMIT_RE = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INFINITE",
+                           re.IGNORECASE)
+
+
+# `env:` names a recipe may not set, in one place. Names jobgen's own scripts own (the sbatch
+# template, payload/common/node_launch.sh, env/containers/entrypoint.sh): a recipe value would
+# silently replace what the job computed.
+JOBGEN_OWNED = frozenset({
+    "RUN_DIR", "PAYLOAD_DIR", "LAUNCHER", "ACTIVATE", "MAX_RESTARTS", "COMPILE_MODE",
+    "COMPILE_CACHE", "LOCAL_COMPILE_CACHE", "COMPILE_KEY", "COMPILE_ARGS", "TRAIN_ARGS",
+    "PREPARE", "MASTER_RESOLVER", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+    "LOCAL_RANK", "NEURON_COMPILE_CACHE_URL", "PT_HPU_RECIPE_CACHE_CONFIG",
+})
+# Names that change how a shell or the dynamic loader behaves: one of these in the job's
+# environment can run an arbitrary file (BASH_ENV, ENV, LD_PRELOAD) or change what every later
+# line means (IFS, PATH, SHELLOPTS). LD_LIBRARY_PATH stays allowed: Gaudi's EFA setup sets it.
+SHELL_AND_LOADER = frozenset({
+    "BASH_ENV", "ENV", "IFS", "PATH", "CDPATH", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "PS4",
+    "PROMPT_COMMAND", "HOME", "SHELL", "LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONINSPECT",
+})
+RESERVED_PREFIXES = ("JOBGEN_", "SLURM_", "SBATCH_", "SRUN_", "AWS_BATCH_", "BASH_FUNC_")
+
+
+def check_env_name(name: str, where: str) -> None:
+    if name in JOBGEN_OWNED or name.startswith(RESERVED_PREFIXES):
+        raise ConfigError(f"{where}: env.{name}: set by jobgen or the scheduler; a recipe may "
+                          "not set it")
+    if name in SHELL_AND_LOADER:
+        raise ConfigError(f"{where}: env.{name}: changes how the job's shell or loader "
+                          "behaves; a recipe may not set it")
+
+
+def check_names(recipe: Recipe, where: str) -> None:
+    """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
+    if not schema.NAME_RE.fullmatch(recipe.name):
+        raise ConfigError(f"{where}: name: {schema.describe(recipe.name)} must match "
+                          f"{schema.NAME_RE.pattern}")
+    for key in list(recipe.env) + list(recipe.launch):
+        if not schema.ENV_NAME_RE.fullmatch(key):
+            section = "env" if key in recipe.env else "launch"
+            raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
+    for key in recipe.env:
+        check_env_name(key, where)
+    limit = recipe.job.time_limit  # goes on an #SBATCH line, where no quoting helps
+    if limit is not None and not TIME_LIMIT_RE.fullmatch(limit):
+        raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "
+                          "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")

@@ -20,7 +20,8 @@ from typing import Any, Mapping, Optional, Sequence
 from . import schema
 from .errors import ConfigError
 from .recipe import Recipe
-from .spec import SLURM_OPTIONS, JobSpec
+from .slurm_request import SLURM_OPTIONS
+from .spec import JobSpec
 
 FILE = "jobgen-run.json"
 HEALTH_FILE = "jobgen-health.jsonl"   # the health gate's findings, beside it
@@ -242,10 +243,10 @@ def recorded_spec(data: dict[str, Any], folder: Path) -> tuple[JobSpec, Path, Pa
     """The run's newest submission resolved again from its recorded recipe and site files,
     overrides and payload (files written into `folder`); refused where this jobgen resolves it
     to other training values. Returns (spec, recipe file, site file, that submission)."""
+    from . import payloads
     from . import recipe as recipes
     from . import site as sites
     from .backends import spec_backend
-    from .spec import resolve
     last = data["submissions"][-1]
     recipe_file, site_file = folder / "recipe.yaml", folder / "site.yaml"
     recipe_file.write_text(last["recipe_text"], encoding="utf-8")
@@ -254,7 +255,7 @@ def recorded_spec(data: dict[str, Any], folder: Path) -> tuple[JobSpec, Path, Pa
     rec, source = recipes.load_file(recipe_file, last["recipe"], list(last["overrides"]),
                                     backend)
     site_shown = last["site"] if "/" in last["site"] else f"env/sites/{last['site_shown']}.yaml"
-    spec = resolve(rec, source, sites.load_file(site_file, site_shown), last["nodes"],
+    spec = payloads.resolved(rec, source, sites.load_file(site_file, site_shown), last["nodes"],
                    backend=backend, compile_mode=last["compile_mode"],  # type: ignore[arg-type]
                    smoke=last["smoke"], run_name=data["run"], slurm=last["slurm"],
                    payload_digest=last["payload_digest"])

@@ -11,8 +11,9 @@ from typing import Literal, Optional
 from . import resources, schema
 from .errors import ConfigError
 from .platforms import Health, check_health
-from .recipe import load_yaml
 from .record import record
+from .site_plan import PlanSite, check_plan
+from .yamlfile import load_yaml
 
 DEFAULT_SITE = "local"
 # botocore's rule for a region name (a host label), which it checks only when a client is made.
@@ -147,47 +148,6 @@ class EksSite:
 
 
 @record
-class PlatformFacts:
-    """What `jobgen plan` needs to know about one instance type at this site."""
-    # Rate name (on_demand, reserved_3y, ...) -> US dollars per node-hour.
-    prices: Optional[dict[str, float]] = None
-    # Mean hours between failures of one node that end a job (hardware, host, network).
-    node_mtbf_hours: Optional[float] = None
-
-
-@record
-class Storage:
-    """The file system checkpoints go to: sustained aggregate bandwidth in MB/s (10^6 bytes),
-    and what one node can move to or from it (left out: no per-node limit)."""
-    write_mb_s: float
-    read_mb_s: float
-    node_mb_s: Optional[float] = None
-
-
-@record
-class Restart:
-    """Seconds from a failure to training again, before the checkpoint is loaded: noticing it,
-    getting nodes back, meeting again, and compiling when the cache misses."""
-    detect_s: float = 600.0
-    requeue_s: float = 300.0
-    rendezvous_s: float = 120.0
-    compile_s: float = 0.0
-
-    @property
-    def total_s(self) -> float:
-        return self.detect_s + self.requeue_s + self.rendezvous_s + self.compile_s
-
-
-@record
-class PlanSite:
-    """The site's facts for `jobgen plan`: prices, node reliability, checkpoint storage."""
-    rate: Optional[str] = None            # which of the prices to use unless --price/--rate
-    platforms: Optional[dict[str, PlatformFacts]] = None
-    storage: Optional[Storage] = None
-    restart: Restart = Restart()
-
-
-@record
 class Site:
     name: str
     description: str
@@ -204,30 +164,6 @@ class Site:
     def snapshot_root(self) -> str:
         """The folder of the payload snapshots (jobgen/snapshot.py) on the shared storage."""
         return self.paths.payload_dir or posixpath.join(self.paths.work_dir, ".jobgen", "payload")
-
-
-def _check_plan(plan: PlanSite, shown: str) -> None:
-    """Prices, MTBFs, bandwidths more than 0; restart times 0 or more; every number finite."""
-    import math
-    positive: list[tuple[str, Optional[float]]] = []
-    for platform, facts in (plan.platforms or {}).items():
-        positive += [(f"plan.platforms.{platform}.prices.{rate}", price)
-                     for rate, price in (facts.prices or {}).items()]
-        positive.append((f"plan.platforms.{platform}.node_mtbf_hours", facts.node_mtbf_hours))
-    if plan.storage is not None:
-        positive += [("plan.storage.write_mb_s", plan.storage.write_mb_s),
-                     ("plan.storage.read_mb_s", plan.storage.read_mb_s),
-                     ("plan.storage.node_mb_s", plan.storage.node_mb_s)]
-    for key, number in positive:
-        if number is not None and not (math.isfinite(number) and number > 0):
-            raise ConfigError(f"{shown}: {key}: {number} must be a number more than 0")
-    for name in ("detect_s", "requeue_s", "rendezvous_s", "compile_s"):
-        number = getattr(plan.restart, name)
-        if not (math.isfinite(number) and number >= 0):
-            raise ConfigError(f"{shown}: plan.restart.{name}: {number} must be 0 or more")
-    if plan.rate is not None and not schema.NAME_RE.fullmatch(plan.rate):
-        raise ConfigError(f"{shown}: plan.rate: {schema.describe(plan.rate)} must match "
-                          f"{schema.NAME_RE.pattern}")
 
 
 # A Kubernetes namespace or object name (RFC 1123 label).
@@ -310,7 +246,7 @@ def load_file(path: Path, shown: str) -> Site:
     for key, number, least in numbers:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
-    _check_plan(site.plan, shown)
+    check_plan(site.plan, shown)
     check_health(site.health, shown)
     if site.slurm.time_limit_warning_s > 65535:   # sbatch --signal's limit
         raise ConfigError(f"{shown}: slurm.time_limit_warning_s: "
@@ -325,7 +261,7 @@ def load_file(path: Path, shown: str) -> Site:
         if region is not None and not REGION_RE.fullmatch(region):
             raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
                               "region name (like us-east-1)")
-    from .json_schema import SITE_LIMITS
+    from .limits import SITE_LIMITS
     from .rules import check_limits, check_site_paths
     check_site_paths(site.paths.work_dir, site.paths.compile_cache,
                      site.paths.local_compile_cache, shown)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import posixpath
-import re
 from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
@@ -16,6 +15,9 @@ from .platforms import PLATFORMS, Platform
 from .recipe import Recipe
 from .record import record
 from .site import Site
+from .slurm_request import SlurmRequest, slurm_request
+from .spec_checks import check_arithmetic as _check_arithmetic
+from .spec_checks import check_values as _check_values
 
 IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
 # The smoke model and run (`--smoke`): small enough that a 2-node rehearsal on a laptop finishes
@@ -79,81 +81,6 @@ def rehearsal(recipe: Recipe) -> Rehearsal:
         max_predictions=SMOKE["max_predictions"], samples=SMOKE["samples"])
 CompileMode = Literal["auto", "always", "never"]
 Backend = str   # a backend's name: jobgen.backends.names()
-
-
-@record
-class SlurmRequest:
-    """What the job asks of Slurm besides its size, resolved once: the site's values, the
-    recipe's time limit, and the per-job overrides (`--partition`, `--time`, ...) over both.
-    Every value reaches an #SBATCH line (or submitit's parameters) and `jobgen show`."""
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    reservation: Optional[str] = None
-    time_limit: Optional[str] = None
-    exclude: Optional[str] = None       # a Slurm host list: nodes the job must not use
-    nodelist: Optional[str] = None      # a Slurm host list: nodes the job must include
-    # #SBATCH options jobgen does not own: the site's slurm.extra_options, then --sbatch-opt.
-    extra: tuple[tuple[str, str], ...] = ()
-
-
-# The per-job overrides (`jobgen submit --partition ...`): option -> SlurmRequest field.
-SLURM_OPTIONS = {"partition": "partition", "account": "account", "qos": "qos",
-                 "reservation": "reservation", "time": "time_limit", "exclude": "exclude",
-                 "nodelist": "nodelist"}
-# A Slurm host list: names and bracketed ranges, comma-separated (n1,n[3-5],gpu-[01-04,07]).
-_HOST = r"[A-Za-z0-9._-]*(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9._-]*)*"
-HOSTLIST_RE = re.compile(rf"(?=[A-Za-z0-9])({_HOST})(?:,(?=[A-Za-z0-9])({_HOST}))*")
-
-
-def hostlist_size(text: str) -> int:
-    """How many hosts a Slurm host list names (n[1-4],n7 -> 5), for a valid list."""
-    total = 0
-    for host in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
-        count = 1
-        for ranges in re.findall(r"\[([^\]]*)\]", host):
-            count *= sum(int(b) - int(a) + 1 if b else 1
-                         for a, b in re.findall(r"(\d+)(?:-(\d+))?", ranges))
-        total += count
-    return total
-
-
-def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Any],
-                  nodes: int) -> SlurmRequest:
-    """The job's Slurm request; an override is checked like the site value it replaces and
-    named as its option in errors."""
-    from .recipe import TIME_LIMIT_RE
-    from .sbatch_options import extra_options
-    extra = extra_options(site, overrides.get("sbatch_opt") or ())
-    given = {SLURM_OPTIONS[k]: v for k, v in overrides.items()
-             if v is not None and k != "sbatch_opt"}
-    for option, key in SLURM_OPTIONS.items():
-        value = given.get(key)
-        if value is None:
-            continue
-        if key == "time_limit":
-            ok = TIME_LIMIT_RE.fullmatch(value) is not None
-            rule = "a Slurm time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)"
-        elif key in ("exclude", "nodelist"):
-            ok = HOSTLIST_RE.fullmatch(value) is not None
-            rule = "a Slurm host list like n1,n[3-5]"
-        else:
-            ok = schema.NAME_RE.fullmatch(value) is not None
-            rule = f"a name matching {schema.NAME_RE.pattern}"
-        if not ok:
-            raise ConfigError(f"--{option}: {schema.describe(value)} is not {rule}")
-    request = SlurmRequest(
-        partition=given.get("partition", site.slurm.partition),
-        account=given.get("account", site.slurm.account),
-        qos=given.get("qos", site.slurm.qos),
-        reservation=given.get("reservation", site.slurm.reservation),
-        time_limit=given.get("time_limit", recipe.job.time_limit),
-        exclude=given.get("exclude"), nodelist=given.get("nodelist"), extra=extra)
-    if request.nodelist and hostlist_size(request.nodelist) > nodes:
-        raise ConfigError(f"--nodelist: {request.nodelist} names "
-                          f"{hostlist_size(request.nodelist)} nodes, more than the job's "
-                          f"{nodes} (Slurm refuses such a job)")
-    return request
 
 
 @record
@@ -327,140 +254,6 @@ class JobSpec:
         }
 
 
-def _positive(where: str, key: str, value: Optional[float]) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{where}: {key}: must be positive, got {schema.describe(value)}")
-
-
-def _check_values(recipe: Recipe, where: str) -> None:
-    """Per-field rules that do not depend on the node count."""
-    m, p, s = recipe.model, recipe.parallelism, recipe.schedule
-    for key, value in (("nodes", recipe.nodes), ("model.num_layers", m.num_layers),
-                       ("model.hidden_size", m.hidden_size),
-                       ("model.num_attention_heads", m.num_attention_heads),
-                       ("model.seq_length", m.seq_length), ("model.vocab_size", m.vocab_size),
-                       ("parallelism.tensor", p.tensor), ("parallelism.pipeline", p.pipeline),
-                       ("parallelism.micro_batch_size", p.micro_batch_size),
-                       ("parallelism.global_batch_size", p.global_batch_size),
-                       ("parallelism.gradient_accumulation", p.gradient_accumulation),
-                       ("optim.lr", recipe.optim.lr), ("schedule.max_steps", s.max_steps),
-                       ("checkpoint.every_steps", recipe.checkpoint.every_steps),
-                       ("checkpoint.every_seconds", recipe.checkpoint.every_seconds),
-                       ("checkpoint.keep", recipe.checkpoint.keep),
-                       ("compile.steps", recipe.compile.steps),
-                       ("job.master_port", recipe.job.master_port)):
-        _positive(where, key, value)
-    if recipe.optim.lr_scaling is not None:
-        _positive(where, "optim.lr_scaling.base_nodes", recipe.optim.lr_scaling.base_nodes)
-    if (p.global_batch_size is None) == (p.gradient_accumulation is None):
-        raise ConfigError(f"{where}: parallelism: set exactly one of global_batch_size and "
-                          "gradient_accumulation")
-    ckpt = recipe.checkpoint
-    if (ckpt.every_steps is None) == (ckpt.every_seconds is None):
-        raise ConfigError(f"{where}: checkpoint: set exactly one of every_steps and every_seconds")
-    for a, b in (("warmup_steps", "warmup_fraction"), ("constant_steps", "constant_fraction")):
-        if getattr(s, a) is not None and getattr(s, b) is not None:
-            raise ConfigError(f"{where}: schedule: set at most one of {a} and {b}")
-    for key in ("warmup_fraction", "constant_fraction"):
-        value = getattr(s, key)
-        if value is not None and not 0 <= value <= 1:
-            raise ConfigError(f"{where}: schedule.{key}: must be between 0 and 1, got {value}")
-    if recipe.job.max_restarts < 0:
-        raise ConfigError(f"{where}: job.max_restarts: must be 0 or more")
-    if m.num_kv_heads is not None and not (
-            0 < m.num_kv_heads <= m.num_attention_heads
-            and m.num_attention_heads % m.num_kv_heads == 0):
-        raise ConfigError(f"{where}: model.num_kv_heads: {m.num_kv_heads} must divide "
-                          f"model.num_attention_heads {m.num_attention_heads} (each key/value "
-                          "head serves a whole group of query heads)")
-    if m.ffn_hidden_size <= 0 or m.max_position_embeddings < m.seq_length:
-        raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
-                          f"is shorter than model.seq_length {m.seq_length}")
-    _check_ranges(recipe, where)
-    from . import rules
-    rules.check(recipe, where)
-
-
-MAX_RESTARTS = 1000  # far beyond any useful retry count; keeps bash arithmetic trivially safe
-
-
-def _check_ranges(recipe: Recipe, where: str) -> None:
-    """Numbers that parse but cannot be meant: NaN/infinity, probabilities outside [0, 1),
-    ports outside the unprivileged range, a schedule longer than its run."""
-    o, s, m, j = recipe.optim, recipe.schedule, recipe.model, recipe.job
-    floats = {"optim.lr": o.lr, "optim.eps": o.eps, "optim.weight_decay": o.weight_decay,
-              "optim.grad_clip": o.grad_clip, "optim.betas[0]": o.betas[0],
-              "optim.betas[1]": o.betas[1], "schedule.min_lr": s.min_lr,
-              "model.hidden_dropout": m.hidden_dropout,
-              "model.attention_dropout": m.attention_dropout,
-              "model.layernorm_epsilon": m.layernorm_epsilon,
-              "model.rotary_percentage": m.rotary_percentage,
-              "model.init_method_std": m.init_method_std, "model.rope_theta": m.rope_theta}
-    for key, value in floats.items():
-        if value is not None and not math.isfinite(value):
-            raise ConfigError(f"{where}: {key}: must be a finite number, got {value}")
-    for key in ("optim.betas[0]", "optim.betas[1]", "model.hidden_dropout",
-                "model.attention_dropout"):
-        if not 0.0 <= floats[key] < 1.0:  # type: ignore[operator]
-            raise ConfigError(f"{where}: {key}: must lie in [0, 1), got {floats[key]}")
-    for key in ("optim.eps", "model.layernorm_epsilon"):
-        if not floats[key] > 0:  # type: ignore[operator]
-            raise ConfigError(f"{where}: {key}: must be positive, got {floats[key]}")
-    if o.weight_decay < 0 or o.grad_clip <= 0:
-        raise ConfigError(f"{where}: optim: weight_decay must be >= 0 and grad_clip positive")
-    if not 0.0 <= s.min_lr <= o.lr:
-        raise ConfigError(f"{where}: schedule.min_lr: {s.min_lr} must lie between 0 and "
-                          f"optim.lr {o.lr}")
-    if not 1024 <= j.master_port <= 65535:
-        raise ConfigError(f"{where}: job.master_port: {j.master_port} is not a port between "
-                          "1024 and 65535")
-    if j.max_restarts > MAX_RESTARTS:
-        raise ConfigError(f"{where}: job.max_restarts: {j.max_restarts} is more than "
-                          f"{MAX_RESTARTS}")
-    warmup = (round(s.warmup_fraction * s.max_steps) if s.warmup_fraction is not None
-              else s.warmup_steps or 0)
-    hold = (round(s.constant_fraction * s.max_steps) if s.constant_fraction is not None
-            else s.constant_steps or 0)
-    if warmup < 0 or hold < 0 or warmup + hold > s.max_steps:
-        raise ConfigError(f"{where}: schedule: warmup {warmup} + constant {hold} steps do not "
-                          f"fit in max_steps {s.max_steps}")
-    if s.decay_steps is not None and not warmup + hold <= s.decay_steps <= s.max_steps:
-        raise ConfigError(f"{where}: schedule.decay_steps: {s.decay_steps} must lie between "
-                          f"the end of warmup and hold ({warmup + hold}) and max_steps "
-                          f"{s.max_steps}")
-
-
-def _check_arithmetic(spec: JobSpec) -> None:
-    """The parallelism rules (RuleError: `jobgen check` lists these combinations as skipped)."""
-    r, where, n = spec.recipe, spec.source, spec.nodes
-    p, m = r.parallelism, r.model
-    at = f"at {n} node{'s' if n != 1 else ''}"
-    if spec.world_size % spec.model_parallel:
-        raise RuleError(f"{where}: parallelism: tensor {p.tensor} x pipeline {p.pipeline} = "
-                        f"{spec.model_parallel} does not divide the {spec.world_size} workers {at}")
-    if p.tensor > spec.workers_per_node:
-        # Tensor-parallel ranks exchange activations every layer: NeMo, NxD and DeepSpeed all
-        # keep a tensor-parallel group inside one node's interconnect.
-        raise RuleError(f"{where}: parallelism.tensor: {p.tensor} is wider than a node "
-                        f"({spec.workers_per_node} workers per {r.platform} node)")
-    if m.num_attention_heads % p.tensor:
-        raise RuleError(f"{where}: model.num_attention_heads: {m.num_attention_heads} is not "
-                        f"divisible by parallelism.tensor {p.tensor}")
-    if m.num_kv_heads is not None and m.num_kv_heads % p.tensor:
-        raise RuleError(f"{where}: model.num_kv_heads: {m.num_kv_heads} is not divisible by "
-                        f"parallelism.tensor {p.tensor}")
-    if m.num_layers % p.pipeline:
-        raise RuleError(f"{where}: model.num_layers: {m.num_layers} is not divisible by "
-                        f"parallelism.pipeline {p.pipeline}")
-    if p.global_batch_size is not None:
-        step = p.micro_batch_size * spec.data_parallel
-        if p.global_batch_size % step:
-            raise RuleError(
-                f"{where}: parallelism.global_batch_size: {p.global_batch_size} is not divisible "
-                f"by micro_batch_size {p.micro_batch_size} x data-parallel {spec.data_parallel} "
-                f"= {step} {at}")
-
-
 def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None, *,
             backend: Backend = "slurm", compile_mode: CompileMode = "auto", smoke: bool = False,
             run_name: Optional[str] = None,
@@ -523,6 +316,4 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
                    payload_digest=payload_digest or snapshot.digest())
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
-    from .payloads import check_recipe  # here: payloads import this module
-    check_recipe(recipe, source)
     return spec

@@ -27,7 +27,7 @@ def _config() -> dict[str, str]:
     path = config_path()
     if not path.is_file():
         return {}
-    from .recipe import load_yaml
+    from .yamlfile import load_yaml
     data = load_yaml(path, str(path))
     for key, value in data.items():
         if key not in KEYS:

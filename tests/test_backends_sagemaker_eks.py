@@ -61,8 +61,8 @@ def test_sagemaker_renders_or_refuses_every_recipe(name: str) -> None:
     # The flow's arguments survive the trip through the hyperparameters, in order.
     pieces = sorted(k for k in req["HyperParameters"] if k.startswith("jobgen_args_"))
     args = json.loads("".join(req["HyperParameters"][k] for k in pieces))
-    from jobgen import launch, node
-    lau = launch.for_spec(s, "sagemaker")
+    from jobgen import node, payloads
+    lau = payloads.for_spec(s, "sagemaker")
     assert args == node.flow_args(lau)
     assert req["AlgorithmSpecification"]["ContainerArguments"] == [lau.launcher]
     assert all(len(v) <= 512 for v in req["Environment"].values())
@@ -97,11 +97,11 @@ SMP_KEYS = {"hybrid_shard_degree", "sm_activation_offloading", "activation_loadi
 def test_fsdp_arguments_parse_with_the_programs_own_parser(smoke: bool) -> None:
     """Both passes' rendered arguments, real job and rehearsal, through train_fsdp.py's own
     argparse; the values it receives are the recipe's."""
-    from jobgen import launch
+    from jobgen import payloads
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "payload" / "smp_fsdp"))
     import train_fsdp
     s = spec("llama2-7b", "sagemaker", 2 if smoke else 16, smoke=smoke)
-    lau = launch.for_spec(s, "sagemaker")
+    lau = payloads.for_spec(s, "sagemaker")
     for which, args in (("compile", lau.compile_args), ("train", lau.train_args)):
         parsed = train_fsdp.parse_args(list(args))
         assert parsed.phase == which

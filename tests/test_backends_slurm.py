@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, launch, snapshot
+from jobgen import api, payloads, snapshot
 
 GOLDEN = [("neox20b", 4), ("neox20b", 16), ("pythia6.9b", 1), ("pythia6.9b", 4),
           ("llama2-7b", 4), ("llama2-7b", 128)]
@@ -424,7 +424,7 @@ def test_compile_key_identifies_the_graphs(jobgen: Callable, tmp_path: Path) -> 
     assert base != key("--nodes", "4", "--set", "model.num_layers=40")
     assert base != key("--nodes", "4", "--set", "env.NEURON_RT_EXEC_TIMEOUT=20")
     spec = api.job_spec("neox20b", 4)
-    assert base == launch.compile_key(spec, launch.for_spec(spec))
+    assert base == payloads.compile_key(spec, payloads.for_spec(spec))
 
 
 def test_llama_writes_its_model_config_before_training(jobgen: Callable,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, launch, local_runner, node
+from jobgen import api, local_runner, node, payloads
 from jobgen.backends.batch import backend as batch
 from jobgen.backends.submitit import runner as submitit_runner
 
@@ -71,7 +71,7 @@ def test_every_executor_gives_the_nodes_the_same_job(recipe: str, nodes: int,
                                                       smoke: bool) -> None:
     envs = environments(recipe, nodes, smoke)
     spec = api.job_spec(recipe, nodes, smoke=smoke)
-    lau = launch.for_spec(spec)
+    lau = payloads.for_spec(spec)
     for executor, env in envs.items():
         # Always there, on every executor.
         for name in ("MASTER_PORT", "JOBGEN_RUN_DIR", "JOBGEN_PAYLOAD_DIR", "JOBGEN_LAUNCHER",
@@ -83,11 +83,11 @@ def test_every_executor_gives_the_nodes_the_same_job(recipe: str, nodes: int,
         assert env["JOBGEN_PROGRAM"] == lau.program, executor
         assert env["JOBGEN_NODES"] == str(nodes), executor
         assert env["MASTER_PORT"] == str(spec.recipe.job.master_port), executor
-        for name, value in launch.env_block(spec):
+        for name, value in payloads.env_block(spec):
             assert env.get(name) == value, f"{executor}: {name}"
         assert env["JOBGEN_RUN_DIR"].endswith(spec.run_dir), executor
         assert not set(env) - set(CONTRACT) - set(node.NODE_FACTS) - {
-            n for n, _ in launch.env_block(spec)} - {"FLOW_WHO", env["JOBGEN_CACHE_VAR"]}, \
+            n for n, _ in payloads.env_block(spec)} - {"FLOW_WHO", env["JOBGEN_CACHE_VAR"]}, \
             f"{executor}: variables outside the contract"
     # The compile key names the same graphs whoever runs them.
     assert len({env["JOBGEN_COMPILE_KEY"] for env in envs.values()}) == 1
@@ -109,5 +109,5 @@ def test_node_facts_come_from_the_executor() -> None:
     argv = nodes[0][0]
     snapshot = Path.cwd() / "jobgen-runs" / ".jobgen" / "payload" / spec.payload_digest[:16]
     assert argv[:3] == ["bash", str(snapshot / "common" / "job_flow.sh"), "node"]
-    lau = launch.for_spec(spec)
+    lau = payloads.for_spec(spec)
     assert argv[3:] == node.flow_args(lau)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, launch
+from jobgen import api, payloads
 from jobgen import recipe as recipes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +54,7 @@ def parsed(relative: str, args: tuple[str, ...]) -> Any:
 @pytest.mark.parametrize("which", ["compile", "train"])
 def test_rendered_arguments_parse_and_carry_the_spec(recipe: str, which: str) -> None:
     spec = api.job_spec(recipe, site="trn1-pcluster" if "llama" in recipe else "local")
-    lau = launch.for_spec(spec)
+    lau = payloads.for_spec(spec)
     args = parsed(PROGRAMS[spec.recipe.payload], lau.args(which))  # type: ignore[arg-type]
     r = spec.recipe
     assert args.phase == which
@@ -88,7 +88,7 @@ def test_rendered_arguments_parse_and_carry_the_spec(recipe: str, which: str) ->
 @pytest.mark.parametrize("recipe", recipes.recipe_names())
 def test_smoke_arguments_parse(recipe: str) -> None:
     spec = api.job_spec(recipe, 2, smoke=True)
-    lau = launch.for_spec(spec)
+    lau = payloads.for_spec(spec)
     relative = lau.launcher.split("/")[0] + "/" + lau.program
     for which in ("compile", "train"):
         assert parsed(relative, lau.args(which)).phase == which  # type: ignore[arg-type]

@@ -183,10 +183,10 @@ def test_accelerator_facts_come_from_the_platform_file(recipe: str, backend: str
                                                        variable: str, value: str) -> None:
     """The compile cache variable is the platform's: the p4d (CUDA) job of the SageMaker overlay
     gets inductor's cache, never Gaudi's recipe cache or Neuron's."""
-    from jobgen import api, launch, node
+    from jobgen import api, node, payloads
     spec = api.job_spec(recipe, 16 if backend == "sagemaker" else 2,
                         backend=backend)  # type: ignore[arg-type]
-    lau = launch.for_spec(spec, backend)
+    lau = payloads.for_spec(spec, backend)
     env = node.environment(spec, lau, node.contract(spec, lau, backend))  # type: ignore[arg-type]
     caches = {k for k in env if k in ("TORCHINDUCTOR_CACHE_DIR", "NEURON_COMPILE_CACHE_URL",
                                       "PT_HPU_RECIPE_CACHE_CONFIG")}

@@ -177,23 +177,23 @@ def test_a_cache_folder_that_is_a_file_or_a_link_is_not_used(tmp_path: Path,
 
 def test_parsed_file_cache_is_exact_and_checked(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobgen import cache, recipe
+    from jobgen import cache, yamlfile
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache.folder.cache_clear()
     path = tmp_path / "r.yaml"
     path.write_text("a: 041000\nb: [1, 2.5, null, yes]\n")
-    first = recipe.load_yaml(path, "r.yaml")
+    first = yamlfile.load_yaml(path, "r.yaml")
     assert first == {"a": 41000, "b": [1, 2.5, None, "yes"]}
     entries = list((tmp_path / "cache" / "jobgen" / "parsed").iterdir())
     assert len(entries) == 1
-    assert recipe.load_yaml(path, "r.yaml") == first          # read back from the entry
+    assert yamlfile.load_yaml(path, "r.yaml") == first          # read back from the entry
     entries[0].write_bytes(b"x" * 32 + b'{"a": "planted"}')    # a checksum that does not match
-    assert recipe.load_yaml(path, "r.yaml") == first
+    assert yamlfile.load_yaml(path, "r.yaml") == first
     path.write_text("a: 1\n")                                 # an edited file is parsed again
-    assert recipe.load_yaml(path, "r.yaml") == {"a": 1}
+    assert yamlfile.load_yaml(path, "r.yaml") == {"a": 1}
     path.write_text("1: x\n")                                 # not JSON-exact: never cached
     before = set((tmp_path / "cache" / "jobgen" / "parsed").iterdir())
-    assert recipe.load_yaml(path, "r.yaml") == {1: "x"}
+    assert yamlfile.load_yaml(path, "r.yaml") == {1: "x"}
     assert set((tmp_path / "cache" / "jobgen" / "parsed").iterdir()) == before
     cache.folder.cache_clear()
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from jobgen import api, launch
+from jobgen import api, payloads
 from jobgen.payloads.neuron_nemo import hydra_string
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ CASES = [("neox20b", 4, "trn1-pcluster"), ("neox20b", 16, "trn1-pcluster"),
 @pytest.mark.parametrize("which", ["compile", "train"])
 def test_hydra_accepts_every_rendered_override(tmp_path: Path, recipe: str, nodes: int,
                                                site: str, which: str) -> None:
-    lau = launch.for_spec(api.job_spec(recipe, nodes, site=site))
+    lau = payloads.for_spec(api.job_spec(recipe, nodes, site=site))
     head, *overrides = lau.compile_args if which == "compile" else lau.train_args
     assert head == f"--config-name={CONFIG}"
     assert CONFIG in FACTS["configs"]

@@ -196,3 +196,13 @@ def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
         raise ConfigError(f"{spec.source}: payload: {spec.recipe.payload} cannot run on "
                           f"{backend or spec.backend} yet")
     return payload.build(spec)
+
+
+def resolved(rec: Any, source: str, profile: Any, nodes: Optional[int] = None,
+             **options: Any) -> JobSpec:
+    """A recipe resolved on a site (jobgen/spec.py) and checked against its payload (the keys
+    it honours, its own rules): every caller that makes a spec comes through here."""
+    from ..spec import resolve
+    spec = resolve(rec, source, profile, nodes, **options)
+    check_recipe(rec, source)
+    return spec

@@ -67,7 +67,7 @@ class Measurement:
 
 
 def load_table(path: Path, shown: str) -> Table:
-    from ..recipe import load_yaml
+    from ..yamlfile import load_yaml
     data = load_yaml(path, shown)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{shown}: expected a mapping with `measurements` (and `transfers`)")

@@ -3,21 +3,19 @@ what failures take, at the recipe's checkpoint interval and at the recommended o
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..errors import ConfigError, RuleError
 from ..record import record
-from ..site import Site
 from ..spec import JobSpec
-from . import failures, model
 from . import measurements as meas
-from .failures import Simulation
+from . import model
+from .goodput import Failures, failures_at
+from .inputs import from_runs, mtbf_of, price_of, recipe_points
 from .model import Curve, Throughput
 
 # Node counts: "16,32,64" or "4..64" (doubling from the first to the last) or both.
 MAX_NODES = 100_000
-# Random draws a --simulate may take (about 10 s of Python per 10^7).
-SIMULATION_LIMIT = 2e7
 
 
 def parse_nodes(text: str) -> list[int]:
@@ -59,29 +57,6 @@ class Options:
     from_runs: tuple[str, ...] = ()
     simulate: int = 0
     seed: int = 0
-
-
-@record
-class Interval:
-    steps: int
-    seconds: float           # training seconds between checkpoints
-    goodput: float           # training time / expected wall time
-    wall_s: float            # expected wall time, failures included
-    failures: float          # expected failures on the way
-    cost: Optional[float]
-    simulation: Optional[Simulation] = None
-
-
-@record
-class Failures:
-    job_mtbf_s: float
-    write_s: float
-    load_s: float
-    restart_s: float         # detection + requeue + rendezvous + compile + load
-    young_s: float
-    daly_s: float
-    recipe: Interval
-    best: Interval
 
 
 @record
@@ -130,90 +105,6 @@ class Result:
     on_demand: Optional[float] = None
 
 
-# --- inputs -------------------------------------------------------------------------------------
-def _price(site: Site, platform: str, opts: Options) -> tuple[Optional[float], str]:
-    if opts.price is not None:
-        return opts.price, "--price"
-    facts = (site.plan.platforms or {}).get(platform)
-    prices = dict(facts.prices or {}) if facts else {}
-    wanted = opts.rate or site.plan.rate
-    where = f"site {site.name}"
-    if opts.rate is not None and opts.rate not in prices:
-        known = ", ".join(sorted(prices)) or "none"
-        raise ConfigError(f"--rate {opts.rate}: the site {site.name} has no such price for "
-                          f"{platform} (plan.platforms.{platform}.prices: {known})")
-    if wanted and wanted in prices:
-        return prices[wanted], f"{platform} {wanted}, {where}"
-    if "on_demand" in prices:
-        why = f" (no {wanted} rate)" if wanted else ""
-        return prices["on_demand"], f"{platform} on_demand{why}, {where}"
-    return None, (f"no price: pass --price, or set plan.platforms.{platform}.prices in the "
-                  f"site {site.name}")
-
-
-def _mtbf(site: Site, platform: str, opts: Options) -> tuple[Optional[float], str]:
-    if opts.node_mtbf_hours is not None:
-        return opts.node_mtbf_hours, "--node-mtbf-hours"
-    facts = (site.plan.platforms or {}).get(platform)
-    if facts and facts.node_mtbf_hours:
-        return facts.node_mtbf_hours, f"site {site.name}"
-    return None, (f"no node MTBF: pass --node-mtbf-hours, or set "
-                  f"plan.platforms.{platform}.node_mtbf_hours in the site {site.name}")
-
-
-def _runs(refs: Sequence[str], recipe_name: str,
-          resolve: Callable[[str, int], JobSpec]) -> list[meas.Measurement]:
-    """The throughput each finished run logged in its metrics.jsonl."""
-    from pathlib import Path
-
-    from .. import runs
-    found: list[meas.Measurement] = []
-    for ref in refs:
-        run = runs.find(ref)
-        if run is None:
-            raise ConfigError(f"--from-run {ref}: no run of that name or job id in "
-                              f"{runs.state_dir() / runs.RECORD}")
-        if run.smoke:
-            raise ConfigError(f"--from-run {ref}: a --smoke rehearsal; its throughput is the CPU "
-                              f"stand-in's, not {run.recipe}'s")
-        path = Path(run.run_dir, "train", "metrics.jsonl")
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise ConfigError(f"--from-run {ref}: {path}: cannot read: {exc.strerror}") from None
-        events = meas.read_events(text)
-        rate, used = meas.run_throughput(events)
-        if used < 3:
-            raise ConfigError(f"--from-run {ref}: {path}: {used} timed steps after warm-up; "
-                              "at least 3 are needed")
-        spec = resolve(run.recipe, run.nodes)
-        if spec.recipe.name != recipe_name:
-            raise ConfigError(f"--from-run {ref}: the run trained {spec.recipe.name}, not "
-                              f"{recipe_name}")
-        batch = next((e.get("global_batch_size") for e in events if e.get("event") == "start"),
-                     None)
-        settings = meas.Settings(global_batch=batch if isinstance(batch, int) else None,
-                                 seq_length=spec.recipe.model.seq_length)
-        found.append(meas.Measurement(recipe_name, run.nodes, rate,
-                                      f"run {run.name} ({used} steps of {path})", settings, "run"))
-    return found
-
-
-def _points(name: str, table: meas.Table, extra: Sequence[meas.Measurement]
-            ) -> tuple[list[meas.Measurement], list[str]]:
-    """The recipe's measured points: published, then the user's (which replace a published
-    point at the same node count)."""
-    notes: list[str] = []
-    points = {p.nodes: p for p in meas.measurements(table, "published") if p.recipe == name}
-    for p in extra:
-        if p.recipe != name:
-            continue
-        if p.nodes in points:
-            notes.append(f"{p.nodes} nodes: {p.source} replaces {points[p.nodes].source}")
-        points[p.nodes] = p
-    return [points[n] for n in sorted(points)], notes
-
-
 # --- the plan -----------------------------------------------------------------------------------
 def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] = (),
          site_ref: Optional[str] = None, opts: Optional[Options] = None) -> Result:
@@ -222,8 +113,15 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
 
     opts = opts or Options()
     site = sites.load(site_ref)
-    # A site without Slurm plans for its Batch queue (its node limit, its paths).
-    backend = "batch" if site.slurm.max_nodes == 0 and site.batch is not None else "slurm"
+    # The site's first backend (the registry's order) that has nodes: a site without Slurm plans
+    # for its Batch queue (its node limit, its paths).
+    from .. import backends
+
+    def has_nodes(d: Any) -> bool:
+        section = getattr(site, d.site_section, None)
+        return d.submits and section is not None and section.max_nodes > 0
+    found = backends.having(has_nodes)
+    backend = found[0] if found else backends.names()[0]
 
     def resolve(ref: str, nodes: Optional[int], sets: Sequence[str] = ()) -> JobSpec:
         return api.job_spec(ref, nodes, overrides=sets, site=site_ref,
@@ -235,8 +133,8 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     extra: list[meas.Measurement] = []
     for path in opts.measurement_files:
         extra += meas.user_file(path)
-    extra += _runs(opts.from_runs, name, lambda ref, n: resolve(ref, n))
-    points, notes = _points(name, table, extra)
+    extra += from_runs(opts.from_runs, name, lambda ref, n: resolve(ref, n))
+    points, notes = recipe_points(name, table, extra)
 
     transfer = next((t for t in table.transfers if t.recipe == name), None)
     scale = 1.0
@@ -244,7 +142,7 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     source_points: list[meas.Measurement] = []
     if transfer is not None:
         source = resolve(transfer.source_recipe, None)
-        source_points, _ = _points(transfer.source_recipe, table, extra)
+        source_points, _ = recipe_points(transfer.source_recipe, table, extra)
         # samples/s of this model = samples/s of the source x (its FLOPs per sample / ours)
         scale = (model.flops_per_token(source) * source.recipe.model.seq_length
                  / (model.flops_per_token(base) * base.recipe.model.seq_length))
@@ -279,8 +177,8 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
                         f"samples at {base.nodes} nodes")
     target = target_samples * seq if unit == "tokens" else target_samples
 
-    price, price_basis = _price(site, platform, opts)
-    mtbf_h, mtbf_basis = _mtbf(site, platform, opts)
+    price, price_basis = price_of(site, platform, opts.price, opts.rate)
+    mtbf_h, mtbf_basis = mtbf_of(site, platform, opts.node_mtbf_hours)
     params = model.parameters(base)
     if opts.checkpoint_gb is not None:
         ckpt_bytes, ckpt_basis = int(opts.checkpoint_gb * 1e9), "--checkpoint-gb"
@@ -335,8 +233,8 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         per_dollar = per_unit * 3600 / (price * n) if price is not None else None
         fail = None
         if mtbf_h is not None and write_mb_s is not None and read_mb_s is not None:
-            fail = _failures(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s, read_mb_s,
-                             node_mb_s, restart_fixed, price, steps, opts)
+            fail = failures_at(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s, read_mb_s,
+                               node_mb_s, restart_fixed, price, steps, opts.simulate, opts.seed)
         rows.append(Row(n, thr, gbs, step_s, steps, work, tokens_per_s, cost, per_dollar, fail))
     if not rows:
         raise ConfigError(f"{name}: none of the node counts can run it: "
@@ -372,39 +270,3 @@ def _throughput(curve: Curve, spec: JobSpec, nodes: int, scale: float,
         detail += (f"; x {factor:.3f} for the pipeline bubble of {pipeline} stages with "
                    f"{ours:g} micro-batches per step (measured with {theirs:g})")
     return Throughput(value, basis, detail, tuple(flags))
-
-
-def _failures(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: float,
-              ckpt_bytes: int, write_mb_s: float, read_mb_s: float,
-              node_mb_s: Optional[float], restart_fixed: float, price: Optional[float],
-              steps: int, opts: Options) -> Failures:
-    mtbf = mtbf_h * 3600 / nodes
-    write_bw = min(write_mb_s, node_mb_s * nodes) if node_mb_s else write_mb_s
-    read_bw = min(read_mb_s, node_mb_s * nodes) if node_mb_s else read_mb_s
-    write = ckpt_bytes / (write_bw * 1e6)
-    load = ckpt_bytes / (read_bw * 1e6)
-    restart = restart_fixed + load
-    ckpt = spec.recipe.checkpoint
-    if ckpt.every_steps:
-        recipe_steps = ckpt.every_steps
-    else:
-        recipe_steps = failures.interval_steps(float(ckpt.every_seconds or 0), step_s)
-    best_steps = failures.interval_steps(failures.daly(write, mtbf), step_s, steps)
-
-    def interval(k: int) -> Interval:
-        seconds = min(k, steps) * step_s
-        wall = failures.expected_wall(work, seconds, write, restart, mtbf)
-        sim = None
-        if opts.simulate:
-            draws = opts.simulate * (work / seconds + 2 * wall / mtbf)
-            if draws > SIMULATION_LIMIT:
-                raise ConfigError(f"--simulate {opts.simulate}: at {nodes} nodes with a "
-                                  f"checkpoint every {k:,} steps that is about {draws:.2g} "
-                                  f"random draws (at most {SIMULATION_LIMIT:.0e}); use fewer runs")
-            sim = failures.simulate(work, seconds, write, restart, mtbf, opts.simulate,
-                                    opts.seed)
-        cost = wall / 3600 * nodes * price if price is not None else None
-        return Interval(k, seconds, work / wall, wall, wall / mtbf, cost, sim)
-
-    return Failures(mtbf, write, load, restart, failures.young(write, mtbf),
-                    failures.daly(write, mtbf), interval(recipe_steps), interval(best_steps))

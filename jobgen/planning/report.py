@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 from ..errors import ConfigError
 from ..plan import current_umask
-from .planner import Interval, Result
+from .goodput import Interval
+from .planner import Result
 
 
 def _money(value: Optional[float]) -> str:

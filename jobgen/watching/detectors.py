@@ -21,20 +21,22 @@ recorded stream is judged exactly as a live one.
 - a node that repeatedly causes restarts: the same host (node index where no host is recorded)
   failing first (the earliest exit status 1-127 recorded; the others then lose their peer) in
   `restarts_per_node` allocations.
+
+One module per family: divergence.py (gradient norm, divergence, loss), pace.py (throughput,
+hang), restarts.py (the node behind repeated restarts); `Detectors` below combines them over one
+run's state.
 """
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
+from .divergence import DivergenceDetectors
 from .observations import Alert, Observation, finite
-from .readers import NodeEnd
-
-MIN_HISTORY = 5        # steps before the running mean judges a norm or a loss
-WARM_STEPS = 2         # steps after each start left out of the throughput baseline
+from .pace import PaceDetectors
+from .restarts import RestartDetector
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,11 @@ class Rules:
     restarts_per_node: int = 2
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
+class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
+    """Every detector over one run: the gradient norm and the loss (watching/divergence.py),
+    step times, throughput and hangs (watching/pace.py), and nodes that end allocations
+    (watching/restarts.py), sharing the run's state below."""
 
-
-class Detectors:
     def __init__(self, rules: Rules = Rules()) -> None:
         self.rules = rules
         self.norms: deque[tuple[int, float]] = deque(maxlen=rules.spike_window)
@@ -153,187 +155,4 @@ class Detectors:
         if finite(obs.loss):
             alerts += self._loss(obs, float(obs.loss))  # type: ignore[arg-type]
         alerts += self._throughput(obs, now)
-        return alerts
-
-    def _norm(self, obs: Observation, norm: float) -> list[Alert]:
-        rules, step, alerts = self.rules, obs.step, []
-        assert step is not None
-        mean = statistics.fmean(v for _, v in self.norms) if len(self.norms) >= MIN_HISTORY \
-            else None
-        if mean is not None and norm > mean + rules.spike_margin:
-            if self.spike is None:
-                self.spike, self.spike_len = (step, obs.time), 0
-                alerts.append(Alert(
-                    "grad_spike", step, f"step {step}: gradient-norm spike {_fmt(norm)} > "
-                    f"{_fmt(mean)} (mean of the last {len(self.norms)}) + {rules.spike_margin}",
-                    self.now, since_step=step, fault_time=obs.time,
-                    values={"grad_norm": norm, "mean": mean}))
-            self.spike_len += 1
-            if self.spike_len == rules.spike_patience:
-                first = self.spike[0]
-                alerts.append(Alert(
-                    "sustained_spike", step, f"step {step}: the gradient norm has stayed above "
-                    f"its running mean + {rules.spike_margin} for {self.spike_len} steps since "
-                    f"step {first} ({_fmt(norm)} against {_fmt(mean)}); HLAT saw such spikes "
-                    "precede divergence", self.now, since_step=first, fault_time=self.spike[1],
-                    values={"grad_norm": norm, "mean": mean}))
-        else:
-            self.spike, self.spike_len = None, 0
-        # HLAT's r: the mean of the last `spike_window` steps, spikes included.
-        self.norms.append((step, norm))
-        if len(self.norms) >= MIN_HISTORY:
-            running = statistics.fmean(v for _, v in self.norms)
-            self.lowest = running if self.lowest is None else min(self.lowest, running)
-        if self.lowest is not None and norm > rules.growth_factor * self.lowest:
-            if self.growth is None:
-                self.growth, self.growth_len = (step, obs.time), 0
-            self.growth_len += 1
-            if self.growth_len >= rules.growth_steps and not self.diverged:
-                self.diverged = True
-                alerts.append(Alert(
-                    "divergence", step, f"step {step}: the gradient norm has been above "
-                    f"{rules.growth_factor:g} x its lowest running mean ({_fmt(self.lowest)}) "
-                    f"for {self.growth_len} steps since step {self.growth[0]} (now "
-                    f"{_fmt(norm)})", self.now, since_step=self.growth[0],
-                    fault_time=self.growth[1], values={"grad_norm": norm, "lowest": self.lowest}))
-        else:
-            self.growth, self.growth_len = None, 0
-        return alerts
-
-    def _loss(self, obs: Observation, loss: float) -> list[Alert]:
-        step = obs.step
-        assert step is not None
-        if len(self.losses) >= MIN_HISTORY:
-            mean = statistics.fmean(v for _, v in self.losses)
-            # Open above (1 + margin) x mean; closed again only below (1 + margin / 2) x mean.
-            if loss > (1 + self.rules.loss_spike / (2 if self.loss_open else 1)) * mean:
-                if self.loss_open or self.diverged:
-                    return []   # one alert per spike; a divergence already said it
-                self.loss_open = True
-                return [Alert("loss_spike", step, f"step {step}: loss {_fmt(loss)} is "
-                              f"{loss / mean - 1:.0%} above the mean of the last "
-                              f"{len(self.losses)} ({_fmt(mean)})", self.now, since_step=step,
-                              fault_time=obs.time, values={"loss": loss, "mean": mean})]
-        self.loss_open = False
-        self.losses.append((step, loss))
-        return []
-
-    def _timing(self, obs: Observation) -> None:
-        prev, self.last_step = self.last_step, obs
-        self.since_start += 1
-        if prev is None or prev.restart != obs.restart or prev.step is None or obs.step is None \
-                or obs.step <= prev.step:
-            return
-        elapsed = obs.time - prev.time
-        if elapsed <= 0:
-            return
-        per_step = elapsed / (obs.step - prev.step)
-        self.intervals.append(per_step)
-        if self.since_start > WARM_STEPS + 1:
-            if prev.consumed is not None and obs.consumed is not None \
-                    and obs.consumed > prev.consumed:
-                self.rates.append((obs.consumed - prev.consumed) / elapsed)
-            else:
-                self.rates.append(1.0 / per_step)
-
-    def _throughput(self, obs: Observation, now: float) -> list[Alert]:
-        n = self.rules.drop_steps
-        if len(self.rates) < 3 * n:
-            return []
-        recent = statistics.median(self.rates[-n:])
-        baseline = statistics.median(self.rates[:-n][-50:])
-        if recent < (1 - self.rules.drop) * baseline:
-            if self.dropped:
-                return []
-            self.dropped = True
-            unit = "samples/s" if obs.consumed is not None else "steps/s"
-            return [Alert("throughput_drop", obs.step, f"step {obs.step}: {_fmt(recent)} {unit} "
-                          f"over the last {n} steps, {1 - recent / baseline:.0%} below this "
-                          f"allocation's median of {_fmt(baseline)}", now,
-                          since_step=(obs.step or 0) - n + 1, fault_time=obs.time,
-                          values={"recent": recent, "baseline": baseline})]
-        if recent >= (1 - self.rules.drop / 2) * baseline:
-            self.dropped = False
-        return []
-
-    # --- the clock ------------------------------------------------------------------------------
-
-    def median_step_s(self) -> Optional[float]:
-        return statistics.median(self.intervals) if len(self.intervals) >= 3 else None
-
-    def hang_allowance(self) -> float:
-        median = self.median_step_s()
-        floor = self.rules.hang_min_s
-        return floor if median is None else max(self.rules.hang_factor * median, floor)
-
-    def tick(self, now: float, silence: Optional[dict[int, float]] = None,
-             hosts: Optional[dict[int, str]] = None) -> list[Alert]:
-        """Time-based checks, while the job runs. `silence`: seconds since each node's log grew."""
-        self.now = now
-        if self.ended or self.last_progress is None or self.last_step is None:
-            return []
-        quiet = now - self.last_progress
-        allowance = self.hang_allowance()
-        if quiet <= allowance or self.hang_alerted:
-            return []
-        self.hang_alerted = True
-        hosts = hosts or {}
-        step = self.last_step.step or 0
-        median = self.median_step_s()
-        alerts = [Alert("hang", step, f"no training step for {quiet:.0f} s after step {step} "
-                        f"(allowed {allowance:.0f} s: "
-                        + (f"{self.rules.hang_factor:g} x the median step time {median:.3g} s, "
-                           if median is not None else "")
-                        + f"at least {self.rules.hang_min_s:g} s)", now,
-                        since_step=step, fault_time=self.last_progress,
-                        values={"quiet_s": quiet, "allowance_s": allowance})]
-        for node, why in self.lagging(silence or {}, allowance).items():
-            host = hosts.get(node) or None
-            alerts.append(Alert("node_silent", step, f"node {node}{f' ({host})' if host else ''}"
-                                f" {why}", now, since_step=step, node=node, host=host,
-                                fault_time=self.last_progress))
-        if len(alerts) > 1:   # the hang is that node's
-            alerts[0].node, alerts[0].host = alerts[1].node, alerts[1].host
-        return alerts
-
-    def lagging(self, silence: dict[int, float], allowance: float) -> dict[int, str]:
-        """The nodes behind the others: by the step each started, else by their logs."""
-        if len(self.beats) >= 2:
-            newest = max(step for step, _ in self.beats.values())
-            return {node: f"never started step {newest}; the other nodes did (its newest: "
-                          f"step {step})"
-                    for node, (step, _) in sorted(self.beats.items()) if step < newest}
-        if len(silence) >= 2 and min(silence.values()) < allowance:
-            return {node: f"has written nothing for {quiet:.0f} s while others wrote within "
-                          f"{min(silence.values()):.0f} s"
-                    for node, quiet in sorted(silence.items()) if quiet > allowance}
-        return {}
-
-    # --- restarts -------------------------------------------------------------------------------
-
-    def restarts(self, ended: Sequence[Sequence[NodeEnd]],
-                 blamed: Optional[dict[int, int]] = None) -> list[Alert]:
-        """`ended`: for each finished allocation, how its nodes ended; `blamed`: allocation ->
-        the node a hang was pinned on. A node caused an allocation's end when it failed by
-        itself (an exit status 1-127, not a signal from the others being stopped)."""
-        counts: dict[str, list[int]] = {}
-        for index, nodes in enumerate(ended):
-            failed = sorted((n for n in nodes if n.status is not None and 0 < n.status < 128),
-                            key=lambda n: n.at)
-            culprits = failed[:1]   # the first to fail; the others lost their peer
-            if blamed and index in blamed:
-                culprits += [n for n in nodes if n.node == blamed[index]]
-            for end in {(n.host or f"node {n.node}"): n for n in culprits}.values():
-                counts.setdefault(end.host or f"node {end.node}", []).append(index)
-        alerts = []
-        for who, allocations in counts.items():
-            if len(allocations) >= self.rules.restarts_per_node and who not in self.bad_hosts:
-                self.bad_hosts.add(who)
-                drain = (f"; drain it: scontrol update nodename={who} state=drain "
-                         f"reason=jobgen-watch" if not who.startswith("node ") else "")
-                alerts.append(Alert("bad_node", None, f"{who} ended {len(allocations)} "
-                                    f"allocations of this job (restarts "
-                                    f"{', '.join(map(str, allocations))}){drain}",
-                                    self.now, host=who if not who.startswith("node ") else None,
-                                    values={"allocations": allocations}))
         return alerts

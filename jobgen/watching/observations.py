@@ -109,3 +109,8 @@ def number(value: Any, present: bool) -> Optional[float]:
 
 def finite(value: Optional[float]) -> bool:
     return value is not None and math.isfinite(value)
+
+
+def fmt(value: float) -> str:
+    """A detector's number in an alert: four significant digits."""
+    return f"{value:.4g}"

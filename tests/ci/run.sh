@@ -233,6 +233,7 @@ lint() {
 lint ruff ruff check --output-format=concise jobgen payload tests benchmarks
 lint mypy mypy
 lint shellcheck shellcheck -S warning tests/ci/*.sh .ci/run
+lint import-circles python benchmarks/import_graph.py --all
 if ((LINT_RC)); then echo "[run] LINT FAILED (the run will fail; running the tests anyway)"; fi
 
 rc=0

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any, Optional
 
-from ... import aws, launch, node, snapshot
+from ... import aws, node, payloads, snapshot
 from ...cache import sha256
 from ...errors import ConfigError
 from ...plan import Plan, PlannedFile
@@ -32,7 +32,7 @@ EVALUATE_ON_EXIT = (
 DEFAULT_RDZV_TIMEOUT_S = 900
 
 
-def entrypoint_args(lau: launch.Launch) -> list[str]:
+def entrypoint_args(lau: payloads.Launch) -> list[str]:
     """LAUNCHER COMPILE_ARGC COMPILE_ARG... TRAIN_ARG... (env/containers/entrypoint.sh)."""
     return [lau.launcher, str(len(lau.compile_args)), *lau.compile_args, *lau.train_args]
 
@@ -42,7 +42,7 @@ def definition_name(spec: JobSpec) -> str:
     return "jobgen-" + re.sub(r"[^A-Za-z0-9_-]", "-", spec.job_name)
 
 
-def node_environment(spec: JobSpec, lau: launch.Launch) -> list[dict[str, str]]:
+def node_environment(spec: JobSpec, lau: payloads.Launch) -> list[dict[str, str]]:
     """What every node's entrypoint reads: the node contract (jobgen/node.py) for Batch, with
     the platform's and the recipe's environment (also used by `jobgen run` on this machine)."""
     site = spec.site
@@ -111,7 +111,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
     image = snapshot.site_image(site.batch.images, platform.name, "batch.images", site.name,
                                 spec.payload_digest)
-    lau = launch.for_spec(spec, "batch")
+    lau = payloads.for_spec(spec, "batch")
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if site.batch.shared_volume:

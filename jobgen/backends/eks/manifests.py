@@ -21,7 +21,7 @@ import re
 import sys
 from typing import Any, Optional
 
-from ... import launch, node, snapshot
+from ... import node, payloads, snapshot
 from ...errors import ConfigError
 from ...spec import JobSpec
 
@@ -71,7 +71,7 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     assert eks is not None
     image = snapshot.site_image(eks.images, platform.name, "eks.images", site.name,
                                 spec.payload_digest)
-    lau = launch.for_spec(spec, "eks")
+    lau = payloads.for_spec(spec, "eks")
     contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s,
                              shared=bool(eks.shared_pvc))
     env = node.environment(spec, lau, contract)

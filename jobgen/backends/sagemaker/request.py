@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from ... import launch, node, snapshot
+from ... import node, payloads, snapshot
 from ...cache import sha256
 from ...errors import ConfigError, RuleError
 from ...recipe import time_limit_seconds
@@ -188,7 +188,7 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
         if not getattr(sm, key):
             raise ConfigError(f"site {site.name}: sagemaker.{key} is required")
     assert sm.role_arn and sm.checkpoint_s3_uri and sm.output_s3_uri
-    lau = launch.for_spec(spec, "sagemaker")
+    lau = payloads.for_spec(spec, "sagemaker")
     contract = node.contract(spec, lau, "sagemaker", rdzv_timeout_s=sm.rendezvous_timeout_s)
     env = node.environment(spec, lau, contract)
     hyper = spill(node.flow_args(lau), env)

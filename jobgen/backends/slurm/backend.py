@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ... import launch, node
+from ... import node, payloads
 from ...errors import ConfigError, RemoteError
 from ...node import Passes
 from ...plan import Plan, PlannedFile
@@ -38,11 +38,11 @@ def array_key(spec: JobSpec) -> tuple[object, ...]:
 
 
 def _task(spec: JobSpec, passes: Passes) -> dict[str, Any]:
-    lau = launch.for_spec(spec, "slurm")
+    lau = payloads.for_spec(spec, "slurm")
     return {"run_name": spec.run_name,
             "contract": list(node.contract(spec, lau, "slurm", passes=passes)
                              .variables().items()),
-            "env": launch.env_block(spec),
+            "env": payloads.env_block(spec),
             "compile_args": lau.compile_args, "train_args": lau.train_args}
 
 
@@ -142,7 +142,7 @@ def submit_sweep(specs: Sequence[JobSpec], options: SubmitOptions) -> list[Submi
 def preflight(spec: JobSpec) -> tuple[str, ...]:
     """What could not be checked from this host (raises at the first failed check)."""
     from . import client as slurm_client
-    unchecked = slurm_client.preflight(spec, launch.for_spec(spec, "slurm"))
+    unchecked = slurm_client.preflight(spec, payloads.for_spec(spec, "slurm"))
     return (f"not checked from this host: {'; '.join(unchecked)}",) if unchecked else ()
 
 

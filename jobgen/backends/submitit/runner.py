@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ... import launch, node
+from ... import node, payloads
 from ...errors import ConfigError
 from ...record import record
 from ...spec import JobSpec
@@ -32,7 +32,7 @@ class NodeTask:
 
 
 def node_task(spec: JobSpec) -> NodeTask:
-    lau = launch.for_spec(spec, "submitit")
+    lau = payloads.for_spec(spec, "submitit")
     contract = node.contract(spec, lau, "submitit", base=str(Path.cwd()))
     env = node.environment(spec, lau, contract)
     return NodeTask(flow=f"{contract.JOBGEN_PAYLOAD_DIR}/common/job_flow.sh",

@@ -1,0 +1,148 @@
+"""The checks of a job spec (jobgen/spec.py's resolve): a recipe's values that do not depend on
+the node count (ConfigError), then the parallelism arithmetic at one node count (RuleError:
+`jobgen check` lists such combinations as skipped)."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+from . import schema
+from .errors import ConfigError, RuleError
+from .recipe import Recipe
+
+if TYPE_CHECKING:   # spec.py imports this module
+    from .spec import JobSpec
+
+
+def _positive(where: str, key: str, value: Optional[float]) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{where}: {key}: must be positive, got {schema.describe(value)}")
+
+
+def check_values(recipe: Recipe, where: str) -> None:
+    """Per-field rules that do not depend on the node count."""
+    m, p, s = recipe.model, recipe.parallelism, recipe.schedule
+    for key, value in (("nodes", recipe.nodes), ("model.num_layers", m.num_layers),
+                       ("model.hidden_size", m.hidden_size),
+                       ("model.num_attention_heads", m.num_attention_heads),
+                       ("model.seq_length", m.seq_length), ("model.vocab_size", m.vocab_size),
+                       ("parallelism.tensor", p.tensor), ("parallelism.pipeline", p.pipeline),
+                       ("parallelism.micro_batch_size", p.micro_batch_size),
+                       ("parallelism.global_batch_size", p.global_batch_size),
+                       ("parallelism.gradient_accumulation", p.gradient_accumulation),
+                       ("optim.lr", recipe.optim.lr), ("schedule.max_steps", s.max_steps),
+                       ("checkpoint.every_steps", recipe.checkpoint.every_steps),
+                       ("checkpoint.every_seconds", recipe.checkpoint.every_seconds),
+                       ("checkpoint.keep", recipe.checkpoint.keep),
+                       ("compile.steps", recipe.compile.steps),
+                       ("job.master_port", recipe.job.master_port)):
+        _positive(where, key, value)
+    if recipe.optim.lr_scaling is not None:
+        _positive(where, "optim.lr_scaling.base_nodes", recipe.optim.lr_scaling.base_nodes)
+    if (p.global_batch_size is None) == (p.gradient_accumulation is None):
+        raise ConfigError(f"{where}: parallelism: set exactly one of global_batch_size and "
+                          "gradient_accumulation")
+    ckpt = recipe.checkpoint
+    if (ckpt.every_steps is None) == (ckpt.every_seconds is None):
+        raise ConfigError(f"{where}: checkpoint: set exactly one of every_steps and every_seconds")
+    for a, b in (("warmup_steps", "warmup_fraction"), ("constant_steps", "constant_fraction")):
+        if getattr(s, a) is not None and getattr(s, b) is not None:
+            raise ConfigError(f"{where}: schedule: set at most one of {a} and {b}")
+    for key in ("warmup_fraction", "constant_fraction"):
+        value = getattr(s, key)
+        if value is not None and not 0 <= value <= 1:
+            raise ConfigError(f"{where}: schedule.{key}: must be between 0 and 1, got {value}")
+    if recipe.job.max_restarts < 0:
+        raise ConfigError(f"{where}: job.max_restarts: must be 0 or more")
+    if m.num_kv_heads is not None and not (
+            0 < m.num_kv_heads <= m.num_attention_heads
+            and m.num_attention_heads % m.num_kv_heads == 0):
+        raise ConfigError(f"{where}: model.num_kv_heads: {m.num_kv_heads} must divide "
+                          f"model.num_attention_heads {m.num_attention_heads} (each key/value "
+                          "head serves a whole group of query heads)")
+    if m.ffn_hidden_size <= 0 or m.max_position_embeddings < m.seq_length:
+        raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
+                          f"is shorter than model.seq_length {m.seq_length}")
+    _check_ranges(recipe, where)
+    from . import rules
+    rules.check(recipe, where)
+
+
+MAX_RESTARTS = 1000  # far beyond any useful retry count; keeps bash arithmetic trivially safe
+
+
+def _check_ranges(recipe: Recipe, where: str) -> None:
+    """Numbers that parse but cannot be meant: NaN/infinity, probabilities outside [0, 1),
+    ports outside the unprivileged range, a schedule longer than its run."""
+    o, s, m, j = recipe.optim, recipe.schedule, recipe.model, recipe.job
+    floats = {"optim.lr": o.lr, "optim.eps": o.eps, "optim.weight_decay": o.weight_decay,
+              "optim.grad_clip": o.grad_clip, "optim.betas[0]": o.betas[0],
+              "optim.betas[1]": o.betas[1], "schedule.min_lr": s.min_lr,
+              "model.hidden_dropout": m.hidden_dropout,
+              "model.attention_dropout": m.attention_dropout,
+              "model.layernorm_epsilon": m.layernorm_epsilon,
+              "model.rotary_percentage": m.rotary_percentage,
+              "model.init_method_std": m.init_method_std, "model.rope_theta": m.rope_theta}
+    for key, value in floats.items():
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{where}: {key}: must be a finite number, got {value}")
+    for key in ("optim.betas[0]", "optim.betas[1]", "model.hidden_dropout",
+                "model.attention_dropout"):
+        if not 0.0 <= floats[key] < 1.0:  # type: ignore[operator]
+            raise ConfigError(f"{where}: {key}: must lie in [0, 1), got {floats[key]}")
+    for key in ("optim.eps", "model.layernorm_epsilon"):
+        if not floats[key] > 0:  # type: ignore[operator]
+            raise ConfigError(f"{where}: {key}: must be positive, got {floats[key]}")
+    if o.weight_decay < 0 or o.grad_clip <= 0:
+        raise ConfigError(f"{where}: optim: weight_decay must be >= 0 and grad_clip positive")
+    if not 0.0 <= s.min_lr <= o.lr:
+        raise ConfigError(f"{where}: schedule.min_lr: {s.min_lr} must lie between 0 and "
+                          f"optim.lr {o.lr}")
+    if not 1024 <= j.master_port <= 65535:
+        raise ConfigError(f"{where}: job.master_port: {j.master_port} is not a port between "
+                          "1024 and 65535")
+    if j.max_restarts > MAX_RESTARTS:
+        raise ConfigError(f"{where}: job.max_restarts: {j.max_restarts} is more than "
+                          f"{MAX_RESTARTS}")
+    warmup = (round(s.warmup_fraction * s.max_steps) if s.warmup_fraction is not None
+              else s.warmup_steps or 0)
+    hold = (round(s.constant_fraction * s.max_steps) if s.constant_fraction is not None
+            else s.constant_steps or 0)
+    if warmup < 0 or hold < 0 or warmup + hold > s.max_steps:
+        raise ConfigError(f"{where}: schedule: warmup {warmup} + constant {hold} steps do not "
+                          f"fit in max_steps {s.max_steps}")
+    if s.decay_steps is not None and not warmup + hold <= s.decay_steps <= s.max_steps:
+        raise ConfigError(f"{where}: schedule.decay_steps: {s.decay_steps} must lie between "
+                          f"the end of warmup and hold ({warmup + hold}) and max_steps "
+                          f"{s.max_steps}")
+
+
+def check_arithmetic(spec: JobSpec) -> None:
+    """The parallelism rules (RuleError: `jobgen check` lists these combinations as skipped)."""
+    r, where, n = spec.recipe, spec.source, spec.nodes
+    p, m = r.parallelism, r.model
+    at = f"at {n} node{'s' if n != 1 else ''}"
+    if spec.world_size % spec.model_parallel:
+        raise RuleError(f"{where}: parallelism: tensor {p.tensor} x pipeline {p.pipeline} = "
+                        f"{spec.model_parallel} does not divide the {spec.world_size} workers {at}")
+    if p.tensor > spec.workers_per_node:
+        # Tensor-parallel ranks exchange activations every layer: NeMo, NxD and DeepSpeed all
+        # keep a tensor-parallel group inside one node's interconnect.
+        raise RuleError(f"{where}: parallelism.tensor: {p.tensor} is wider than a node "
+                        f"({spec.workers_per_node} workers per {r.platform} node)")
+    if m.num_attention_heads % p.tensor:
+        raise RuleError(f"{where}: model.num_attention_heads: {m.num_attention_heads} is not "
+                        f"divisible by parallelism.tensor {p.tensor}")
+    if m.num_kv_heads is not None and m.num_kv_heads % p.tensor:
+        raise RuleError(f"{where}: model.num_kv_heads: {m.num_kv_heads} is not divisible by "
+                        f"parallelism.tensor {p.tensor}")
+    if m.num_layers % p.pipeline:
+        raise RuleError(f"{where}: model.num_layers: {m.num_layers} is not divisible by "
+                        f"parallelism.pipeline {p.pipeline}")
+    if p.global_batch_size is not None:
+        step = p.micro_batch_size * spec.data_parallel
+        if p.global_batch_size % step:
+            raise RuleError(
+                f"{where}: parallelism.global_batch_size: {p.global_batch_size} is not divisible "
+                f"by micro_batch_size {p.micro_batch_size} x data-parallel {spec.data_parallel} "
+                f"= {step} {at}")
