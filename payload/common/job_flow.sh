@@ -218,9 +218,11 @@ flow_node_pass() {
     status=$?
   done
   FLOW_PASS_PID=""
+  # grep reads to the end (no -q): under pipefail, a grep that stops at the first match leaves
+  # tail writing into a closed pipe, and tail's SIGPIPE would read as "no match".
   if [ "$status" -ne 0 ] && [ -f "$log" ] &&
     tail -c "+$((before + 1))" "$log" |
-    grep -qE 'waiting for clients|client socket has timed out|torchelastic/(role_info|assigned_ranks)'; then
+    grep -E 'waiting for clients|client socket has timed out|torchelastic/(role_info|assigned_ranks)' >/dev/null; then
     flow_say "the $pass pass could not bring the $JOBGEN_NNODES nodes together within ${JOBGEN_RDZV_TIMEOUT:-torch default} s at $MASTER_ADDR:$MASTER_PORT: a node never started, died, or cannot reach that address (security group, interface), or the nodes disagree about the compile pass"
   fi
   return "$status"

@@ -16,7 +16,7 @@ log() { printf '[moto-down] %s\n' "$*"; }
 pid_alive() {
     local stat
     [[ -r /proc/$1/cmdline ]] || return 1
-    tr '\0' ' ' <"/proc/$1/cmdline" | grep -q moto_server || return 1
+    tr '\0' ' ' <"/proc/$1/cmdline" | grep moto_server >/dev/null || return 1
     stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
     stat=${stat##*) }
     [[ ${stat%% *} != Z ]]

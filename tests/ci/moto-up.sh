@@ -41,7 +41,7 @@ ours_alive() {
     pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
     pid=${pid//[!0-9]/}
     [[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q moto_server || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep moto_server >/dev/null || return 1
     stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
     stat=${stat##*) }
     [[ ${stat%% *} != Z ]]

@@ -73,7 +73,7 @@ pkgs=(slurmctld slurmd slurm-client munge)
 [[ $ACCOUNTING == dbd ]] && pkgs+=(slurmdbd mariadb-server mariadb-client)
 missing=()
 for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")
 done
 if ((${#missing[@]})); then
     log "installing: ${missing[*]}"
@@ -107,7 +107,7 @@ HOST=$(uname -n)
 HOST=${HOST%%.*}
 names=""
 for ((i = 1; i <= NODES; i++)); do names+=" n$i"; done
-if ! grep -v -- "$MARK" /etc/hosts | grep -qwF -- "$HOST"; then names+=" $HOST"; fi
+if ! grep -v -- "$MARK" /etc/hosts | grep -wF -- "$HOST" >/dev/null; then names+=" $HOST"; fi
 hosts_line="127.0.0.1$names $MARK"
 if ! grep -qxF -- "$hosts_line" /etc/hosts; then
     hosts_new=$(grep -v -- "$MARK" /etc/hosts || true)
@@ -181,7 +181,7 @@ LogFile=$LOG/slurmdbd.log"
 
 # Never overwrite a slurm.conf that some real installation wrote.
 for f in "$CONF_DIR/slurm.conf" "$CONF_DIR/slurmdbd.conf"; do
-    if [[ -s $f ]] && ! head -n 1 "$f" | grep -qF -- "$MARK"; then
+    if [[ -s $f ]] && ! head -n 1 "$f" | grep -F -- "$MARK" >/dev/null; then
         die "$f exists and was not written by this script; refusing to overwrite it"
     fi
 done
