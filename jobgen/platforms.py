@@ -65,6 +65,9 @@ class Platform:
     compile_cache_value: str = "{dir}"
     batch_privileged: bool = False  # a Batch container sees the devices only when privileged
     health: Health = Health()       # the health gate's checks on this instance type
+    # Exported on every node of a job on this instance type, in this order, before the payload's
+    # and the recipe's own (the network: libfabric's EFA provider on trn1). [NAME, value] pairs.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def efa_devices(self) -> tuple[str, ...]:

@@ -11,18 +11,20 @@ naming the key and the payload.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, get_args, get_origin
 
 from .. import schema
+from ..cache import sha256
 from ..errors import ConfigError
 from ..platforms import get as platform_of
 from ..recipe import Recipe
 from ..spec import JobSpec
 from . import habana_deepspeed, neuron_nemo, neuronx_distributed, smoke, smp_fsdp
-from .base import Launch, Pass, Payload, compile_cache_env, compile_key, env_block
+from .base import Launch, Pass, Payload, compile_cache_env
 
 __all__ = ["BUILT_IN", "ENTRY_POINTS", "REGISTRY", "Launch", "Pass", "Payload", "check_recipe",
            "compile_cache_env", "compile_key", "env_block", "for_spec", "key_report"]
@@ -82,6 +84,48 @@ class _Registry(Mapping[str, Payload]):
 REGISTRY = _Registry()
 
 _MISSING = object()
+
+
+LATER_KEYS = {"hybrid_shard": 0, "activation_offloading": False, "activation_loading_horizon": 2}
+
+
+def compile_key(spec: JobSpec, lau: Launch) -> str:
+    """Names the graphs a compile pass produces, for the cache marker: what shapes the model and
+    the training step (model, parallelism and the derived batch sizes, optimizer, precision, the
+    environment, the node count, the trainer). Where a run writes, how long it trains, its
+    checkpointing and its name are left out: another run of the same spec finds the graphs."""
+    r = spec.recipe
+    optim = {k: v for k, v in schema.to_plain(r.optim).items() if k not in ("lr", "lr_scaling")}
+    # Keys added after caches were filled count only when set, so existing markers stay valid.
+    parallelism = {k: v for k, v in schema.to_plain(r.parallelism).items()
+                   if k not in LATER_KEYS or v != LATER_KEYS[k]}
+    blob = json.dumps({
+        "payload": r.payload, "model": schema.to_plain(r.model),
+        "parallelism": parallelism, "precision": r.precision, "optim": optim,
+        "sizes": [spec.nodes, spec.workers_per_node, spec.data_parallel,
+                  spec.gradient_accumulation, spec.global_batch_size],
+        "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,
+        "compile_steps": r.compile.steps, "smoke": spec.smoke,
+    }, sort_keys=True)
+    digest = sha256(blob.encode()).hexdigest()[:16]
+    return f"{r.name}-{spec.nodes}n{'-smoke' if spec.smoke else ''}-{digest}"
+
+
+
+
+def env_block(spec: JobSpec) -> list[tuple[str, str]]:
+    """The exported environment, in order: the platform's (network), the payload's (compiler,
+    precision), then the recipe's own."""
+    recipe = spec.recipe
+    env: dict[str, str] = dict(spec.platform.env)
+    payload = REGISTRY[recipe.payload]
+    if payload.environment is not None:
+        env.update(payload.environment(recipe))
+    env.update(recipe.env)
+    if spec.smoke:
+        # The rehearsal keeps the whole environment above and runs on CPU processes.
+        env.update({"JOBGEN_SMOKE": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+    return list(env.items())
 
 
 def _dataclass_of(tp: Any) -> Optional[type]:

@@ -7,13 +7,12 @@ else (environment, compile key) is common and lives here.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import field
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from .. import schema
-from ..cache import sha256
+from ..recipe import Recipe
 from ..record import record
 from ..spec import JobSpec
 
@@ -64,6 +63,9 @@ class Payload:
     # Literal values of honoured keys this trainer cannot do, with the reason.
     refused_values: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
     upstream: str = ""                         # facts file under jobgen/payloads/upstream/
+    # What the trainer's runtime reads from the environment for this recipe (the compiler's
+    # flags, the precision switches), exported after the platform's and before the recipe's.
+    environment: Optional[Callable[[Recipe], Mapping[str, str]]] = None
 
 
 # Keys every payload honours: they shape the job itself (nodes, restarts, environment, the
@@ -83,62 +85,27 @@ COMMON_KEYS = frozenset({
 })
 
 
-LATER_KEYS = {"hybrid_shard": 0, "activation_offloading": False, "activation_loading_horizon": 2}
-
-
-def compile_key(spec: JobSpec, lau: Launch) -> str:
-    """Names the graphs a compile pass produces, for the cache marker: what shapes the model and
-    the training step (model, parallelism and the derived batch sizes, optimizer, precision, the
-    environment, the node count, the trainer). Where a run writes, how long it trains, its
-    checkpointing and its name are left out: another run of the same spec finds the graphs."""
-    r = spec.recipe
-    optim = {k: v for k, v in schema.to_plain(r.optim).items() if k not in ("lr", "lr_scaling")}
-    # Keys added after caches were filled count only when set, so existing markers stay valid.
-    parallelism = {k: v for k, v in schema.to_plain(r.parallelism).items()
-                   if k not in LATER_KEYS or v != LATER_KEYS[k]}
-    blob = json.dumps({
-        "payload": r.payload, "model": schema.to_plain(r.model),
-        "parallelism": parallelism, "precision": r.precision, "optim": optim,
-        "sizes": [spec.nodes, spec.workers_per_node, spec.data_parallel,
-                  spec.gradient_accumulation, spec.global_batch_size],
-        "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,
-        "compile_steps": r.compile.steps, "smoke": spec.smoke,
-    }, sort_keys=True)
-    digest = sha256(blob.encode()).hexdigest()[:16]
-    return f"{r.name}-{spec.nodes}n{'-smoke' if spec.smoke else ''}-{digest}"
-
-
-EFA_ENV = (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("FI_EFA_FORK_SAFE", "1"))
 NEURON_CC_BASE = "--model-type transformer --distribution-strategy=llm-training"
 
 
-def env_block(spec: JobSpec) -> list[tuple[str, str]]:
-    """The exported environment, in order: network, compiler, precision, then the recipe's own."""
-    recipe = spec.recipe
-    env: dict[str, str] = {}
-    if spec.platform.accelerator == "neuron":
-        env.update(EFA_ENV)
-        cc = NEURON_CC_BASE
-        if recipe.payload == "neuron_nemo" and recipe.precision == "bf16_sr":
-            # NeMo's bf16SR recipe accumulates in FP32 inside the compiler.
-            cc += " --enable-mixed-precision-accumulation"
-        env["NEURON_CC_FLAGS"] = cc
-        env["NEURON_FUSE_SOFTMAX"] = "1"
-        # fp32 sets neither variable: torch_xla and NxD treat any non-empty XLA_USE_BF16 as on.
-        if recipe.precision == "bf16_sr" or (recipe.precision == "bf16"
-                                             and recipe.payload == "neuron_nemo"):
-            env["XLA_USE_BF16"] = "1"
-        elif recipe.precision == "bf16":
-            # NxD's bf16 without rounding keeps FP32 master weights: parameters are downcast.
-            env["XLA_DOWNCAST_BF16"] = "1"
-        env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if recipe.precision == "bf16_sr" else "0"
-        if recipe.payload == "neuron_nemo":
-            env["HYDRA_FULL_ERROR"] = "1"
-    env.update(recipe.env)
-    if spec.smoke:
-        # The rehearsal keeps the whole environment above and runs on CPU processes.
-        env.update({"JOBGEN_SMOKE": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
-    return list(env.items())
+def neuron_environment(recipe: Recipe, *, fp32_accumulation: bool, bf16_downcasts: bool,
+                       extra: Mapping[str, str] = {}) -> dict[str, str]:
+    """What the Neuron compiler and runtime read, for a recipe's precision:
+    `fp32_accumulation`: bf16 with stochastic rounding accumulates in FP32 inside the compiler
+    (NeMo's bf16SR); `bf16_downcasts`: plain bf16 keeps FP32 master weights and downcasts the
+    parameters (NxD) instead of running all in bf16 (NeMo)."""
+    cc = NEURON_CC_BASE
+    if fp32_accumulation and recipe.precision == "bf16_sr":
+        cc += " --enable-mixed-precision-accumulation"
+    env = {"NEURON_CC_FLAGS": cc, "NEURON_FUSE_SOFTMAX": "1"}
+    # fp32 sets neither variable: torch_xla and NxD treat any non-empty XLA_USE_BF16 as on.
+    if recipe.precision == "bf16_sr" or (recipe.precision == "bf16" and not bf16_downcasts):
+        env["XLA_USE_BF16"] = "1"
+    elif recipe.precision == "bf16":
+        env["XLA_DOWNCAST_BF16"] = "1"
+    env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if recipe.precision == "bf16_sr" else "0"
+    env.update(extra)
+    return env
 
 
 def compile_cache_env(spec: JobSpec, cache_dir: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..spec import JobSpec
-from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, launch_value
+from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, launch_value, neuron_environment
 
 # Unquoted Hydra values must not start with a digit or a sign (numbers) and must not be one of
 # the words Hydra reads as bool/null/float in any letter case.
@@ -166,6 +166,11 @@ PAYLOAD = Payload(
         "data.merge_file", "data.num_workers", "data.splits",
     },
     build=build,
+    # NeMo's bf16SR accumulates in FP32 inside the compiler; its bf16 runs all in bf16; Hydra
+    # prints its whole error.
+    environment=lambda recipe: neuron_environment(recipe, fp32_accumulation=True,
+                                                  bf16_downcasts=False,
+                                                  extra={"HYDRA_FULL_ERROR": "1"}),
     fixed={"model.vocab_size": Fixed(
         50257, "NeMo takes the vocabulary from the GPT-2 BPE tokenizer files (data.vocab_file, "
                "data.merge_file) and pads it to a multiple of parallelism.tensor")},

@@ -12,7 +12,16 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..spec import JobSpec
-from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
+from .base import (
+    COMMON_KEYS,
+    STOP_SIGNAL,
+    Fixed,
+    Launch,
+    Pass,
+    Payload,
+    neuron_environment,
+    number,
+)
 
 
 def llama_config(spec: JobSpec) -> dict[str, Any]:
@@ -121,6 +130,9 @@ PAYLOAD = Payload(
         "schedule.min_lr", "schedule.decay_steps",
     },
     build=build,
+    # NxD's bf16 without rounding keeps FP32 master weights: the parameters are downcast.
+    environment=lambda recipe: neuron_environment(recipe, fp32_accumulation=False,
+                                                  bf16_downcasts=True),
     fixed={
         "parallelism.pipeline": Fixed(1, "the NxD Llama TP + ZeRO-1 program has no pipeline "
                                          "parallelism (PP > 1 would only multiply the global "
