@@ -7,56 +7,39 @@ import posixpath
 
 from ..errors import ConfigError
 from ..spec import JobSpec
+from . import flags
 from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
+
+# The program's flags in the order they are written: the shared ones (flags.py) and its own.
+ORDER = (
+    "input-dir", "output-dir", "num-layers", "hidden-size", "num-heads", "intermediate-size",
+    "vocab-size", "max-position-embeddings", "seq-length", "max-predictions", "hidden-dropout",
+    "attention-dropout", "layer-norm-eps", "init-std", "micro-batch-size",
+    "gradient-accumulation", "lr", "min-lr", "warmup", "constant", "max-steps", "decay-steps",
+    "schedule", "optimizer", "beta1", "beta2", "eps", "weight-decay", "grad-clip", "zero-stage",
+    "precision", "seed", "checkpoint-every", "keep-checkpoints", "phase", "compile-steps",
+    "accelerator", "no-decay", "layer-norm-large-model",
+)
 
 
 def arguments(spec: JobSpec, which: Pass, data_dir: str) -> tuple[str, ...]:
     r = spec.recipe
-    m, p, o, s, c = r.model, r.parallelism, r.optim, r.schedule, r.checkpoint
-    args = [
-        "--input-dir", data_dir,
-        "--output-dir", posixpath.join(spec.run_dir, "train" if which == "train" else "compile"),
-        "--num-layers", str(m.num_layers),
-        "--hidden-size", str(m.hidden_size),
-        "--num-heads", str(m.num_attention_heads),
-        "--intermediate-size", str(m.ffn_hidden_size),
-        "--vocab-size", str(m.vocab_size),
-        "--max-position-embeddings", str(m.max_position_embeddings),
-        "--seq-length", str(m.seq_length),
-        "--max-predictions", str(m.max_predictions or 20),
-        "--hidden-dropout", number(m.hidden_dropout),
-        "--attention-dropout", number(m.attention_dropout),
-        "--layer-norm-eps", number(m.layernorm_epsilon),
-        "--init-std", number(m.init_method_std or 0.02),
-        "--micro-batch-size", str(p.micro_batch_size),
-        "--gradient-accumulation", str(spec.gradient_accumulation),
-        "--lr", number(spec.lr),
-        "--min-lr", number(s.min_lr),
-        "--warmup", repr(spec.warmup_steps / s.max_steps),
-        "--constant", repr(spec.constant_steps / s.max_steps),
-        "--max-steps", str(s.max_steps),
-        "--decay-steps", str(s.decay_steps if s.decay_steps is not None else s.max_steps),
-        "--schedule", s.name,
-        "--optimizer", o.name,
-        "--beta1", number(o.betas[0]),
-        "--beta2", number(o.betas[1]),
-        "--eps", number(o.eps),
-        "--weight-decay", number(o.weight_decay),
-        "--grad-clip", number(o.grad_clip),
-        "--zero-stage", "1" if p.zero1 else "0",
-        "--precision", "fp32" if r.precision == "fp32" else "bf16",
-        "--seed", str(r.seed),
-        "--checkpoint-every", str(c.every_steps),
-        "--keep-checkpoints", str(c.keep),
-        "--phase", which,
-        "--compile-steps", str(r.compile.steps),
-        "--accelerator", "cpu" if spec.smoke else "auto",
-    ]
-    if o.no_decay is not None:
-        args += ["--no-decay", *o.no_decay]
-    if m.layer_norm_large_model:
-        args.append("--layer-norm-large-model")
-    return tuple(args)
+    m, p, o, s = r.model, r.parallelism, r.optim, r.schedule
+    return tuple(flags.render(ORDER, flags.shared(spec, which), {
+        "input-dir": data_dir,
+        "max-predictions": str(m.max_predictions or 20),
+        "hidden-dropout": number(m.hidden_dropout),
+        "attention-dropout": number(m.attention_dropout),
+        "layer-norm-eps": number(m.layernorm_epsilon),
+        # The program takes warmup and hold as proportions of the run.
+        "warmup": repr(spec.warmup_steps / s.max_steps),
+        "constant": repr(spec.constant_steps / s.max_steps),
+        "optimizer": o.name,
+        "zero-stage": "1" if p.zero1 else "0",
+        "precision": "fp32" if r.precision == "fp32" else "bf16",
+        "accelerator": "cpu" if spec.smoke else "auto",
+        "layer-norm-large-model": bool(m.layer_norm_large_model),
+    }))
 
 
 def build(spec: JobSpec) -> Launch:

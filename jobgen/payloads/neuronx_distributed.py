@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..spec import JobSpec
+from . import flags
 from .base import (
     COMMON_KEYS,
     STOP_SIGNAL,
@@ -20,7 +21,6 @@ from .base import (
     Pass,
     Payload,
     neuron_environment,
-    number,
 )
 
 
@@ -49,57 +49,37 @@ def llama_config(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def arguments(spec: JobSpec, which: Pass) -> tuple[str, ...]:
-    r = spec.recipe
-    m, p, o, s, c = r.model, r.parallelism, r.optim, r.schedule, r.checkpoint
-    run = spec.run_dir
-    example = spec.site.paths.nxd_llama_dir
-    assert example is not None
-    args: list[str] = [
-        "--example-dir", example,
-        "--model-config", posixpath.join(run, "model", "config.json"),
-        "--data-dir", spec.data_path(r.data.path),
-        "--output-dir", posixpath.join(run, "train" if which == "train" else "compile"),
-        "--phase", which,
-        "--compile-steps", str(r.compile.steps),
-        "--max-steps", str(s.max_steps),
-        "--tensor-parallel-size", str(p.tensor),
-        "--micro-batch-size", str(p.micro_batch_size),
-        "--gradient-accumulation", str(spec.gradient_accumulation),
-        "--seq-length", str(m.seq_length),
-        "--lr", number(spec.lr),
-        "--min-lr", number(s.min_lr),
-        "--warmup-steps", str(spec.warmup_steps),
-        "--constant-steps", str(spec.constant_steps),
-        "--decay-steps", str(s.decay_steps if s.decay_steps is not None else s.max_steps),
-        "--schedule", s.name,
-        "--beta1", number(o.betas[0]),
-        "--beta2", number(o.betas[1]),
-        "--eps", number(o.eps),
-        "--weight-decay", number(o.weight_decay),
-        "--grad-clip", number(o.grad_clip),
-        "--init-std", number(m.init_method_std or 0.02),
-        "--seed", str(r.seed),
-        "--precision", r.precision,
-        "--log-every", str(r.job.log_every_steps),
-    ]
+# The program's flags in the order they are written: the shared ones (flags.py) and its own.
+ORDER = (
+    "example-dir", "model-config", "data-dir", "output-dir", "phase", "compile-steps",
+    "max-steps", "tensor-parallel-size", "micro-batch-size", "gradient-accumulation",
+    "seq-length", "lr", "min-lr", "warmup-steps", "constant-steps", "decay-steps", "schedule",
+    "beta1", "beta2", "eps", "weight-decay", "grad-clip", "init-std", "seed", "precision",
+    "log-every",
     # Absent: the program's own rule (the NxD example's: biases and norms); given with no
     # fragments: every parameter is decayed.
-    if o.no_decay is not None:
-        args += ["--no-decay", *o.no_decay]
-    if m.scaled_init:
-        args.append("--scaled-init")
-    if p.sequence_parallel:
-        args.append("--sequence-parallel")
-    if m.activation_checkpointing == "selective":
-        args.append("--selective-checkpoint")
-    if p.zero1:
-        args.append("--zero1")
-    if which == "train":  # the compile pass neither loads nor saves a checkpoint
-        args += ["--checkpoint-dir", posixpath.join(run, "checkpoints"),
-                 "--checkpoint-every", str(c.every_steps),
-                 "--keep-checkpoints", str(c.keep)]
-    return tuple(args)
+    "no-decay", "scaled-init", "sequence-parallel", "selective-checkpoint", "zero1",
+)
+# The compile pass neither loads nor saves a checkpoint.
+TRAIN_ONLY = ("checkpoint-dir", "checkpoint-every", "keep-checkpoints")
+
+
+def arguments(spec: JobSpec, which: Pass) -> tuple[str, ...]:
+    r = spec.recipe
+    m, p = r.model, r.parallelism
+    example = spec.site.paths.nxd_llama_dir
+    assert example is not None
+    order = ORDER + (TRAIN_ONLY if which == "train" else ())
+    return tuple(flags.render(order, flags.shared(spec, which), {
+        "example-dir": example,
+        "model-config": posixpath.join(spec.run_dir, "model", "config.json"),
+        "tensor-parallel-size": str(p.tensor),
+        "precision": r.precision,
+        "sequence-parallel": bool(p.sequence_parallel),
+        "selective-checkpoint": m.activation_checkpointing == "selective",
+        "zero1": bool(p.zero1),
+        "checkpoint-dir": posixpath.join(spec.run_dir, "checkpoints"),
+    }))
 
 
 def build(spec: JobSpec) -> Launch:

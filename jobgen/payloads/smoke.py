@@ -7,6 +7,7 @@ from __future__ import annotations
 import posixpath
 
 from ..spec import JobSpec, Rehearsal
+from . import flags
 from .base import STOP_SIGNAL, Launch, Pass, number
 
 
@@ -15,27 +16,22 @@ def _rehearsal(spec: JobSpec) -> Rehearsal:
     return spec.rehearsal
 
 
-def _common(spec: JobSpec, which: Pass) -> list[str]:
-    r, t = spec.recipe, _rehearsal(spec)
-    return [
-        "--num-layers", str(t.num_layers),
-        "--hidden-size", str(t.hidden_size),
-        "--num-heads", str(t.num_heads),
-        "--intermediate-size", str(t.intermediate_size),
-        "--seq-length", str(t.seq_length),
-        "--vocab-size", str(t.vocab_size),
-        "--micro-batch-size", str(t.micro_batch_size),
-        "--gradient-accumulation", str(t.gradient_accumulation),
-        "--max-steps", str(t.max_steps),
-        "--checkpoint-every", str(t.checkpoint_every),
-        "--keep-checkpoints", str(t.keep_checkpoints),
-        "--grad-clip", number(r.optim.grad_clip),
-        "--weight-decay", number(r.optim.weight_decay),
-        "--seed", str(r.seed),
-        "--phase", which,
-        "--compile-steps", str(r.compile.steps),
-        "--output-dir", posixpath.join(spec.run_dir, "train" if which == "train" else "compile"),
-    ]
+# The flags of both rehearsal programs (shared ones, flags.py), in the order they are written.
+COMMON = (
+    "num-layers", "hidden-size", "num-heads", "intermediate-size", "seq-length", "vocab-size",
+    "micro-batch-size", "gradient-accumulation", "max-steps", "checkpoint-every",
+    "keep-checkpoints", "grad-clip", "weight-decay", "seed", "phase", "compile-steps",
+    "output-dir",
+)
+# Then the BERT program's (pretrain_bert.py) and the GPT one's (smoke/train.py).
+BERT = (
+    "input-dir", "max-predictions", "max-position-embeddings", "lr", "warmup", "constant",
+    "optimizer", "zero-stage", "precision", "accelerator",
+)
+GPT = (
+    "family", "lr", "min-lr", "warmup-steps", "decay", "decay-steps", "beta1", "beta2", "eps",
+    "init-std", "no-decay", "scaled-init",
+)
 
 
 def build(spec: JobSpec) -> Launch:
@@ -44,14 +40,12 @@ def build(spec: JobSpec) -> Launch:
         data = posixpath.join(spec.run_dir, "smoke-data")
 
         def bert(which: Pass) -> tuple[str, ...]:
-            return tuple(_common(spec, which) + [
-                "--input-dir", data, "--max-predictions", str(t.max_predictions),
-                "--max-position-embeddings", str(t.seq_length),
-                "--lr", number(t.lr), "--warmup", number(t.warmup_fraction),
-                "--constant", number(t.constant_fraction),
-                "--optimizer", r.optim.name, "--zero-stage", "1" if r.parallelism.zero1 else "0",
-                "--precision", "fp32" if r.precision == "fp32" else "bf16",
-                "--accelerator", t.device])
+            return tuple(flags.render(COMMON + BERT, flags.shared(spec, which), {
+                "input-dir": data, "max-predictions": str(t.max_predictions),
+                "warmup": number(t.warmup_fraction), "constant": number(t.constant_fraction),
+                "optimizer": r.optim.name, "zero-stage": "1" if r.parallelism.zero1 else "0",
+                "precision": "fp32" if r.precision == "fp32" else "bf16",
+                "accelerator": t.device}))
 
         return Launch(stop_signal=STOP_SIGNAL, launcher="habana_deepspeed/launch.sh",
                       workdir=posixpath.join(spec.payload_dir, "habana_deepspeed"),
@@ -68,18 +62,9 @@ def build(spec: JobSpec) -> Launch:
         # where the recipe's does, as a fraction of the run), so the shared loop code
         # (payload/common: schedule, parameter groups, scaled initialisation) runs as on the
         # real job.
-        o, m = r.optim, r.model
-        args = _common(spec, which) + [
-            "--family", t.family, "--lr", number(t.lr), "--min-lr", number(t.min_lr),
-            "--warmup-steps", str(t.warmup_steps), "--decay", r.schedule.name,
-            "--decay-steps", str(t.decay_steps),
-            "--beta1", number(o.betas[0]), "--beta2", number(o.betas[1]), "--eps", number(o.eps),
-            "--init-std", number(m.init_method_std or 0.02)]
-        if o.no_decay is not None:
-            args += ["--no-decay", *o.no_decay]
-        if m.scaled_init:
-            args.append("--scaled-init")
-        return tuple(args)
+        # --decay: the program's name for the shared --schedule.
+        return tuple(flags.render(COMMON + GPT, flags.shared(spec, which),
+                                  {"decay": r.schedule.name}))
 
     return Launch(launcher="smoke/launch.sh", workdir=posixpath.join(spec.payload_dir, "smoke"),
                   program="train.py", compile_wrapper="", compile_args=gpt("compile"),

@@ -12,6 +12,7 @@ import posixpath
 
 from ..errors import ConfigError, RuleError
 from ..spec import JobSpec
+from . import flags
 from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 
 
@@ -24,68 +25,53 @@ def smp_parameters(spec: JobSpec) -> dict[str, object]:
             "random_seed": spec.recipe.seed}
 
 
+# The program's flags in the order they are written: the shared ones (flags.py) and its own;
+# a real job's model, batch and schedule flags, then the rehearsal's.
+DIMS = (
+    "num-layers", "hidden-size", "num-heads", "intermediate-size", "seq-length",
+    "max-position-embeddings", "vocab-size", "micro-batch-size", "gradient-accumulation",
+    "max-steps", "lr", "min-lr", "warmup-steps", "constant-steps", "decay-steps",
+    "tensor-parallel", "hybrid-shard", "precision", "device", "data-dir", "checkpoint-every",
+    "keep-checkpoints", "log-every", "num-kv-heads", "rope-theta", "norm-eps", "rotary-pct",
+    "activation-offloading", "activation-loading-horizon",
+)
+REHEARSAL_DIMS = (
+    "num-layers", "hidden-size", "num-heads", "intermediate-size", "seq-length", "vocab-size",
+    "micro-batch-size", "gradient-accumulation", "max-steps", "lr", "min-lr", "warmup-steps",
+    "decay-steps", "hybrid-shard", "precision", "device", "synthetic", "checkpoint-every",
+    "keep-checkpoints",
+)
+TAIL = (
+    "decay", "beta1", "beta2", "eps", "weight-decay", "grad-clip", "init-std",
+    "activation-checkpointing", "seed", "phase", "compile-steps", "output-dir", "no-decay",
+    "scaled-init",
+)
+
+
 def arguments(spec: JobSpec, which: Pass) -> tuple[str, ...]:
     r = spec.recipe
-    m, p, o, s, c = r.model, r.parallelism, r.optim, r.schedule, r.checkpoint
+    m, p = r.model, r.parallelism
     t = spec.rehearsal
-    run = spec.run_dir
+    own: dict[str, flags.Value]
     if t is None:
-        dims = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
-                "--num-heads", str(m.num_attention_heads),
-                "--intermediate-size", str(m.ffn_hidden_size),
-                "--seq-length", str(m.seq_length),
-                "--max-position-embeddings", str(m.max_position_embeddings),
-                "--vocab-size", str(m.vocab_size),
-                "--micro-batch-size", str(p.micro_batch_size),
-                "--gradient-accumulation", str(spec.gradient_accumulation),
-                "--max-steps", str(s.max_steps), "--lr", number(spec.lr),
-                "--min-lr", number(s.min_lr), "--warmup-steps", str(spec.warmup_steps),
-                "--constant-steps", str(spec.constant_steps),
-                "--decay-steps", str(s.decay_steps if s.decay_steps is not None
-                                     else s.max_steps),
-                "--tensor-parallel", str(p.tensor), "--hybrid-shard", str(p.hybrid_shard),
-                "--precision", "fp32" if r.precision == "fp32" else "bf16",
-                "--device", "cuda", "--data-dir", spec.data_path(r.data.path),
-                "--checkpoint-every", str(c.every_steps), "--keep-checkpoints", str(c.keep),
-                "--log-every", str(r.job.log_every_steps)]
-        if m.num_kv_heads is not None:
-            dims += ["--num-kv-heads", str(m.num_kv_heads)]
-        if m.rope_theta is not None:
-            dims += ["--rope-theta", number(m.rope_theta)]
-        if m.family == "llama":
-            dims += ["--norm-eps", number(m.layernorm_epsilon)]
-        else:
-            dims += ["--rotary-pct", number(m.rotary_percentage)]
-        if p.activation_offloading:
-            dims += ["--activation-offloading",
-                     "--activation-loading-horizon", str(p.activation_loading_horizon)]
+        own = {"tensor-parallel": str(p.tensor), "hybrid-shard": str(p.hybrid_shard),
+               "precision": "fp32" if r.precision == "fp32" else "bf16", "device": "cuda",
+               "num-kv-heads": str(m.num_kv_heads) if m.num_kv_heads is not None else None,
+               "rope-theta": number(m.rope_theta) if m.rope_theta is not None else None,
+               "norm-eps": number(m.layernorm_epsilon) if m.family == "llama" else None,
+               "rotary-pct": number(m.rotary_percentage) if m.family != "llama" else None,
+               "activation-offloading": bool(p.activation_offloading),
+               "activation-loading-horizon": str(p.activation_loading_horizon)
+               if p.activation_offloading else None,
+               "activation-checkpointing": m.activation_checkpointing}
     else:
         # The rehearsal: the recipe's model family, optimizer and schedule shape at the tiny
         # size, sharded over each node's two CPU processes.
-        dims = ["--num-layers", str(t.num_layers), "--hidden-size", str(t.hidden_size),
-                "--num-heads", str(t.num_heads), "--intermediate-size", str(t.intermediate_size),
-                "--seq-length", str(t.seq_length), "--vocab-size", str(t.vocab_size),
-                "--micro-batch-size", str(t.micro_batch_size),
-                "--gradient-accumulation", str(t.gradient_accumulation),
-                "--max-steps", str(t.max_steps), "--lr", number(t.lr),
-                "--min-lr", number(t.min_lr), "--warmup-steps", str(t.warmup_steps),
-                "--decay-steps", str(t.decay_steps),
-                "--hybrid-shard", str(t.workers_per_node), "--precision", "fp32",
-                "--device", "cpu", "--synthetic",
-                "--checkpoint-every", str(t.checkpoint_every),
-                "--keep-checkpoints", str(t.keep_checkpoints)]
-    args = ["--family", m.family, *dims,
-            "--decay", s.name, "--beta1", number(o.betas[0]), "--beta2", number(o.betas[1]),
-            "--eps", number(o.eps), "--weight-decay", number(o.weight_decay),
-            "--grad-clip", number(o.grad_clip), "--init-std", number(m.init_method_std or 0.02),
-            "--activation-checkpointing", m.activation_checkpointing if t is None else "none",
-            "--seed", str(r.seed), "--phase", which, "--compile-steps", str(r.compile.steps),
-            "--output-dir", posixpath.join(run, "train" if which == "train" else "compile")]
-    if o.no_decay is not None:
-        args += ["--no-decay", *o.no_decay]
-    if m.scaled_init:
-        args.append("--scaled-init")
-    return tuple(args)
+        own = {"hybrid-shard": str(t.workers_per_node), "precision": "fp32", "device": "cpu",
+               "synthetic": True, "activation-checkpointing": "none"}
+    own["decay"] = r.schedule.name   # the program's name for the shared --schedule
+    order = ("family", *(DIMS if t is None else REHEARSAL_DIMS), *TAIL)
+    return tuple(flags.render(order, flags.shared(spec, which), own))
 
 
 def build(spec: JobSpec) -> Launch:

@@ -18,6 +18,7 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
+from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.loop import agreed_newest, run_invocation, sealed_save
 from common.runtime import (
@@ -29,70 +30,57 @@ from common.runtime import (
     run_main,
     step_seed,
 )
-from common.schedule import DECAY_SHAPES, learning_rate, steps_from_proportion
+from common.schedule import learning_rate, steps_from_proportion
 
 PROG = "pretrain_bert"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     model = p.add_argument_group("model")
-    model.add_argument("--num-layers", type=int, required=True)
-    model.add_argument("--hidden-size", type=int, required=True)
-    model.add_argument("--num-heads", type=int, required=True)
-    model.add_argument("--intermediate-size", type=int, required=True)
-    model.add_argument("--vocab-size", type=int, required=True)
-    model.add_argument("--max-position-embeddings", type=int, default=512)
+    shared.add(model, ("num-layers", "hidden-size", "num-heads", "intermediate-size",
+                       "vocab-size", "max-position-embeddings"),
+               required=("num-layers", "hidden-size", "num-heads", "intermediate-size",
+                         "vocab-size"),
+               defaults={"max-position-embeddings": 512})
     model.add_argument("--type-vocab-size", type=int, default=2)
     model.add_argument("--hidden-dropout", type=float, default=0.1)
     model.add_argument("--attention-dropout", type=float, default=0.1)
     model.add_argument("--layer-norm-eps", type=float, default=1e-12)
-    model.add_argument("--init-std", type=float, default=0.02, help="initializer range")
+    shared.add(model, ("init-std",))
     model.add_argument("--layer-norm-large-model", action="store_true",
                        help="the LayerNorm placement of Model-References' large BERT configs "
                             "(bert_topology.py)")
     data = p.add_argument_group("data")
     data.add_argument("--input-dir", type=Path, required=True,
                       help="directory of hdf5 shards; files whose name contains 'training'")
-    data.add_argument("--seq-length", type=int, default=128)
+    shared.add(data, ("seq-length",), defaults={"seq-length": 128})
     data.add_argument("--max-predictions", type=int, default=20)
     train = p.add_argument_group("training")
-    train.add_argument("--micro-batch-size", type=int, required=True)
-    train.add_argument("--gradient-accumulation", type=int, default=1)
-    train.add_argument("--lr", type=float, required=True)
+    shared.add(train, ("micro-batch-size", "gradient-accumulation", "lr"),
+               required=("micro-batch-size", "lr"))
     train.add_argument("--warmup", type=float, default=0.0, help="proportion of --max-steps")
     train.add_argument("--constant", type=float, default=0.0, help="proportion of --max-steps")
-    train.add_argument("--max-steps", type=int, required=True)
-    train.add_argument("--min-lr", type=float, default=0.0, help="the floor the decay reaches")
-    train.add_argument("--decay-steps", type=int, default=None,
-                       help="step at which the decay reaches --min-lr (default: --max-steps)")
-    train.add_argument("--schedule", choices=DECAY_SHAPES, default="linear",
-                       help="shape of the decay after warmup and hold")
+    shared.add(train, ("max-steps", "min-lr", "decay-steps", "schedule"), required=("max-steps",),
+               defaults={"schedule": "linear"})
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
-    train.add_argument("--beta1", type=float, default=0.9)
-    train.add_argument("--beta2", type=float, default=0.999)
-    train.add_argument("--eps", type=float, default=1e-6)
-    train.add_argument("--weight-decay", type=float, default=0.01)
-    train.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT",
-                       help="parameters whose names contain one of these get no weight decay "
-                            "(given with none: every parameter is decayed; absent: the "
-                            "reference's list, bias gamma beta LayerNorm)")
-    train.add_argument("--grad-clip", type=float, default=1.0)
+    shared.add(train, ("beta1", "beta2", "eps", "weight-decay", "no-decay", "grad-clip"),
+               defaults={"eps": 1e-6, "weight-decay": 0.01},
+               notes={"no-decay": "absent: the reference's list, bias gamma beta LayerNorm"})
     train.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=1)
     train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    train.add_argument("--seed", type=int, default=12439)
+    shared.add(train, ("seed",), defaults={"seed": 12439})
     run = p.add_argument_group("run")
-    run.add_argument("--phase", choices=("compile", "train"), default="train")
-    run.add_argument("--compile-steps", type=int, default=3)
-    run.add_argument("--steps", type=int, default=-1,
-                     help="optimizer steps this invocation may run (-1: until --max-steps)")
-    run.add_argument("--checkpoint-every", type=int, default=1000)
-    run.add_argument("--keep-checkpoints", type=int, default=3)
-    run.add_argument("--output-dir", type=Path, default=Path("output"))
+    shared.add(run, ("phase", "compile-steps", "steps", "checkpoint-every", "keep-checkpoints",
+                     "output-dir"))
     run.add_argument("--accelerator", choices=("auto", "hpu", "cuda", "cpu"), default="auto")
     # The deepspeed launcher appends --local_rank=N unless run with --no_local_rank; env wins.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def validate(args: argparse.Namespace) -> None:

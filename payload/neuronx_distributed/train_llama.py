@@ -30,12 +30,13 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.init import scale_output_projections, sharded_draw
 from common.loop import run_invocation
 from common.optim import parameter_groups
 from common.runtime import PayloadError, run_main
-from common.schedule import DECAY_SHAPES, learning_rate
+from common.schedule import learning_rate
 from common.stream import RankStream
 
 PROG = "train-llama"
@@ -48,57 +49,39 @@ CHECKPOINT_WORKERS = 8
 ROW_PARALLEL_DIM = 1  # NxD's RowParallelLinear splits its weight along the input dimension
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     where = p.add_argument_group("where")
     where.add_argument("--example-dir", type=Path, required=True,
                        help="the NxD example folder (tp_zero1_llama_hf_pretrain) of a checkout")
     where.add_argument("--model-config", type=Path, required=True,
                        help="Hugging Face LlamaConfig JSON")
-    where.add_argument("--data-dir", type=Path, required=True,
-                       help="tokenized dataset (datasets.save_to_disk) of the example")
-    where.add_argument("--output-dir", type=Path, required=True)
+    shared.add(where, ("data-dir", "output-dir"), required=("data-dir", "output-dir"),
+               notes={"data-dir": "the NxD example's"})
     where.add_argument("--checkpoint-dir", type=Path, default=None)
     run = p.add_argument_group("run")
-    run.add_argument("--phase", choices=("compile", "train"), default="train")
-    run.add_argument("--compile-steps", type=int, default=3)
-    run.add_argument("--steps", type=int, default=-1,
-                     help="optimizer steps this invocation may run (-1: until --max-steps)")
-    run.add_argument("--max-steps", type=int, required=True)
-    run.add_argument("--checkpoint-every", type=int, default=1000)
-    run.add_argument("--keep-checkpoints", type=int, default=5)
-    run.add_argument("--log-every", type=int, default=10)
-    run.add_argument("--seed", type=int, default=12349)
+    shared.add(run, ("phase", "compile-steps", "steps", "max-steps", "checkpoint-every",
+                     "keep-checkpoints", "log-every", "seed"),
+               required=("max-steps",), defaults={"keep-checkpoints": 5, "seed": 12349})
     par = p.add_argument_group("parallelism and precision")
     par.add_argument("--tensor-parallel-size", type=int, default=8)
-    par.add_argument("--micro-batch-size", type=int, default=1)
-    par.add_argument("--gradient-accumulation", type=int, default=1)
-    par.add_argument("--seq-length", type=int, default=4096)
+    shared.add(par, ("micro-batch-size", "gradient-accumulation", "seq-length"),
+               defaults={"seq-length": 4096})
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--selective-checkpoint", action="store_true")
     par.add_argument("--zero1", action="store_true")
     par.add_argument("--precision", choices=("bf16_sr", "bf16", "fp32"), default="bf16_sr")
     opt = p.add_argument_group("optimizer and schedule")
-    opt.add_argument("--lr", type=float, required=True)
-    opt.add_argument("--min-lr", type=float, default=0.0)
-    opt.add_argument("--warmup-steps", type=int, default=0)
-    opt.add_argument("--constant-steps", type=int, default=0)
-    opt.add_argument("--decay-steps", type=int, default=None,
-                     help="step at which the decay reaches --min-lr (default: --max-steps)")
-    opt.add_argument("--schedule", choices=DECAY_SHAPES, default="cosine")
-    opt.add_argument("--beta1", type=float, default=0.9)
-    opt.add_argument("--beta2", type=float, default=0.999)
-    opt.add_argument("--eps", type=float, default=1e-8)
-    opt.add_argument("--weight-decay", type=float, default=0.0)
-    opt.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT",
-                     help="parameters whose names contain one of these get no weight decay "
-                          "(given with none: every parameter is decayed; absent: biases and "
-                          "norms are not, as in the NxD example)")
-    opt.add_argument("--grad-clip", type=float, default=1.0)
-    opt.add_argument("--init-std", type=float, default=0.02)
-    opt.add_argument("--scaled-init", action="store_true",
-                     help="output projections at --init-std / sqrt(2 x layers)")
-    return p.parse_args(argv)
+    shared.add(opt, ("lr", "min-lr", "warmup-steps", "constant-steps", "decay-steps", "schedule",
+                     "beta1", "beta2", "eps", "weight-decay", "no-decay", "grad-clip",
+                     "init-std", "scaled-init"),
+               required=("lr",),
+               notes={"no-decay": "absent: biases and norms are not, as in the NxD example"})
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def validate(args: argparse.Namespace) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import args as shared
 from common.events import EventLog, node_index, open_tensorboard
 from common.init import scale_output_projections
 from common.loop import agreed_newest, run_invocation, sealed_save
@@ -128,48 +129,31 @@ def watch_faults(env: Any = os.environ) -> dict[str, Any]:
     return faults
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--family", choices=("gpt_neox", "llama"), default="gpt_neox")
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--intermediate-size", type=int, default=None, help="default 4 × hidden")
-    p.add_argument("--seq-length", type=int, default=32)
-    p.add_argument("--vocab-size", type=int, default=512)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--gradient-accumulation", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--min-lr", type=float, default=3e-4)
-    p.add_argument("--warmup-steps", type=int, default=2)
+    shared.add(p, ("family", "num-layers", "hidden-size", "num-heads", "intermediate-size",
+                   "seq-length", "vocab-size", "micro-batch-size", "gradient-accumulation", "lr",
+                   "min-lr", "warmup-steps"),
+               defaults={"family": "gpt_neox", "num-layers": 2, "hidden-size": 64,
+                         "num-heads": 4, "seq-length": 32, "vocab-size": 512,
+                         "micro-batch-size": 4, "lr": 3e-3, "min-lr": 3e-4, "warmup-steps": 2},
+               notes={"intermediate-size": "default 4 × hidden"})
     p.add_argument("--decay", "--schedule", dest="decay", choices=DECAY_SHAPES, default="cosine",
                    help="shape of the decay after warmup and hold (--schedule: the NxD "
                         "program's name for it)")
-    p.add_argument("--constant-steps", type=int, default=0)
-    p.add_argument("--decay-steps", type=int, default=None,
-                   help="step at which the decay reaches --min-lr (default: --max-steps)")
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT",
-                   help="name fragments kept out of weight decay (none given: decay all; "
-                        "absent: matrices are decayed, vectors are not)")
-    p.add_argument("--init-std", type=float, default=0.02)
-    p.add_argument("--scaled-init", action="store_true",
-                   help="output projections at --init-std / sqrt(2 x layers) (common/init.py)")
-    p.add_argument("--max-steps", type=int, default=20)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--phase", choices=("compile", "train"), default="train")
-    p.add_argument("--compile-steps", type=int, default=3)
-    p.add_argument("--steps", type=int, default=-1,
-                   help="optimizer steps this invocation may run (-1: until --max-steps)")
-    p.add_argument("--checkpoint-every", type=int, default=10)
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--output-dir", type=Path, default=Path("output"))
+    shared.add(p, ("constant-steps", "decay-steps", "beta1", "beta2", "eps", "no-decay",
+                   "init-std", "scaled-init", "max-steps", "weight-decay", "grad-clip", "seed",
+                   "phase", "compile-steps", "steps", "checkpoint-every", "keep-checkpoints",
+                   "output-dir"),
+               defaults={"beta2": 0.95, "max-steps": 20, "weight-decay": 0.01,
+                         "checkpoint-every": 10},
+               notes={"no-decay": "absent: matrices are decayed, vectors are not"})
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = parser().parse_args(argv)
     if args.intermediate_size is None:
         args.intermediate_size = 4 * args.hidden_size
     return args

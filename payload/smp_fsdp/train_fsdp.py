@@ -32,6 +32,7 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.init import scale_output_projections
 from common.loop import agreed_newest, run_invocation, sealed_save
@@ -54,37 +55,25 @@ SMP_ENV = "SM_HP_MP_PARAMETERS"   # SageMaker: the mp_parameters hyperparameter,
 DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "gpt_neox": "GPTNeoXLayer"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--family", choices=tuple(DECODER_LAYERS), required=True)
-    p.add_argument("--num-layers", type=int, required=True)
-    p.add_argument("--hidden-size", type=int, required=True)
-    p.add_argument("--num-heads", type=int, required=True)
+    shared.add(p, ("family", "num-layers", "hidden-size", "num-heads"),
+               required=("family", "num-layers", "hidden-size", "num-heads"))
     p.add_argument("--num-kv-heads", type=int, default=None)
-    p.add_argument("--intermediate-size", type=int, required=True)
-    p.add_argument("--seq-length", type=int, required=True)
-    p.add_argument("--max-position-embeddings", type=int, default=None)
-    p.add_argument("--vocab-size", type=int, required=True)
+    shared.add(p, ("intermediate-size", "seq-length", "max-position-embeddings", "vocab-size"),
+               required=("intermediate-size", "seq-length", "vocab-size"))
     p.add_argument("--rope-theta", type=float, default=None)
     p.add_argument("--norm-eps", type=float, default=None)
     p.add_argument("--rotary-pct", type=float, default=None,
                    help="GPT-NeoX: the share of each head's dimensions that is rotated")
-    p.add_argument("--micro-batch-size", type=int, required=True)
-    p.add_argument("--gradient-accumulation", type=int, required=True)
-    p.add_argument("--lr", type=float, required=True)
-    p.add_argument("--min-lr", type=float, default=0.0)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--constant-steps", type=int, default=0)
-    p.add_argument("--decay", choices=DECAY_SHAPES, default="cosine")
-    p.add_argument("--decay-steps", type=int, default=None)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--no-decay", nargs="*", default=None, metavar="FRAGMENT")
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--init-std", type=float, default=0.02)
-    p.add_argument("--scaled-init", action="store_true")
+    shared.add(p, ("micro-batch-size", "gradient-accumulation", "lr", "min-lr", "warmup-steps",
+                   "constant-steps"),
+               required=("micro-batch-size", "gradient-accumulation", "lr"))
+    p.add_argument("--decay", choices=DECAY_SHAPES, default="cosine",
+                   help="shape of the decay after warmup and hold")
+    shared.add(p, ("decay-steps", "beta1", "beta2", "eps", "weight-decay", "no-decay",
+                   "grad-clip", "init-std", "scaled-init"),
+               defaults={"beta2": 0.95})
     p.add_argument("--tensor-parallel", type=int, default=1)
     p.add_argument("--hybrid-shard", type=int, default=0,
                    help="ranks per sharding group (0: all ranks of a node)")
@@ -95,19 +84,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     data = p.add_mutually_exclusive_group(required=True)
-    data.add_argument("--data-dir", type=Path,
-                      help="a tokenized dataset saved by datasets' save_to_disk (input_ids)")
+    shared.add(data, ("data-dir",))
     data.add_argument("--synthetic", action="store_true", help="the rehearsal's token stream")
-    p.add_argument("--max-steps", type=int, required=True)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--phase", choices=("compile", "train"), default="train")
-    p.add_argument("--compile-steps", type=int, default=3)
-    p.add_argument("--steps", type=int, default=-1)
-    p.add_argument("--checkpoint-every", type=int, required=True)
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--log-every", type=int, default=1)
-    p.add_argument("--output-dir", type=Path, required=True)
-    return p.parse_args(argv)
+    shared.add(p, ("max-steps", "seed", "phase", "compile-steps", "steps", "checkpoint-every",
+                   "keep-checkpoints", "log-every", "output-dir"),
+               required=("max-steps", "checkpoint-every", "output-dir"),
+               defaults={"log-every": 1})
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def validate(args: argparse.Namespace, world: int, local_world: int) -> None:
