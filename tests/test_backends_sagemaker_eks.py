@@ -617,7 +617,8 @@ def test_eks_commands_act_on_the_kind_that_was_submitted(jobgen_proc: Any, tmp_p
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
         assert data["kind"] == ("PyTorchJob" if operator else "Job")
-        assert (data["state"], data["native_state"]) == ("RUNNING", "Running") and data["active"] == 2
+        assert (data["state"], data["native_state"]) == ("RUNNING", "Running")
+        assert data["active"] == 2
         read = [p for m, p in api.calls if m == "GET" and p.endswith("/status")]
         assert read == ([f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs/{name}/"
                          "status"] if operator else
