@@ -222,3 +222,35 @@ def _first_line(text: str) -> str:
     if len(lines) > 1 and lines[0].startswith("Parameter validation failed"):
         return lines[1]
     return lines[0] if lines else text
+
+
+class LogStream:
+    """One CloudWatch log stream, read on from where the last read stopped (its forward token):
+    Batch's node logs, SageMaker's instance logs, and `jobgen watch` on SageMaker."""
+
+    def __init__(self, logs: Any, group: str, stream: str) -> None:
+        self.logs = logs
+        self.params: dict[str, Any] = {"logGroupName": group, "logStreamName": stream,
+                                       "startFromHead": True}
+
+    def read(self) -> list[str]:
+        """The messages added since the last read (every page of them)."""
+        out: list[str] = []
+        while True:
+            page = call(self.logs.get_log_events, **self.params)
+            out += [event.get("message", "") for event in page.get("events", [])]
+            token = page.get("nextForwardToken")
+            if not token or token == self.params.get("nextToken"):
+                return out
+            self.params["nextToken"] = token   # more may be waiting: read on at once
+
+
+def follow(stream: LogStream, echo: Callable[[str], None], *, keep_on: bool,
+           ended: Callable[[], bool], pause: Callable[[], None], end: str = "") -> None:
+    """Print the stream's messages (each followed by `end`); with `keep_on`, until `ended()`."""
+    while True:
+        for message in stream.read():
+            echo(message + end)
+        if not keep_on or ended():
+            return
+        pause()

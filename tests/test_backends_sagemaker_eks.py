@@ -265,7 +265,7 @@ def test_watch_follows_a_sagemaker_job_through_its_cloudwatch_logs(
     import boto3
     monkeypatch.chdir(tmp_path)
     run = f"w-{uuid.uuid4().hex[:8]}"
-    submitted = jobgen("submit", "llama2-7b", "--backend", "sagemaker", "--nodes", "2",
+    submitted = jobgen("submit", "llama2-7b", "--backend", "sagemaker", "--nodes", "16",
                        "--run-name", run)
     assert submitted.exit_code == 0, submitted.output
     name = submitted.stdout.strip().splitlines()[-1]
@@ -274,12 +274,13 @@ def test_watch_follows_a_sagemaker_job_through_its_cloudwatch_logs(
         logs.create_log_group(logGroupName=sagemaker.LOG_GROUP)
     except logs.exceptions.ResourceAlreadyExistsException:
         pass
+    now_ms = int(time.time() * 1000)   # CloudWatch keeps recent events only
     for host, lines in (("algo-1", _events(range(1, 61), spike_at=30)),
                         ("algo-2", ["plain text from the second instance"])):
         stream = f"{name}/{host}-1700000000"
         logs.create_log_stream(logGroupName=sagemaker.LOG_GROUP, logStreamName=stream)
         logs.put_log_events(logGroupName=sagemaker.LOG_GROUP, logStreamName=stream,
-                            logEvents=[{"timestamp": 1_700_000_000_000 + i, "message": line}
+                            logEvents=[{"timestamp": now_ms + i, "message": line}
                                        for i, line in enumerate(lines)])
     watched = jobgen("watch", run, "--json", "--poll", "0.1")
     assert watched.exit_code == 0, watched.output

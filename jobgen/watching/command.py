@@ -63,7 +63,9 @@ def watch_job(backend: str, ref: Any, *, run_dir: Optional[Path], rules: Rules,
             view.note(f"the run folder {reader.run_dir} is not visible here (yet); watching "
                       "for it")
         log_path = reader.run_dir / WATCH_LOG
+    states = backends.declaration(backend).states
     watch = Watch(reader, Detectors(rules), policy, target.controller, view,
                   run_name=run.name if run else "", max_steps=max_steps,
-                  seq_length=seq_length, log_path=log_path)
+                  seq_length=seq_length, log_path=log_path,
+                  running=lambda state: states.get(state.upper()) == backends.State.RUNNING)
     return watch.run(poll_s)

@@ -76,11 +76,13 @@ class Watch:
                  controller: Optional[actions.Controller], view: Any, *,
                  run_name: str = "", max_steps: Optional[int] = None,
                  seq_length: Optional[int] = None, clock: Callable[[], float] = time.time,
-                 log_path: Optional[Path] = None) -> None:
+                 log_path: Optional[Path] = None,
+                 running: Callable[[str], bool] = lambda state: state == "RUNNING") -> None:
         self.reader, self.detectors, self.policy = reader, detectors, policy
         self.controller, self.view, self.clock = controller, view, clock
         self.run_name, self.seq_length = run_name, seq_length
         self.log_path = log_path     # created with the first alert (the run folder exists then)
+        self.running = running       # whether the scheduler's state means the job runs
         self.status = Status(job_id=controller.job_id if controller else "",
                              max_steps=max_steps)
         self.summary = Summary(self.status.job_id, "")
@@ -109,7 +111,7 @@ class Watch:
                 alerts += self.detectors.tick(obs.time)
             alerts += self.detectors.observe(obs, now if self.controller else obs.time)
             self._show(obs)
-        if self.controller is not None and state == "RUNNING" and not self._waiting():
+        if self.controller is not None and self.running(state) and not self._waiting():
             alerts += self.detectors.tick(now, self.reader.silence(now),
                                           self.reader.hosts(self.detectors.restart))
         done = len(self.reader.allocations) if finished or self.controller is None \

@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any, Callable, Iterator, Optional
 
+from ... import aws
 from ...aws import call
 from ...errors import ConfigError, RemoteError
 from ...record import record
@@ -245,16 +246,11 @@ def logs(batch: Any, logs_client: Any, job_id: str, *, node: int, echo: Echo,
             raise RemoteError(f"job {job_id} node {node}: no log stream "
                               f"(job {job.get('status', '?')})")
         pause("without a log stream")
-    params = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
-    while True:
-        page = call(logs_client.get_log_events, **params)
-        for event in page.get("events", []):
-            echo(event.get("message", ""))
-        token = page.get("nextForwardToken")
-        if token and token != params.get("nextToken"):
-            params["nextToken"] = token   # more may be waiting: read on at once
-            continue
-        if not follow or job.get("status") in DONE:
-            return
+    seen = {"job": job}
+
+    def running() -> None:
         pause("running")
-        job = describe(batch, job_id)
+        seen["job"] = describe(batch, job_id)
+
+    aws.follow(aws.LogStream(logs_client, group, stream), echo, keep_on=follow,
+               ended=lambda: seen["job"].get("status") in DONE, pause=running)

@@ -130,7 +130,6 @@ def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> No
     streams JOB/algo-N-EPOCH."""
     client, logs_client = _ref_client(ref), _ref_client(ref, "logs")
     prefix = f"{ref.job_id}/algo-{(node_index or 0) + 1}-"
-    token: Optional[str] = None
     while True:
         streams = _call(logs_client.describe_log_streams, logGroupName=LOG_GROUP,
                         logStreamNamePrefix=prefix).get("logStreams", [])
@@ -142,21 +141,9 @@ def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> No
                               f"log stream {prefix}* in {LOG_GROUP}")
         time.sleep(10)
     stream = sorted(s["logStreamName"] for s in streams)[-1]
-    while True:
-        params: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": stream,
-                                  "startFromHead": True}
-        if token:
-            params["nextToken"] = token
-        page = _call(logs_client.get_log_events, **params)
-        for event in page.get("events", []):
-            echo(event.get("message", "") + "\n")
-        new = page.get("nextForwardToken")
-        if new and new != token:
-            token = new
-            continue
-        if not follow or describe(client, ref.job_id).get("TrainingJobStatus") in DONE:
-            return
-        time.sleep(10)
+    aws.follow(aws.LogStream(logs_client, LOG_GROUP, stream), echo, keep_on=follow,
+               ended=lambda: describe(client, ref.job_id).get("TrainingJobStatus") in DONE,
+               pause=lambda: time.sleep(10), end="\n")
 
 
 def cancel(ref: JobRef) -> str:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...aws import call
+from ...aws import LogStream, call
 from ...errors import RemoteError
 from ...watching.target import StreamReader, Target
 from .. import JobRef
@@ -30,7 +30,7 @@ class Streams:
     def __init__(self, logs: Any, job: str) -> None:
         self.logs = logs
         self.job = job
-        self.tokens: dict[str, Optional[str]] = {}
+        self.streams: dict[str, LogStream] = {}
 
     def fetch(self) -> dict[int, list[str]]:
         found = call(self.logs.describe_log_streams, logGroupName=LOG_GROUP,
@@ -40,18 +40,8 @@ class Streams:
             match = STREAM.search(name)
             if match is None:
                 continue
-            lines = out.setdefault(int(match.group(1)) - 1, [])
-            while True:
-                params: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": name,
-                                          "startFromHead": True}
-                if self.tokens.get(name):
-                    params["nextToken"] = self.tokens[name]
-                page = call(self.logs.get_log_events, **params)
-                lines += [e.get("message", "") for e in page.get("events", [])]
-                token = page.get("nextForwardToken")
-                if not token or token == self.tokens.get(name):
-                    break
-                self.tokens[name] = token
+            stream = self.streams.setdefault(name, LogStream(self.logs, LOG_GROUP, name))
+            out.setdefault(int(match.group(1)) - 1, []).extend(stream.read())
         return out
 
 
