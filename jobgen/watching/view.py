@@ -60,8 +60,10 @@ def summary_lines(summary: Any) -> list[str]:
 class PlainView:
     """One line per alert, action and state change, and a status line every `every` seconds."""
 
-    def __init__(self, out: TextIO = sys.stdout, every: float = 30.0) -> None:
-        self.out, self.every, self.shown = out, every, 0.0
+    def __init__(self, out: Optional[TextIO] = None, every: float = 30.0) -> None:
+        # sys.stdout when the view is made, not when this module was imported (a caller may
+        # have replaced it since: click's test runner, a redirect).
+        self.out, self.every, self.shown = out or sys.stdout, every, 0.0
 
     def _line(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -98,7 +100,7 @@ class PlainView:
 class TerminalView(PlainView):
     """The status line redrawn in place; alerts and actions scroll above it."""
 
-    def __init__(self, out: TextIO = sys.stdout) -> None:
+    def __init__(self, out: Optional[TextIO] = None) -> None:
         super().__init__(out, every=0.0)
         self.current = ""
 
@@ -126,8 +128,8 @@ class JsonView:
     """One JSON object per line: every training step, state change, alert, action and note, and
     the summary last."""
 
-    def __init__(self, out: TextIO = sys.stdout) -> None:
-        self.out = out
+    def __init__(self, out: Optional[TextIO] = None) -> None:
+        self.out = out or sys.stdout
 
     def _emit(self, record: dict[str, Any]) -> None:
         self.out.write(json.dumps(record, sort_keys=True, allow_nan=False,
