@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, launch
+from jobgen import api, payloads
 from jobgen.payloads import flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_each_program_reads_the_rendered_shared_flags_as_declared(case: Any, whi
     """The program's own parser, on the arguments jobgen renders for it, reads every shared
     flag it is given to the value the declaration alone reads."""
     spec = job(case)
-    lau = launch.for_spec(spec, case[1])
+    lau = payloads.for_spec(spec, case[1])
     relative = f"{Path(lau.workdir).name}/{lau.program}"
     assert relative in PROGRAMS
     rendered = list(lau.args(which))  # type: ignore[arg-type]
