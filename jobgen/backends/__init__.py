@@ -9,7 +9,8 @@ names one. A backend's implementation is imported on first use, so rendering for
 loads the AWS SDK or another backend's code.
 
 Adding a backend: a subpackage here with its declaration and its backend module, its site
-section (jobgen/site.py), and its node entrypoint (env/ or payload/common/). Nothing else.
+section (jobgen/site.py), and its node entrypoint (env/containers/ or payload/common/); outside
+jobgen/, setup.cfg's package list (and an extra for its SDK). No other jobgen module.
 """
 from __future__ import annotations
 
