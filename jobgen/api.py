@@ -46,9 +46,9 @@ def name_suffix(ref: str, rec: recipe.Recipe, overrides: Sequence[str], backend:
                 run_name: Optional[str]) -> str:
     """The default run name's suffix: a short digest of the training values where the
     overrides change them (so `--set optim.lr=...` never resumes the recipe's own run)."""
-    from . import runrecord
     if run_name is not None or not overrides:
         return ""
+    from . import runrecord
     base, _ = recipe.load(ref, [], backend)
     if runrecord.recipe_training(base) == runrecord.recipe_training(rec):
         return ""

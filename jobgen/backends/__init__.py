@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
-import pkgutil
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, cast
 
@@ -167,10 +167,19 @@ class Backend(Protocol):
 _ORDER = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")   # help text order
 
 
+_NAMES: list[tuple[str, ...]] = []
+
+
 def names() -> tuple[str, ...]:
-    """Every backend here (the subpackages of this package: a listing, nothing imported)."""
-    found = {m.name for m in pkgutil.iter_modules(__path__) if m.ispkg}
-    return tuple(sorted(found, key=lambda n: (_ORDER.index(n) if n in _ORDER else 99, n)))
+    """Every backend here (the subpackages of this package: a folder listing, nothing
+    imported; listed once per process)."""
+    if not _NAMES:
+        found = [entry.name for folder in __path__ for entry in os.scandir(folder)
+                 if entry.is_dir() and entry.name.isidentifier()
+                 and os.path.isfile(os.path.join(entry.path, "__init__.py"))]
+        _NAMES.append(tuple(sorted(set(found), key=lambda n: (
+            _ORDER.index(n) if n in _ORDER else 99, n))))
+    return _NAMES[0]
 
 
 def declaration(name: str) -> Declaration:

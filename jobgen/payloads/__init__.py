@@ -23,16 +23,45 @@ from ..errors import ConfigError
 from ..platforms import get as platform_of
 from ..recipe import Recipe
 from ..spec import JobSpec
-from . import habana_deepspeed, neuron_nemo, neuronx_distributed, smoke, smp_fsdp
 from .base import Launch, Pass, Payload, compile_cache_env
 
 __all__ = ["BUILT_IN", "ENTRY_POINTS", "REGISTRY", "Launch", "Pass", "Payload", "check_recipe",
            "compile_cache_env", "compile_key", "env_block", "for_spec", "key_report"]
 
 ENTRY_POINTS = "jobgen.payloads"
-BUILT_IN: dict[str, Payload] = {p.name: p for p in (
-    neuron_nemo.PAYLOAD, neuronx_distributed.PAYLOAD, habana_deepspeed.PAYLOAD,
-    smp_fsdp.PAYLOAD)}
+# The built-in payloads' modules (jobgen/payloads/NAME.py, each with its PAYLOAD record).
+_MODULES = ("neuron_nemo", "neuronx_distributed", "habana_deepspeed", "smp_fsdp")
+
+
+class _BuiltIn(dict):  # type: ignore[type-arg]
+    """The built-in payloads by name; a payload's module is imported when it is first asked for
+    (rendering one recipe loads one trainer's builder)."""
+
+    def __missing__(self, name: str) -> Payload:
+        if name not in _MODULES:
+            raise KeyError(name)
+        import importlib
+        payload: Payload = importlib.import_module(f"{__name__}.{name}").PAYLOAD
+        self[name] = payload
+        return payload
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return name in _MODULES or dict.__contains__(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*_MODULES, *dict.keys(self)]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+BUILT_IN: dict[str, Payload] = _BuiltIn()
 
 
 class _Registry(Mapping[str, Payload]):
@@ -230,12 +259,14 @@ def key_report(recipe: Recipe) -> dict[str, Any]:
 
 def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
     """The launch of this spec: the smoke stand-in for a rehearsal, else the payload's own."""
-    if spec.smoke:
-        # Programs that run on CPU rehearse themselves; the Neuron ones have the smoke trainer.
-        if spec.recipe.payload == "smp_fsdp":
-            return smp_fsdp.build(spec)
-        return smoke.build(spec)
     payload = REGISTRY.get(spec.recipe.payload)
+    if spec.smoke:
+        # A program that runs on CPU rehearses itself (its record says); the others have the
+        # smoke trainer (the BERT program's rehearsal included: jobgen/payloads/smoke.py).
+        if payload is not None and payload.rehearses_itself:
+            return payload.build(spec)
+        from . import smoke
+        return smoke.build(spec)
     if payload is None:
         raise ConfigError(f"{spec.source}: payload: {spec.recipe.payload} cannot run on "
                           f"{backend or spec.backend} yet")

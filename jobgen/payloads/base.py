@@ -66,6 +66,9 @@ class Payload:
     # What the trainer's runtime reads from the environment for this recipe (the compiler's
     # flags, the precision switches), exported after the platform's and before the recipe's.
     environment: Optional[Callable[[Recipe], Mapping[str, str]]] = None
+    # Its builder renders a --smoke rehearsal itself (a program that runs on CPU as it is),
+    # instead of the smoke trainer standing in.
+    rehearses_itself: bool = False
 
 
 # Keys every payload honours: they shape the job itself (nodes, restarts, environment, the

@@ -94,6 +94,7 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="smp_fsdp",
+    rehearses_itself=True,
     accelerator="cuda",
     families=("llama", "gpt_neox"),
     honours=COMMON_KEYS | {
