@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-import sys
 import typing
 from collections import abc
 from typing import Any, Literal, Union, get_args, get_origin
@@ -74,7 +73,7 @@ def _of(tp: Any, path: str, limits: dict[str, dict[str, Any]]) -> dict[str, Any]
 
 def record(cls: type, limits: dict[str, dict[str, Any]], path: str = "") -> dict[str, Any]:
     """The schema of one record: every field, required where the record has no default."""
-    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    hints = schema.type_hints(cls)
     notes = _comments(cls)
     properties: dict[str, Any] = {}
     required = []

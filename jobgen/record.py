@@ -92,6 +92,9 @@ def _methods(cls: type, frozen: bool) -> dict[str, Any]:
 def record(cls: Any = None, *, frozen: bool = True) -> Any:
     """Decorate a class as a dataclass (frozen unless frozen=False) with shared methods."""
     def wrap(klass: type[T]) -> type[T]:
+        if not klass.__doc__:
+            # dataclasses would make one from inspect.signature(klass): 2-6 ms a class.
+            klass.__doc__ = f"{klass.__name__} (a record: its fields are its dataclass fields)"
         klass = dataclasses.dataclass(klass, init=False, repr=False, eq=False)
         params = klass.__dict__["__dataclass_params__"]
         for name, method in _methods(klass, frozen).items():

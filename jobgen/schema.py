@@ -7,6 +7,7 @@ and wrong types are errors that carry the file and the full key path, e.g.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 import typing
@@ -110,9 +111,25 @@ def coerce(tp: Any, value: Any, where: str, key: str) -> Any:
     raise TypeError(f"schema type {tp!r} is not supported")  # a bug in a schema, not user input
 
 
+@functools.lru_cache(maxsize=None)
+def type_hints(cls: type) -> dict[str, Any]:
+    """A record's field types by name, in field order: its string annotations (the modules use
+    `from __future__ import annotations`) evaluated in its module, once per process and text.
+    typing.get_type_hints does the same through ForwardRef: about 0.6 ms a record, a fifth of a
+    render's own time."""
+    module = cls.__module__
+    return {f.name: _annotation(f.type, module) if isinstance(f.type, str) else f.type
+            for f in dataclasses.fields(cls)}
+
+
+@functools.lru_cache(maxsize=None)
+def _annotation(text: str, module: str) -> Any:
+    return eval(text, vars(sys.modules[module]))  # noqa: S307  (the module's own annotation)
+
+
 def build(cls: type[T], data: Mapping[str, Any], where: str, prefix: str = "") -> T:
     """Construct the frozen dataclass `cls` from `data`, refusing unknown and missing keys."""
-    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    hints = type_hints(typing.cast(type, cls))
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     path = f"{prefix}." if prefix else ""
     for name in data:
@@ -143,7 +160,7 @@ def field_type(cls: type, dotted: str, where: str) -> Any:
             continue
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"{where}: {dotted}: {'.'.join(seen)} is not a mapping")
-        hints = typing.get_type_hints(tp, vars(sys.modules[tp.__module__]))
+        hints = type_hints(typing.cast(type, tp))
         if part not in hints:
             raise ConfigError(f"{where}: {'.'.join(seen + [part])}: unknown key "
                               f"(known keys: {', '.join(hints)})")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, get_args, get_origin
@@ -167,7 +166,7 @@ def _dataclass_of(tp: Any) -> Optional[type]:
 def leaf_keys(cls: type = Recipe, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every key path of the recipe schema with its default (``_MISSING`` when required).
     A nested optional record (optim.lr_scaling) is a key itself and so are its fields."""
-    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    hints = schema.type_hints(cls)
     for f in dataclasses.fields(cls):
         path = prefix + f.name
         if f.default is not dataclasses.MISSING:
