@@ -241,7 +241,9 @@ if ((FAST)); then
     # -------------------------------------------------------------------------------------------
     phase pytest-fast
     # -------------------------------------------------------------------------------------------
-    python -m pytest -q -m "not slurm and not moto and not deepspeed and not slow" "$@" || rc=$?
+    # One worker per core (pytest-xdist): its tests share no service, port or state folder.
+    python -m pytest -q -n "$(nproc)" -m "not slurm and not moto and not deepspeed and not slow" \
+        "$@" || rc=$?
 else
     # -------------------------------------------------------------------------------------------
     phase services
