@@ -7,7 +7,8 @@
 #                reused when its stamp matches (hash of setup.cfg & co. and of the install steps)
 #   3. lint      ruff, mypy and shellcheck; a failure fails the run, but the tests still run
 #   4. services  a 4-node local Slurm cluster (slurm-up.sh) and moto's server (moto-up.sh)
-#   5. pytest    `python -m pytest -q` plus this script's arguments, with JOBGEN_TEST_SLURM=1,
+#   5. pytest    `python -m pytest -q` plus this script's arguments (none: the fast tier's tests
+#                on every core, then the others one at a time), with JOBGEN_TEST_SLURM=1,
 #                JOBGEN_TEST_MOTO_URL and JOBGEN_REQUIRE_ALL=1 (missing components fail, not skip)
 #   6. teardown  always (trap on EXIT): moto and Slurm are stopped
 #
@@ -237,13 +238,14 @@ lint import-circles python benchmarks/import_graph.py --all
 if ((LINT_RC)); then echo "[run] LINT FAILED (the run will fail; running the tests anyway)"; fi
 
 rc=0
+# The tests that need no service and are quick: the fast tier, and the first part of a full run.
+FAST_TIER="not slurm and not moto and not deepspeed and not slow"
 if ((FAST)); then
     # -------------------------------------------------------------------------------------------
     phase pytest-fast
     # -------------------------------------------------------------------------------------------
     # One worker per core (pytest-xdist): its tests share no service, port or state folder.
-    python -m pytest -q -n "$(nproc)" -m "not slurm and not moto and not deepspeed and not slow" \
-        "$@" || rc=$?
+    python -m pytest -q -n "$(nproc)" -m "$FAST_TIER" "$@" || rc=$?
 else
     # -------------------------------------------------------------------------------------------
     phase services
@@ -258,7 +260,15 @@ else
     export JOBGEN_TEST_SLURM=1
     export JOBGEN_TEST_MOTO_URL=http://127.0.0.1:$MOTO_PORT
     export JOBGEN_REQUIRE_ALL=1
-    python -m pytest -q "$@" || rc=$?
+    if (($#)); then
+        python -m pytest -q "$@" || rc=$?
+    else
+        # The whole suite in two runs: the tests that use no service, on every core
+        # (pytest-xdist, as the fast tier), then those that do (the Slurm cluster, moto,
+        # DeepSpeed, the slow ones), one at a time. Both must pass.
+        python -m pytest -q -n "$(nproc)" -m "$FAST_TIER" || rc=$?
+        python -m pytest -q -m "not ($FAST_TIER)" || { later=$?; ((rc)) || rc=$later; }
+    fi
 fi
 end_phase
 
