@@ -9,6 +9,18 @@ from typing import Any
 from . import schema
 
 SEED_MAX = 2**32 - 1
+# The domain of each number `jobgen plan` takes, from its option (--node-mtbf-hours) or from
+# the site's plan: section: (least, most, unit). Inside it the plan's arithmetic stays finite
+# (a job that would never finish is refused by the goodput model itself).
+PLAN_DOMAINS: dict[str, tuple[float, float, str]] = {
+    "tokens": (1.0, 1e16, "tokens"),
+    "samples": (1.0, 1e14, "samples"),
+    "price": (1e-4, 1e5, "US dollars per node-hour"),
+    "node_mtbf_hours": (0.1, 1e7, "hours"),
+    "restart_s": (0.0, 604800.0, "seconds"),
+    "storage_mb_s": (0.1, 1e8, "MB/s"),
+    "checkpoint_gb": (1e-6, 1e7, "GB"),
+}
 RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "name": {"pattern": schema.NAME_RE.pattern},
     "nodes": {"minimum": 1},

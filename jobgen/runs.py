@@ -79,26 +79,45 @@ def record(run: Run) -> Optional[str]:
     return None
 
 
+def _run(data: dict[str, Any]) -> Run:
+    """One line of the record checked against Run's fields and types (ValueError if not)."""
+    fields = {f.name for f in dataclasses.fields(Run)}
+    data = {k: v for k, v in data.items() if k in fields}
+    jobs = data.get("jobs") or ()
+    if not isinstance(jobs, (list, tuple)) or not all(isinstance(j, str) for j in jobs):
+        raise ValueError("jobs")
+    data["jobs"] = tuple(jobs)
+    for key in ("name", "backend", "job_id", "recipe", "site", "run_dir", "submitted"):
+        if not isinstance(data.get(key), str):
+            raise ValueError(key)
+    for key in ("endpoint_url", "queue"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(key)
+    for key in ("nodes", "max_steps", "seq_length"):
+        value = data.get(key)
+        if (value is not None or key == "nodes") and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(key)
+    if not isinstance(data.get("smoke", False), bool):
+        raise ValueError("smoke")
+    return Run(**data)
+
+
 def load() -> list[Run]:
     """Every recorded submission, oldest first (lines that are not a record are skipped)."""
+    return load_counted()[0]
+
+
+def load_counted() -> tuple[list[Run], int]:
+    """Every recorded submission, oldest first, and how many lines were not a record."""
+    from . import fsio
     path = state_dir() / RECORD
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
+        return fsio.read_records(path, _run)
+    except fsio.NotRegularFile as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    runs: list[Run] = []
-    fields = {f.name for f in dataclasses.fields(Run)}
-    for line in text.splitlines():
-        try:
-            data = json.loads(line)
-            data = {k: v for k, v in data.items() if k in fields}
-            data["jobs"] = tuple(data.get("jobs") or ())
-            runs.append(Run(**data))
-        except (ValueError, TypeError, AttributeError):
-            continue
-    return runs
 
 
 def find(ref: str) -> Optional[Run]:
