@@ -134,6 +134,20 @@ def read_records(path: Union[str, Path], check: Callable[[dict[str, Any]], Optio
 
 # --- writing --------------------------------------------------------------------------------
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)   # elsewhere: set and restore (not thread-safe, but brief)
+    os.umask(mask)
+    return mask
+
+
 def refuse_special(path: Union[str, Path], dir_fd: Optional[int] = None) -> None:
     """NotRegularFile unless `path` is missing or a regular file (a symlink is refused, not
     followed: replacing it would put the file somewhere else than the folder asked for)."""

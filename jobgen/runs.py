@@ -37,12 +37,6 @@ class Run:
     max_steps: Optional[int] = None      # the training pass's last step (jobgen watch: eta)
     seq_length: Optional[int] = None     # tokens per sample (jobgen watch: tokens/s)
 
-    @property
-    def scheduler(self) -> str:
-        """Who answers for the job: submitit's jobs are Slurm jobs."""
-        from . import backends
-        return backends.scheduler(self.backend)
-
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["jobs"] = list(self.jobs)

@@ -19,12 +19,26 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .spec import JobSpec
+    from .platforms import Platform
+    from .site import Site
+
+
+class ImageSpec(Protocol):
+    """What `prepare_image` reads of a job spec (jobgen/spec.py's JobSpec, which imports this
+    module: named by its shape, so that no import circle runs through the type)."""
+    @property
+    def site(self) -> Site: ...
+
+    @property
+    def platform(self) -> Platform: ...
+
+    @property
+    def payload_digest(self) -> str: ...
 
 MARKER = ".jobgen-digest"
 ID_LENGTH = 16
@@ -219,7 +233,7 @@ def check_image(image: str, full: str, where: str, strict: bool,
         say(f"warning: {message}; its nodes will refuse another payload")
 
 
-def prepare_image(spec: "JobSpec", section: str, strict: bool,
+def prepare_image(spec: ImageSpec, section: str, strict: bool,
                   say: Optional[Callable[[str], None]]) -> None:
     """Check the image a container backend's site `section` names for the spec's platform."""
     images = getattr(getattr(spec.site, section), "images", None)

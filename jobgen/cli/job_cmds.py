@@ -74,7 +74,7 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
         row = run.as_dict()
         if not no_state:
             try:
-                impl = backends.get(run.scheduler)
+                impl = backends.get(backends.scheduler(run.backend))
                 found = impl.status(backends.JobRef(run.job_id, run))
                 row["state"], row["native_state"] = found.state.value, found.native
             except JobgenError as exc:

@@ -144,9 +144,11 @@ def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: O
 
 
 _target_options = (
-    click.option("--tokens", type=_Amount.of("tokens"), help="Train to this many tokens (like 1.8e12): the "
-                                                  "schedule's steps as `jobgen plan` counts them."),
-    click.option("--samples", type=_Amount.of("samples"), help="Train to this many samples (sequences)."))
+    click.option("--tokens", type=_Amount.of("tokens"),
+                 help="Train to this many tokens (like 1.8e12): the schedule's steps as "
+                      "`jobgen plan` counts them."),
+    click.option("--samples", type=_Amount.of("samples"),
+                 help="Train to this many samples (sequences)."))
 
 
 def _targeted(func: F) -> F:
@@ -256,9 +258,9 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
         raise click.UsageError("the job must not be empty (a run name or a job id)")
     found = runs.find(ref)
     if found is not None:
-        if backend is not None and backend != found.scheduler:
+        name = backends.scheduler(found.backend)   # submitit's jobs are Slurm's
+        if backend is not None and backend != name:
             raise ConfigError(f"{ref}: recorded as a {found.backend} job, not {backend}")
-        name = found.scheduler
         job_id = found.job_id if ref == found.name else ref
     else:   # a job id jobgen did not record: whose ids look like it (Batch's are UUIDs)
         name, job_id = backend or _guess_backend(ref), ref

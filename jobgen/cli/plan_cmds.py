@@ -14,13 +14,16 @@ from .options import TEXT, _Amount, _echo_json, _json_option
 @click.option("--nodes", "-n", "node_text", metavar="LIST",
               help="Node counts: 16,32,64, or 4..64 (doubling from 4 to 64) (default: the "
                    "recipe's).")
-@click.option("--tokens", type=_Amount.of("tokens"), help="Train to this many tokens (like 1.8e12).")
-@click.option("--samples", type=_Amount.of("samples"), help="Train to this many samples (sequences).")
+@click.option("--tokens", type=_Amount.of("tokens"),
+              help="Train to this many tokens (like 1.8e12).")
+@click.option("--samples", type=_Amount.of("samples"),
+              help="Train to this many samples (sequences).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe value, as for render (repeatable).")
 @click.option("--site", type=TEXT, help="Site profile: prices, node MTBF, storage (default: "
                                         "local).")
-@click.option("--price", type=_Amount.of("price"), help="US dollars per node-hour (default: the site's).")
+@click.option("--price", type=_Amount.of("price"),
+              help="US dollars per node-hour (default: the site's).")
 @click.option("--rate", type=TEXT, help="Which of the site's prices: on_demand, reserved_3y, ...")
 @click.option("--node-mtbf-hours", type=_Amount.of("node_mtbf_hours"),
               help="Mean hours between failures of one node (default: the site's).")

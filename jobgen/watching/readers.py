@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 from .. import fsio
 from ..errors import JobgenError
 from .observations import Observation, number, parse_time
-from .runfolder import event_files, mtime as _mtime
+from .runfolder import event_files
+from .runfolder import mtime as _mtime
 from .tfrecord import EventFile, read_from
 
 ALLOCATION = re.compile(r"^(restart|attempt)-(\d+)$")
