@@ -9,6 +9,9 @@ from typing import Any
 from . import schema
 
 SEED_MAX = 2**32 - 1
+# Kubernetes object names: an RFC 1123 label (namespaces), a subdomain (claims, accounts).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The domain of each number `jobgen plan` takes, from its option (--node-mtbf-hours) or from
 # the site's plan: section: (least, most, unit). Inside it the plan's arithmetic stays finite
 # (a job that would never finish is refused by the goodput model itself).
@@ -76,7 +79,10 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "sagemaker.max_nodes": {"minimum": 0},
     "sagemaker.max_runtime_hours": {"minimum": 1, "maximum": 672},
     "eks.max_nodes": {"minimum": 0},
-    "eks.namespace": {"pattern": r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
+    "eks.namespace": {"pattern": DNS_LABEL},
+    # Kubernetes names these as DNS subdomains (RFC 1123): the API server refuses anything else.
+    "eks.shared_pvc": {"pattern": DNS_SUBDOMAIN, "maxLength": 253},
+    "eks.service_account": {"pattern": DNS_SUBDOMAIN, "maxLength": 253},
     # The health gate's numbers (platforms.check_health says the same on load).
     **{f"health.{k}": {"minimum": 0} for k in ("local_free_gib", "shared_free_gib",
                                                "clock_max_offset_ms", "collective_floor_gbps",

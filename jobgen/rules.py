@@ -69,10 +69,14 @@ def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> No
         if isinstance(value, str):
             if len(value) < rule.get("minLength", 0):
                 raise ConfigError(f"{where}: {key}: must not be empty")
+            if len(value) > rule.get("maxLength", len(value)):
+                raise ConfigError(f"{where}: {key}: {len(value)} characters, more than "
+                                  f"{rule['maxLength']}")
             if "enum" in rule and value not in rule["enum"]:
                 raise ConfigError(f"{where}: {key}: {shown} is not one of "
                                   f"{', '.join(rule['enum'])}")
-            if "pattern" in rule and not re.search(rule["pattern"], value):
+            # the whole value (re.search's $ would let a trailing line break through)
+            if "pattern" in rule and not re.fullmatch(rule["pattern"], value):
                 raise ConfigError(f"{where}: {key}: {shown} does not match {rule['pattern']}")
 
 

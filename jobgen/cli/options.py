@@ -179,6 +179,13 @@ _json_option = click.option("--json", "as_json", is_flag=True,
                             help="Print JSON (for programs) instead of text.")
 
 
+def _echo_text(text: str, nl: bool = True) -> None:
+    """The one place text read off disk or from a scheduler is printed (tables, records): every
+    control character but the line break escaped, so a value cannot drive the terminal."""
+    from ..errors import printable_lines
+    click.echo(printable_lines(text), nl=nl)
+
+
 def _echo_json(data: Any) -> None:
     """The one place JSON is printed: strict JSON (NaN or Infinity is refused, never printed)."""
     import json
