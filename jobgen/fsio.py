@@ -11,6 +11,7 @@ FIFO, a folder, a symlink, wherever it points) is refused before anything is wri
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -49,7 +50,13 @@ def open_regular(path: Union[str, Path]) -> int:
     """A read-only descriptor of `path`, which must be a regular file. Opened with O_NONBLOCK
     so that a FIFO without a writer does not block the open; fstat then refuses it.
     FileNotFoundError and other OSErrors pass to the caller."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:    # a socket (or a device without its driver)
+            raise NotRegularFile(f"{path}: is {kind(os.stat(path).st_mode)}, not a regular "
+                                 "file") from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
@@ -199,6 +206,30 @@ def write_file(path: Union[str, Path], data: Union[bytes, str], mode: Optional[i
         raise NotRegularFile(str(exc).replace(f"{name}:", f"{path}:", 1)) from None
     finally:
         os.close(folder)
+
+
+def append(path: Union[str, Path], data: Union[bytes, str], mode: int = 0o644) -> None:
+    """Append `data` to the regular file `path` in one write (concurrent writers of whole
+    lines do not interleave), creating it with `mode`. A FIFO is not waited on (O_NONBLOCK),
+    a symlink is not followed (O_NOFOLLOW), and anything but a regular file is refused."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+             | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # a symlink, a FIFO, a folder
+            refuse_special(path)
+        raise
+    try:
+        file_mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(file_mode):
+            raise NotRegularFile(f"{path}: is {kind(file_mode)}; jobgen writes only regular "
+                                 "files (give another path)")
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def inside(folder: Path, path: Path) -> bool:

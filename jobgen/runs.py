@@ -58,18 +58,18 @@ def now() -> str:
 def record(run: Run) -> Optional[str]:
     """Append `run` to the record (one write of one line, so concurrent submissions do not
     interleave). Returns a warning instead of raising: the job is already submitted."""
+    from . import fsio
     folder = state_dir()
     line = json.dumps(run.as_dict(), sort_keys=True) + "\n"
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(folder / RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
+        fsio.append(folder / RECORD, line, 0o600)
     except OSError as exc:
         return (f"job {run.job_id} submitted, but not recorded in {folder / RECORD}: "
                 f"{exc.strerror}; `jobgen runs` will not list it")
+    except ConfigError as exc:   # a FIFO, a device or a symlink where the record goes
+        return (f"job {run.job_id} submitted, but not recorded: {exc}; `jobgen runs` will "
+                "not list it")
     return None
 
 
