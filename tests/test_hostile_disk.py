@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import stat
 import struct
@@ -224,3 +225,184 @@ def test_a_growing_log_is_read_in_bounded_chunks(tmp_path: Path) -> None:
     path.write_bytes(b"x" * (fsio.MAX_LINE + 10) + b"\n" + b'{"event": "done"}\n')
     reader = readers.LineReader(path)
     assert reader.read(0.0) == ['{"event": "done"}'] and reader.skipped == 1
+
+
+# --- numbers outside their domain ------------------------------------------------------------
+
+NUMBERS = ["nan", "NaN", "inf", "-inf", "Infinity", "1e309", "-1e309", "5e-324", "0", "-0", "-1",
+           "1e-9", "1e-3", "0.1", "1", "1e5", "604800", "1e7", "1e15", "1e16", "1e17", "1e300",
+           "", "x", "1e", "0x10", "9" * 5000]
+PLAN_KEYS = ["tokens", "samples", "price", "node_mtbf_hours", "restart_s", "storage_mb_s",
+             "checkpoint_gb"]
+
+
+@pytest.mark.parametrize("text", NUMBERS, ids=lambda t: t[:12] or "empty")
+@pytest.mark.parametrize("key", PLAN_KEYS)
+def test_plan_options_take_exactly_their_declared_domain(key: str, text: str) -> None:
+    import click
+
+    from jobgen.cli.options import _Amount
+    from jobgen.limits import PLAN_DOMAINS
+    low, high, unit = PLAN_DOMAINS[key]
+    try:
+        number = float(text)
+    except (ValueError, OverflowError):
+        number = math.nan
+    inside = math.isfinite(number) and low <= number <= high
+    if inside:
+        assert _Amount.of(key).convert(text, None, None) == number
+    else:
+        with pytest.raises(click.BadParameter) as info:
+            _Amount.of(key).convert(text, None, None)
+        assert f"{high:g}" in str(info.value) or "not a number" in str(info.value)
+
+
+EDGES = [(f"--{k.replace('_', '-')}", v) for k in PLAN_KEYS if k != "samples"
+         for v in ("low", "high")]
+
+
+@pytest.mark.parametrize("option,edge", EDGES)
+@pytest.mark.parametrize("nodes", ["4", "1..1024"])
+def test_plan_at_the_edges_of_its_domains_is_strict_json_or_one_line(
+        jobgen: Callable[..., Any], option: str, edge: str, nodes: str) -> None:
+    from jobgen.limits import PLAN_DOMAINS
+    low, high, _ = PLAN_DOMAINS[option[2:].replace("-", "_")]
+    result = jobgen("plan", "neox20b", "--nodes", nodes, option,
+                    repr(low if edge == "low" else high), "--json")
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    if result.exit_code == 0:
+        data = json.loads(result.output, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+        assert all(math.isfinite(v) for v in numbers_in(data))
+    else:
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+
+
+def numbers_in(data: Any) -> list[float]:
+    if isinstance(data, dict):
+        return [n for v in data.values() for n in numbers_in(v)]
+    if isinstance(data, list):
+        return [n for v in data for n in numbers_in(v)]
+    return [data] if isinstance(data, float) else []
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_json_is_strict_at_its_one_place(value: float, capsys: pytest.CaptureFixture) -> None:
+    from jobgen.cli.options import _echo_json
+    with pytest.raises(RenderError, match="not finite"):
+        _echo_json({"x": [1, {"y": value}]})
+    assert capsys.readouterr().out == ""
+
+
+SITE_PLAN = {"plan.platforms.p.prices.on_demand": "price",
+             "plan.platforms.p.node_mtbf_hours": "node_mtbf_hours",
+             "plan.storage.write_mb_s": "storage_mb_s", "plan.storage.node_mb_s": "storage_mb_s",
+             "plan.restart.detect_s": "restart_s", "plan.restart.compile_s": "restart_s"}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0, 1e-300, 1e300, 5e-324])
+@pytest.mark.parametrize("key", sorted(SITE_PLAN))
+def test_the_sites_plan_numbers_have_the_options_domains(key: str, value: float) -> None:
+    from jobgen.limits import PLAN_DOMAINS
+    from jobgen.site_plan import PlanSite, PlatformFacts, Restart, Storage, check_plan
+    low, high, unit = PLAN_DOMAINS[SITE_PLAN[key]]
+    leaf = key.rsplit(".", 1)[1]
+    if key.startswith("plan.platforms"):
+        facts = PlatformFacts(prices={"on_demand": value}) if leaf == "on_demand" else \
+            PlatformFacts(node_mtbf_hours=value)
+        plan = PlanSite(platforms={"p": facts})
+    elif key.startswith("plan.storage"):
+        plan = PlanSite(storage=Storage(100.0, 100.0, **{leaf: value}) if leaf == "node_mb_s"
+                        else Storage(value, 100.0))
+    else:
+        plan = PlanSite(restart=Restart(**{leaf: value}))
+    if math.isfinite(value) and low <= value <= high:
+        check_plan(plan, "site.yaml")
+    else:
+        with pytest.raises(ConfigError, match=f"site.yaml: {key}: .* must be from {low:g} to "):
+            check_plan(plan, "site.yaml")
+
+
+# --- values from disk outside their domain ---------------------------------------------------
+
+GOOD_RUN = {"name": "r1", "backend": "slurm", "job_id": "11", "recipe": "neox20b", "nodes": 4,
+            "site": "", "run_dir": "/nonexistent/r1", "submitted": "2026-01-01T00:00:00Z"}
+BAD_RUN_LINES = [
+    '{"name": "r2", "nodes": NaN}', '{"name": "r2", "nodes": Infinity}', "[" * 100000,
+    '{"nodes": ' + "9" * 5000 + "}", "[]", '"x"', "1", "null", "{", "\x00\x01\x02",
+    "x" * (fsio.MAX_LINE + 1),
+    *[json.dumps({**GOOD_RUN, key: value}) for key, value in [
+        ("nodes", "4"), ("nodes", 0), ("nodes", -1), ("nodes", True), ("nodes", 1.5),
+        ("nodes", None), ("name", None), ("name", 7), ("job_id", ["1"]), ("jobs", "12"),
+        ("jobs", [1, 2]), ("smoke", "yes"), ("max_steps", 0), ("seq_length", "2048"),
+        ("endpoint_url", 5), ("queue", {}), ("run_dir", None), ("backend", [])]],
+    json.dumps({k: v for k, v in GOOD_RUN.items() if k != "recipe"}),
+]
+
+
+@pytest.mark.parametrize("line", BAD_RUN_LINES, ids=lambda s: s[:24])
+def test_runs_skips_and_counts_a_line_that_is_not_a_record(tmp_path: Path, line: str) -> None:
+    state = Path(os.environ["JOBGEN_STATE_DIR"])
+    state.mkdir(parents=True)
+    (state / "runs.jsonl").write_bytes(
+        (json.dumps(GOOD_RUN) + "\n" + line + "\n").encode("utf-8", "surrogateescape"))
+    found, skipped = runs.load_counted()
+    assert [r.name for r in found] == ["r1"] and skipped == 1
+
+
+RAW_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")   # all but the line break
+CONTROLS = ["\x1b[2J", "\x1b]0;pwned\x07", "\r", "\x08" * 5, "\x9b31m", "\x00", "\x7f", "\u0085"]
+
+
+@pytest.mark.parametrize("control", CONTROLS, ids=lambda c: repr(c)[1:-1])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_runs_prints_no_raw_control_character(jobgen: Callable[..., Any], control: str,
+                                              as_json: bool) -> None:
+    state = Path(os.environ["JOBGEN_STATE_DIR"])
+    state.mkdir(parents=True)
+    (state / "runs.jsonl").write_text(json.dumps({**GOOD_RUN, "name": f"r{control}1",
+                                                  "recipe": control}) + "\n")
+    result = jobgen("runs", "--no-state", *(["--json"] if as_json else []))
+    assert result.exit_code == 0, result.output
+    assert not RAW_CONTROL.search(result.output), repr(result.output)
+    if as_json:
+        assert json.loads(result.output)[0]["name"] == f"r{control}1"
+
+
+TIMES = ["9999-12-31T23:59:59-12:00", "0001-01-01T00:00:00+14:00", "2200-01-02T00:00:00Z",
+         "1969-12-31T23:59:59Z", "", "x" * 100000, "2024-13-45T00:00:00Z", "NaN", 1e300, -1e300,
+         None, True, [], {}, "2024-01-01T00:00:00+99:00", "+275760-09-13T00:00:00Z"]
+
+
+@pytest.mark.parametrize("when", TIMES, ids=lambda t: repr(t)[:24])
+def test_event_times_outside_the_domain_are_not_observations(when: Any) -> None:
+    events = [json.dumps({"event": "step", "time": when, "step": 1, "loss": 1.0}),
+              json.dumps({"event": "step", "time": "2026-01-01T00:00:00Z", "step": 2,
+                          "loss": 10 ** 400 if isinstance(when, str) else 1.0})]
+    found = readers.parse_lines(events, "events", 0)
+    assert [o.step for o in found] == [2] and all(plausible_time(o.time) for o in found)
+
+
+def write_event(path: Path, wall_time: float, step: int, value: float) -> None:
+    """One TensorBoard Event record, framed and checksummed as TFRecord does."""
+    tag = b"reduced_train_loss"
+    summary_value = b"\x0a" + bytes([len(tag)]) + tag + b"\x15" + struct.pack("<f", value)
+    summary = b"\x0a" + bytes([len(summary_value)]) + summary_value
+    body = (b"\x09" + struct.pack("<d", wall_time) + b"\x10" + bytes([step])
+            + b"\x2a" + bytes([len(summary)]) + summary)
+    header = struct.pack("<Q", len(body))
+    with open(path, "ab") as out:
+        out.write(header + struct.pack("<I", tfrecord.masked_crc(header)) + body
+                  + struct.pack("<I", tfrecord.masked_crc(body)))
+
+
+@pytest.mark.parametrize("wall_time", [1e300, -1e300, math.nan, math.inf, -math.inf, 1e19,
+                                       -1.0, TIME_MAX + 1, 5e-324 * -1])
+def test_tensorboard_wall_times_outside_the_domain_are_left_out(
+        tmp_path: Path, wall_time: float) -> None:
+    path = tmp_path / "run" / "nemo" / "events.out.tfevents.1"
+    path.parent.mkdir(parents=True)
+    write_event(path, wall_time, 1, 2.0)
+    write_event(path, 1.7e9, 2, 1.5)
+    assert [s.step for s in tfrecord.EventFile(path).read()] == [2]
+    found = readers.RunReader(tmp_path / "run").read()
+    assert [o.step for o in found if o.kind == "step"] == [2]
