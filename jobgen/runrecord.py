@@ -103,7 +103,8 @@ def read(spec: JobSpec, here: bool) -> Optional[dict[str, Any]]:
 SUBMISSION_KEYS: dict[str, Any] = {
     "backend": str, "recipe": str, "recipe_text": str, "site": str, "site_shown": str,
     "site_text": str, "overrides": list, "nodes": int, "compile_mode": str, "smoke": bool,
-    "slurm": dict, "training": dict, "payload_digest": str, "jobgen": str, "job_ids": list}
+    "slurm": dict, "training": dict, "payload_digest": str, "jobgen": str, "job_ids": list,
+    "cwd": str}
 
 
 def _malformed(data: Any) -> Optional[str]:
@@ -122,6 +123,8 @@ def _malformed(data: Any) -> Optional[str]:
             value = sub.get(key)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 return f"submission {index + 1}: {key} is missing or not a {kind.__name__}"
+        if not all(isinstance(item, str) for item in sub["overrides"]):
+            return f"submission {index + 1}: overrides holds a value that is not text"
     return None
 
 

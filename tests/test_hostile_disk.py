@@ -406,3 +406,155 @@ def test_tensorboard_wall_times_outside_the_domain_are_left_out(
     assert [s.step for s in tfrecord.EventFile(path).read()] == [2]
     found = readers.RunReader(tmp_path / "run").read()
     assert [o.step for o in found if o.kind == "step"] == [2]
+
+
+# --- run records for resubmit ----------------------------------------------------------------
+
+def good_record() -> dict[str, Any]:
+    sub = {key: kind() for key, kind in runrecord.SUBMISSION_KEYS.items()}
+    sub.update(nodes=4, backend="slurm", recipe="neox20b", site="", site_shown="local")
+    return {"format": runrecord.FORMAT, "run": "r1", "submissions": [sub]}
+
+
+def broken(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    data = good_record()
+    change(data)
+    return data
+
+
+RECORDS = {
+    **{f"no-{key}": broken(lambda d, k=key: d["submissions"][0].pop(k))
+       for key in runrecord.SUBMISSION_KEYS},
+    **{f"{key}-wrong-type": broken(lambda d, k=key, kind=kind: d["submissions"][0].update(
+        {k: 1.5 if kind is not float else "x"})) for key, kind in
+       runrecord.SUBMISSION_KEYS.items()},
+    "nodes-bool": broken(lambda d: d["submissions"][0].update(nodes=True)),
+    "overrides-not-text": broken(lambda d: d["submissions"][0].update(overrides=[1])),
+    "submissions-empty-mapping": broken(lambda d: d.update(submissions=[{}])),
+    "submissions-empty": broken(lambda d: d.update(submissions=[])),
+    "submissions-text": broken(lambda d: d.update(submissions="x")),
+    "submission-number": broken(lambda d: d.update(submissions=[1])),
+    "format-2": broken(lambda d: d.update(format=2)),
+    "no-run": broken(lambda d: d.pop("run")),
+    "top-list": [1, 2],
+}
+RAW_RECORDS = {"nan": '{"format": NaN}', "deep": "[" * 100000, "digits": "9" * 5000,
+               "cut-short": '{"format": 1, "run": "r1", "submissions": [', "empty": "",
+               "binary": "\udcff\udcfe\x00"}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS) + sorted(RAW_RECORDS))
+def test_a_malformed_run_record_is_one_line(tmp_path: Path, name: str) -> None:
+    text = RAW_RECORDS[name] if name in RAW_RECORDS else json.dumps(RECORDS[name])
+    path = tmp_path / "jobgen-run.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ConfigError) as info:
+        runrecord.read_file(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+
+
+def test_the_good_record_of_these_cases_is_read(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(good_record()))
+    assert runrecord.read_file(tmp_path / "r.json") == good_record()
+
+
+@pytest.mark.parametrize("name", ["submissions-empty-mapping", "no-recipe_text", "no-cwd"])
+def test_resubmit_of_a_malformed_record_is_one_line(jobgen: Callable[..., Any], name: str) -> None:
+    state = Path(os.environ["JOBGEN_STATE_DIR"]) / "records" / "local" / "slurm"
+    state.mkdir(parents=True)
+    (state / "r1.json").write_text(json.dumps(RECORDS[name]))
+    result = jobgen("resubmit", "r1", "--dry-run")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+# --- rollback stays in the run folder ---------------------------------------------------------
+
+def complete(root: Path, step: int) -> None:
+    folder = root / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "COMPLETE").write_text(json.dumps({"step": step}))
+
+
+@pytest.mark.parametrize("layout", ["jobgen", "nemo"])
+@pytest.mark.parametrize("how", ["checkpoints", "train"])
+def test_rollback_never_leaves_the_run_folder(tmp_path: Path, layout: str, how: str) -> None:
+    run, outside = tmp_path / "run", tmp_path / "elsewhere"
+    part = "train" if layout == "jobgen" else "nemo"
+    real = outside / "checkpoints" if how == "checkpoints" else outside / part
+    ckpts = real if how == "checkpoints" else real / "checkpoints"
+    for step in (4, 8, 12):
+        if layout == "jobgen":
+            complete(ckpts, step)
+        else:
+            ckpts.mkdir(parents=True, exist_ok=True)
+            (ckpts / f"m-step={step}.ckpt").write_bytes(b"x")
+    (run / part).mkdir(parents=True) if how == "checkpoints" else run.mkdir()
+    link = run / part / "checkpoints" if how == "checkpoints" else run / part
+    os.symlink(real, link)
+    before = sorted(str(p) for p in outside.rglob("*"))
+    target, why = actions.rollback_target(run, before=10)
+    assert target is None and "outside the run folder" in why
+    with pytest.raises(ConfigError, match="outside the run folder"):
+        actions.roll_back(run, 8, layout)
+    assert sorted(str(p) for p in outside.rglob("*")) == before
+
+
+@pytest.mark.parametrize("name", ["step_²", "step_٣", "step_" + "9" * 240, "step_-1",
+                                  "step_1e3", "step_ 1", "step_", "step_0x10", "step_１２"])
+def test_checkpoint_folders_that_are_no_step_are_left_alone(tmp_path: Path, name: str) -> None:
+    root = tmp_path / "train" / "checkpoints"
+    complete(root, 4)
+    complete(root, 8)
+    (root / name).mkdir()
+    (root / name / "COMPLETE").write_text('{"step": 2}')
+    assert actions.rollback_target(tmp_path, before=10) == (8, "jobgen")
+    actions.roll_back(tmp_path, 4, "jobgen")
+    assert (root / name).is_dir() and (root / "latest").read_text() == "step_00000004"
+
+
+@pytest.mark.parametrize("name", ["m-step=" + "9" * 240 + ".ckpt", "m-step=².ckpt",
+                                  "m-step=٣.ckpt", "m-step=.ckpt"])
+def test_nemo_checkpoint_names_that_are_no_step_are_left_alone(tmp_path: Path,
+                                                              name: str) -> None:
+    root = tmp_path / "nemo" / "checkpoints"
+    root.mkdir(parents=True)
+    (root / "m-step=4.ckpt").write_bytes(b"x")
+    (root / name).write_bytes(b"x")
+    assert actions.rollback_target(tmp_path, before=10) == (4, "nemo")
+
+
+# --- work before the limit, overlong integers -------------------------------------------------
+
+SWEEPS = [(6, 100), (2, 1001), (1, 1001), (4, 6), (3, 11), (10, 2), (20, 2), (2, 50000)]
+
+
+@pytest.mark.parametrize("keys,values", SWEEPS)
+def test_sweeps_are_counted_before_they_are_built(monkeypatch: pytest.MonkeyPatch, keys: int,
+                                                  values: int) -> None:
+    monkeypatch.setattr(sweep.itertools, "product",
+                        lambda *a: pytest.fail("combinations built before they were counted"))
+    options = [f"optim.k{k}=" + ",".join(str(v) for v in range(values)) for k in range(keys)]
+    with pytest.raises(ConfigError, match=r"combinations with the keys before it, more than 1000"):
+        sweep.points(options, "base")
+
+
+def test_a_sweep_at_the_limit_is_built() -> None:
+    options = [f"optim.k{k}=" + ",".join(str(v) for v in range(10)) for k in range(3)]
+    assert len(sweep.points(options, "b")) == sweep.MAX_JOBS
+
+
+@pytest.mark.parametrize("digits", [41, 100, 4300, 4301, 10000, 100000])
+@pytest.mark.parametrize("form", ["{}", "-{}", "0x{}", "0o{}"])
+def test_overlong_integers_are_one_line(digits: int, form: str) -> None:
+    text = form.format(("7" if "o" in form else "9") * digits)
+    with pytest.raises(yaml12.YamlError, match=f"an integer of {len(text):,} characters"):
+        yaml12.loads(f"nodes: {text}\n")
+
+
+@pytest.mark.parametrize("key", ["nodes", "parallelism.global_batch_size", "seed",
+                                 "schedule.max_steps"])
+def test_overlong_integers_through_set_are_one_line(key: str) -> None:
+    from jobgen import recipe
+    with pytest.raises(ConfigError, match=r"--set: 999999999999\.\.\.: an integer of 4,301"):
+        recipe.load("neox20b", [f"{key}={'9' * 4301}"])
