@@ -82,7 +82,7 @@ def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> No
 
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
 TIME_LIMIT_RE = re.compile(r"\d{1,10}(?::\d{1,10}){0,2}|\d{1,10}-\d{1,10}(?::\d{1,10}){0,2}"
-                           r"|UNLIMITED|INFINITE", re.IGNORECASE)
+                           r"|UNLIMITED|INFINITE", re.IGNORECASE | re.ASCII)
 # Slurm keeps a time limit in minutes in 32 bits; its two highest values mean "infinite" and
 # "no value", so the longest limit it takes is 2**32 - 3 minutes.
 SLURM_TIME_MAX_S = (2**32 - 3) * 60

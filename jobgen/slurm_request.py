@@ -37,7 +37,7 @@ SLURM_OPTIONS = {"partition": "partition", "account": "account", "qos": "qos",
                  "nodelist": "nodelist"}
 # A Slurm host list: names and bracketed ranges, comma-separated (n1,n[3-5],gpu-[01-04,07]).
 _HOST = r"[A-Za-z0-9._-]*(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9._-]*)*"
-HOSTLIST_RE = re.compile(rf"(?=[A-Za-z0-9])({_HOST})(?:,(?=[A-Za-z0-9])({_HOST}))*")
+HOSTLIST_RE = re.compile(rf"(?=[A-Za-z0-9])({_HOST})(?:,(?=[A-Za-z0-9])({_HOST}))*", re.ASCII)
 
 
 MAX_HOSTS = 65536    # more hosts than any cluster jobgen submits to; Slurm expands the list

@@ -558,3 +558,135 @@ def test_overlong_integers_through_set_are_one_line(key: str) -> None:
     from jobgen import recipe
     with pytest.raises(ConfigError, match=r"--set: 999999999999\.\.\.: an integer of 4,301"):
         recipe.load("neox20b", [f"{key}={'9' * 4301}"])
+
+
+# --- names a service validates ---------------------------------------------------------------
+
+BAD_K8S = ["FSX", "a b", "a..b", ".a", "a.", "-a", "a-", "x" * 254, "fsx\n", "fsx\nkind: Pod",
+           "fsx\x1b[2J", "", "a_b", "ａｂ", "a/b", "a:b", "fsx\t", "é"]
+
+
+@pytest.mark.parametrize("value", BAD_K8S, ids=lambda v: repr(v)[1:20])
+@pytest.mark.parametrize("key", ["eks.shared_pvc", "eks.service_account", "eks.namespace"])
+def test_kubernetes_names_are_checked_where_they_enter(write_site: Callable[..., Path],
+                                                       key: str, value: str) -> None:
+    from jobgen import site as sites
+    path = write_site("local", {key: value})
+    with pytest.raises(ConfigError) as info:
+        sites.load_file(path, path.name)
+    assert str(info.value).startswith(f"{path.name}: {key}: ")
+
+
+@pytest.mark.parametrize("value", ["fsx-claim", "a", "a.b-c.d", "x" * 253])
+def test_kubernetes_names_the_api_server_takes_are_taken(write_site: Callable[..., Path],
+                                                         value: str) -> None:
+    from jobgen import site as sites
+    path = write_site("local", {"eks.shared_pvc": value})
+    assert sites.load_file(path, path.name).eks.shared_pvc == value
+
+
+@pytest.fixture(scope="module")
+def slurm_inputs() -> tuple[Any, Any]:
+    from jobgen import recipe
+    from jobgen import site as sites
+    return sites.load("local"), recipe.load("neox20b")[0]
+
+
+SLURM_VALUES = {
+    "exclude": (["n[1-999999999999]", "n[5-3]", "n[1-70000]", "n[0-65536]", "n1," * 2000,
+                 "n[1-9999999999]", "a b", "n\n1", "n[1-2]\x1b", "", ",", "n[]", "n[1-]", "n[٣]"],
+                ["n1", "n[1-4],n7", "gpu-[01-04,07]", "n[1-65536]"]),
+    "time": (["99999999999999999999", "4294967294", "3000000-00", "99999999999-00", "1:2:3:4",
+              "1e5", "-1", "\n5", "5\n", "", "1-2-3", "UNLIMITEDx", "٣"],
+             ["60", "4294967293", "1-00:00:00", "UNLIMITED", "infinite", "2:30:00"]),
+}
+
+
+@pytest.mark.parametrize("option,value,good", [
+    (option, value, good) for option, (bad, ok) in SLURM_VALUES.items()
+    for good, values in ((False, bad), (True, ok)) for value in values])
+def test_slurm_host_lists_and_times_within_slurms_domain(slurm_inputs: tuple[Any, Any],
+                                                         option: str, value: str,
+                                                         good: bool) -> None:
+    from jobgen.slurm_request import slurm_request
+    site, recipe = slurm_inputs
+    if good:
+        slurm_request(site, recipe, {option: value}, 65536)
+    else:
+        with pytest.raises(ConfigError, match=f"^--{option}: .* is not a Slurm"):
+            slurm_request(site, recipe, {option: value}, 65536)
+
+
+BAD_REGIONS = ["us-east-1\x1b", "us east", "-x", "x-", "123", "a" * 64, "eu-west-1\n",
+               "us-east-1;id", "us_east_1"]
+
+
+@pytest.mark.parametrize("value", BAD_REGIONS, ids=lambda v: repr(v)[1:16])
+@pytest.mark.parametrize("origin", ["AWS_REGION", "AWS_DEFAULT_REGION", "--region",
+                                    "site"])
+def test_aws_regions_are_checked_wherever_they_come_from(
+        monkeypatch: pytest.MonkeyPatch, origin: str, value: str) -> None:
+    import dataclasses
+
+    from jobgen import aws
+    from jobgen import site as sites
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    site = sites.load("local")
+    if origin.startswith("AWS_"):
+        monkeypatch.setenv(origin, value)
+    elif origin == "--region":
+        monkeypatch.setitem(aws.FLAGS, "region", value)
+    else:
+        site = dataclasses.replace(site, batch=dataclasses.replace(site.batch, region=value))
+    with pytest.raises(JobgenError) as info:
+        aws.region(site)
+    assert str(info.value).startswith(f"{origin if origin != 'site' else 'site local'}")
+    assert "is not an AWS region name" in str(info.value)
+
+
+# --- judging what is not a run ------------------------------------------------------------------
+
+def not_a_run(tmp: Path, kind: str) -> Path:
+    folder = tmp / "folder"
+    folder.mkdir()
+    if kind == "files":
+        (folder / "notes.txt").write_text("hello\n")
+        (folder / "log").mkdir()
+    elif kind == "deep":
+        deep = folder
+        for n in range(50):
+            deep = deep / f"d{n}"
+        deep.mkdir(parents=True)
+    elif kind == "proc":
+        return Path("/proc/self")
+    elif kind == "a-file":
+        (tmp / "file").write_text("x")
+        return tmp / "file"
+    elif kind == "missing":
+        return tmp / "missing"
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["empty", "files", "deep", "proc", "a-file", "missing"])
+def test_watch_refuses_to_judge_what_is_not_a_run(jobgen: Callable[..., Any], tmp_path: Path,
+                                                  kind: str) -> None:
+    result = jobgen("watch", "--run-dir", str(not_a_run(tmp_path, kind)))
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    if kind == "a-file":     # click's usage error (the command line makes it one line)
+        assert "is a file" in result.output
+    else:
+        assert result.output.count("\n") == 1, result.output
+        assert "not a run folder" in result.output or "no such folder" in result.output
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_watch_of_a_run_whose_files_are_not_files_ends(tmp_path: Path, kind: str,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    from jobgen.watching.detectors import Rules
+    run = tmp_path / "run"
+    make(kind, run / "train" / "metrics.jsonl", tmp_path / "outside")
+    summary = command.watch_recorded(run, Rules(), as_json=True)
+    assert summary.alerts == []
+    for line in capsys.readouterr().out.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}"))
