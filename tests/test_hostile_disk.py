@@ -56,12 +56,15 @@ def make(kind: str, path: Path, outside: Path) -> None:
             pytest.skip("device nodes cannot be made here (no CAP_MKNOD)")
     elif kind == "folder":
         path.mkdir()
-    elif kind == "socket":
-        if len(str(path)) > 100:
-            pytest.skip("the temporary path is too long for a socket")
+    elif kind == "socket":     # bound by its name from its folder: a socket's path is short
+        here = os.getcwd()
         sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(path))
-        sock.close()
+        try:
+            os.chdir(path.parent)
+            sock.bind(path.name)
+        finally:
+            sock.close()
+            os.chdir(here)
     else:
         outside.mkdir(exist_ok=True)
         (outside / "victim").write_bytes(VICTIM)
@@ -544,7 +547,7 @@ def test_a_sweep_at_the_limit_is_built() -> None:
     assert len(sweep.points(options, "b")) == sweep.MAX_JOBS
 
 
-@pytest.mark.parametrize("digits", [41, 100, 4300, 4301, 10000, 100000])
+@pytest.mark.parametrize("digits", [41, 100, 4300, 4301, 20000])
 @pytest.mark.parametrize("form", ["{}", "-{}", "0x{}", "0o{}"])
 def test_overlong_integers_are_one_line(digits: int, form: str) -> None:
     text = form.format(("7" if "o" in form else "9") * digits)
