@@ -21,7 +21,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from .errors import ConfigError
+from . import fsio
+from .errors import ConfigError, JobgenError
 
 if TYPE_CHECKING:
     from .platforms import Platform
@@ -39,6 +40,7 @@ class ImageSpec(Protocol):
 
     @property
     def payload_digest(self) -> str: ...
+
 
 MARKER = ".jobgen-digest"
 ID_LENGTH = 16
@@ -77,7 +79,7 @@ def digest(root: Optional[Path] = None) -> str:
     for rel, path in files:
         mode = path.stat().st_mode
         h.update(rel.encode() + b"\0" + (b"x" if mode & stat.S_IXUSR else b"-") + b"\0")
-        data = path.read_bytes()
+        data = fsio.read_bytes(path)   # a FIFO or device in a snapshot: refused, not read
         h.update(str(len(data)).encode() + b"\0" + data)
     _memo[key] = h.hexdigest()
     return _memo[key]
@@ -114,10 +116,11 @@ def _copy(source: Path, target: Path) -> None:
 def _verify(target: Path, full: str) -> None:
     """`target` holds exactly the payload of digest `full`."""
     try:
-        recorded = (target / MARKER).read_text(encoding="utf-8").strip()
-    except OSError:
-        recorded = ""
-    if recorded != full or digest(target) != full:
+        recorded = fsio.read_text(target / MARKER, 4096).strip()
+        same = recorded == full and digest(target) == full
+    except (OSError, JobgenError):   # a file that cannot be read, or is not a regular file
+        same = False
+    if not same:
         raise ConfigError(f"payload snapshot {target} does not hold payload {short(full)} (it "
                           f"was changed after it was written): move it aside (mv {target} "
                           f"{target}.bad) and render or submit again")
