@@ -63,7 +63,8 @@ def folder(kind: str) -> Optional[str]:
 def read(path: str) -> Optional[bytes]:
     """An entry's content if it passes the checks, else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a FIFO in the cache is opened at once (and refused below), not waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:

@@ -693,3 +693,10 @@ def test_watch_of_a_run_whose_files_are_not_files_ends(tmp_path: Path, kind: str
     assert summary.alerts == []
     for line in capsys.readouterr().out.splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+
+
+@pytest.mark.parametrize("kind", SPECIAL + LINKS)
+def test_the_cache_reads_nothing_from_what_is_not_a_regular_file(tmp_path: Path,
+                                                                  kind: str) -> None:
+    make(kind, tmp_path / "entry", tmp_path / "outside")
+    assert cache.read(str(tmp_path / "entry")) is None
