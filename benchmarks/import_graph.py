@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """Import circles among jobgen's modules: prints each one, exits 1 if there is any.
 
-    python benchmarks/import_graph.py [--edges] [--all]
+    python benchmarks/import_graph.py [--edges] [--all] [--runtime]
 
 The graph is read from the source (ast), nothing is imported. An edge A -> B is any import of B
-in A: at the top of the module ("top") or inside a function ("function", run when the function
-is first called); imports under `if TYPE_CHECKING:` are never run and are left out. Importing a
+in A: at the top of the module ("top"), inside a function ("function", run when the function
+is first called), or under `if TYPE_CHECKING:` ("typing": never run, but a type that names a
+module which imports this one is the same circle in the design). Importing a
 submodule runs its packages' __init__ first, so `from ..payloads.base import X` is an edge to
 jobgen.payloads as well ("package"). A circle is a strongly connected set of modules; each is
 printed with its shortest circles (one per edge inside the set, the first few unless --edges)
 and where those edges are.
 
 --edges prints every edge as well; --all includes the command line (jobgen.cli.*), which is left
-out by default: it sits on top of the core, and nothing in the core imports it; --typing counts
-the TYPE_CHECKING-only imports too (annotations that name a module which imports this one).
+out by default: it sits on top of the core, and nothing in the core imports it; --runtime leaves
+the TYPE_CHECKING-only imports out (only what runs).
 """
 from __future__ import annotations
 
@@ -202,11 +203,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", action="store_true", help="print every edge too")
     parser.add_argument("--all", action="store_true", help="include jobgen.cli")
-    parser.add_argument("--typing", action="store_true",
-                        help="count the imports under `if TYPE_CHECKING:` too")
+    parser.add_argument("--runtime", action="store_true",
+                        help="leave out the imports under `if TYPE_CHECKING:`")
     args = parser.parse_args(argv)
     known = modules(ROOT)
-    found = edges(known, args.typing)
+    found = edges(known, not args.runtime)
     if not args.all:
         def core(module: str) -> bool:
             return not (module == f"{PACKAGE}.cli" or module.startswith(f"{PACKAGE}.cli."))

@@ -63,16 +63,24 @@ FLAGS: dict[str, str] = {}
 def region(site: Site, service: str = "batch") -> tuple[Optional[str], str]:
     """The region and where it came from, in the AWS CLI's order: --region, AWS_REGION (which
     botocore itself ignores), AWS_DEFAULT_REGION, the site profile (its sagemaker section for
-    SageMaker, else its batch section), or else the AWS profile's (left to botocore)."""
+    SageMaker, else its batch section), or else the AWS profile's (left to botocore). A region
+    that is not an AWS region name is refused here, wherever it came from (the environment
+    too), before it reaches a rendered request or a client."""
+    found: Optional[tuple[str, str]] = None
     if FLAGS.get("region"):
-        return FLAGS["region"], "--region"
+        found = FLAGS["region"], "--region"
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        if os.environ.get(name):
-            return os.environ[name], name
+        if found is None and os.environ.get(name):
+            found = os.environ[name], name
     key = "sagemaker" if service == "sagemaker" else "batch"
     section = getattr(site, key, None)
-    if section is not None and section.region:
-        return section.region, f"site {site.name}: {key}.region"
+    if found is None and section is not None and section.region:
+        found = section.region, f"site {site.name}: {key}.region"
+    if found is not None:
+        if not REGION_RE.fullmatch(found[0]):   # the environment's: a set-up mistake (1)
+            error = _config if found[1].startswith(("site ", "--")) else _remote
+            raise error(f"{found[1]}: {found[0]!r} is not an AWS region name (like us-east-1)")
+        return found
     profile = FLAGS.get("profile") or os.environ.get("AWS_PROFILE") or "default"
     return None, f"{_aws_file('AWS_CONFIG_FILE', 'config')} (region of profile {profile})"
 
@@ -151,10 +159,7 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
     import botocore.config
     import botocore.exceptions as bce
 
-    name, region_from = region(site, region_of or service)
-    if name is not None and not REGION_RE.fullmatch(name):
-        error = _config if region_from.startswith(("site ", "--")) else _remote
-        raise error(f"{region_from}: {name!r} is not an AWS region name (like us-east-1)")
+    name, region_from = region(site, region_of or service)   # checked there
     url, url_from = _endpoint_origin(endpoint_url, service)
     if url is not None and not _valid_url(url):
         error = _config if url_from == "--endpoint-url" else _remote

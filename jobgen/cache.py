@@ -63,7 +63,8 @@ def folder(kind: str) -> Optional[str]:
 def read(path: str) -> Optional[bytes]:
     """An entry's content if it passes the checks, else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a FIFO in the cache is opened at once (and refused below), not waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
@@ -84,19 +85,12 @@ def read(path: str) -> Optional[bytes]:
 
 
 def write(path: str, payload: bytes) -> None:
-    """Write an entry atomically (a temporary file of mode 0600, renamed into place)."""
-    import tempfile  # only a write needs it (a warm render writes nothing)
-
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(sha256(payload).digest() + payload)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    """Write an entry atomically (a regular file of mode 0600, renamed into place; a device,
+    FIFO or symlink in its place is left alone and the entry not written)."""
+    from . import fsio
+    from .errors import JobgenError
+    with contextlib.suppress(OSError, JobgenError):
+        fsio.write_file(path, sha256(payload).digest() + payload, mode=0o600)
 
 
 def stamp(package: str) -> Optional[list[object]]:

@@ -12,6 +12,12 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: named.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
+def printable_lines(text: str) -> str:
+    """`text` with every control character but the line break written as an escape: for what
+    is printed as lines (a table, a status line) from values read off disk or a scheduler."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 class JobgenError(Exception):
     """A user-facing problem: the message is printed as one line, the exit status is `exit_code`."""
 

@@ -9,6 +9,21 @@ from typing import Any
 from . import schema
 
 SEED_MAX = 2**32 - 1
+# Kubernetes object names: an RFC 1123 label (namespaces), a subdomain (claims, accounts).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# The domain of each number `jobgen plan` takes, from its option (--node-mtbf-hours) or from
+# the site's plan: section: (least, most, unit). Inside it the plan's arithmetic stays finite
+# (a job that would never finish is refused by the goodput model itself).
+PLAN_DOMAINS: dict[str, tuple[float, float, str]] = {
+    "tokens": (1.0, 1e16, "tokens"),
+    "samples": (1.0, 1e14, "samples"),
+    "price": (1e-4, 1e5, "US dollars per node-hour"),
+    "node_mtbf_hours": (0.1, 1e7, "hours"),
+    "restart_s": (0.0, 604800.0, "seconds"),
+    "storage_mb_s": (0.1, 1e8, "MB/s"),
+    "checkpoint_gb": (1e-6, 1e7, "GB"),
+}
 RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "name": {"pattern": schema.NAME_RE.pattern},
     "nodes": {"minimum": 1},
@@ -64,7 +79,10 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "sagemaker.max_nodes": {"minimum": 0},
     "sagemaker.max_runtime_hours": {"minimum": 1, "maximum": 672},
     "eks.max_nodes": {"minimum": 0},
-    "eks.namespace": {"pattern": r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
+    "eks.namespace": {"pattern": DNS_LABEL},
+    # Kubernetes names these as DNS subdomains (RFC 1123): the API server refuses anything else.
+    "eks.shared_pvc": {"pattern": DNS_SUBDOMAIN, "maxLength": 253},
+    "eks.service_account": {"pattern": DNS_SUBDOMAIN, "maxLength": 253},
     # The health gate's numbers (platforms.check_health says the same on load).
     **{f"health.{k}": {"minimum": 0} for k in ("local_free_gib", "shared_free_gib",
                                                "clock_max_offset_ms", "collective_floor_gbps",

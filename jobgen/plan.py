@@ -6,7 +6,6 @@ writing it puts the files in a folder atomically; submitting runs exactly what w
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -47,6 +46,7 @@ class Plan:
         removes the temporaries, then ends as the signal would (KeyboardInterrupt, exit 143)."""
         import tempfile  # here: rendering to stdout never needs it
 
+        from .fsio import current_umask, refuse_special
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -54,6 +54,8 @@ class Plan:
         staged: list[tuple[str, Path]] = []
         umask = current_umask()
         try:
+            for f in self.files:   # a device, FIFO, folder or symlink there: nothing written
+                refuse_special(directory / f.name)
             with _Interruptible().active() as signals:
                 for f in self.files:
                     with signals.held():   # no temporary file left unrecorded
@@ -64,9 +66,8 @@ class Plan:
                         out.flush()
                         os.fsync(out.fileno())
                     os.chmod(tmp, (0o777 if is_script(f) else 0o666) & ~umask)
-                for _, final in staged:  # the one thing that would make a rename below fail
-                    if final.is_dir():
-                        raise IsADirectoryError(errno.EISDIR, f"{final.name} is a directory")
+                for _, final in staged:  # again: the moment before the renames
+                    refuse_special(final)
                 with signals.held():
                     for tmp, final in staged:
                         os.replace(tmp, final)
@@ -89,20 +90,6 @@ class Plan:
 def is_script(f: PlannedFile) -> bool:
     """Files that get the executable bits: marked so, shell scripts, or with a shebang."""
     return f.executable or f.name.endswith((".sh", ".sbatch")) or f.content.startswith("#!")
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (/proc)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)   # elsewhere: set and restore (not thread-safe, but brief)
-    os.umask(mask)
-    return mask
 
 
 class _Signalled(BaseException):

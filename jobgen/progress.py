@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-_STEP = re.compile(r'"event": "step", "step": (\d+)')
+_STEP = re.compile(r'"event": "step", "step": ([0-9]{1,18})(?![0-9])')
 
 
 def newest_step(run_dir: str, job_id: str) -> Optional[int]:
@@ -21,11 +21,13 @@ def newest_step(run_dir: str, job_id: str) -> Optional[int]:
                   key=lambda p: p.stat().st_mtime)
     if not logs:
         return None
+    from . import fsio
+    from .errors import JobgenError
     try:
-        with open(logs[-1], "rb") as f:
+        with open(fsio.open_regular(logs[-1]), "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            found = _STEP.findall(f.read().decode("utf-8", "replace"))
-    except OSError:
+            found = _STEP.findall(f.read(65536).decode("utf-8", "replace"))
+    except (OSError, JobgenError):
         return None
     return int(found[-1]) if found else None
 

@@ -15,7 +15,7 @@ from . import resources, schema
 from .errors import ConfigError
 from .overlays import apply_overlay
 from .record import record
-from .rules import check_names
+from .rules import check_env_name, time_limit_ok, time_limit_seconds  # noqa: F401
 from .yamlfile import load_yaml
 
 PayloadName = str   # a registered payload (jobgen/payloads: built-in, or an entry point)
@@ -218,20 +218,21 @@ def _parse_value(text: str, target: Any) -> Any:
         return text
 
 
-def time_limit_seconds(text: str) -> Optional[int]:
-    """A recipe's job.time_limit (Slurm's formats) in seconds; None for no limit."""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:   # D-H[:M[:S]]
-        parts += [0] * (3 - len(parts))
-        return max(1, int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2])
-    if len(parts) == 1:    # M
-        return max(1, parts[0] * 60)
-    if len(parts) == 2:    # M:S
-        return max(1, parts[0] * 60 + parts[1])
-    return max(1, parts[0] * 3600 + parts[1] * 60 + parts[2])   # H:M:S
+def check_names(recipe: Recipe, where: str) -> None:
+    """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
+    if not schema.NAME_RE.fullmatch(recipe.name):
+        raise ConfigError(f"{where}: name: {schema.describe(recipe.name)} must match "
+                          f"{schema.NAME_RE.pattern}")
+    for key in list(recipe.env) + list(recipe.launch):
+        if not schema.ENV_NAME_RE.fullmatch(key):
+            section = "env" if key in recipe.env else "launch"
+            raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
+    for key in recipe.env:
+        check_env_name(key, where)
+    limit = recipe.job.time_limit  # goes on an #SBATCH line, where no quoting helps
+    if limit is not None and not time_limit_ok(limit):
+        raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "
+                          "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
 
 
 def overlay_of(ref: str, backend: str) -> dict[str, Any]:

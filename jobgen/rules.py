@@ -7,13 +7,9 @@ sequence parallelism off at tensor parallelism 1), jobgen refuses: a silent chan
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Optional
 
-from . import schema
 from .errors import ConfigError
-
-if TYPE_CHECKING:   # the records only: jobgen/recipe.py imports this module
-    from .recipe import Recipe
 
 # neuronx-nemo-megatron at the SDK 2.20 release the payload is pinned to (d22aabf; the same at
 # 2.21), nemo/collections/nlp/modules/common/megatron/transformer.py: the block types
@@ -24,66 +20,7 @@ SEED_MAX = 2**32 - 1
 # Linux refuses one argument or environment string longer than this (MAX_ARG_STRLEN, 32 pages),
 # counted with the name, the '=' and the terminating NUL.
 ENV_MAX = 131072
-_NUMBER = r"\s*(?:\d+(?:\.\d*)?|\.\d+)\s*"
-
-
-def check(recipe: Recipe, where: str) -> None:
-    m, p, s, d = recipe.model, recipe.parallelism, recipe.schedule, recipe.data
-    if m.hidden_size % m.num_attention_heads:
-        raise ConfigError(f"{where}: model.hidden_size: {m.hidden_size} is not divisible by "
-                          f"model.num_attention_heads {m.num_attention_heads} (every head gets "
-                          "the same width)")
-    if m.ffn_hidden_size <= 0:
-        raise ConfigError(f"{where}: model.ffn_hidden_size: must be positive, got "
-                          f"{m.ffn_hidden_size}")
-    if m.transformer_block_type is not None and m.transformer_block_type not in BLOCK_TYPES:
-        raise ConfigError(f"{where}: model.transformer_block_type: {m.transformer_block_type!r} "
-                          f"is not one the trainer accepts ({', '.join(BLOCK_TYPES)})")
-    if not 0.0 < m.rotary_percentage <= 1.0:
-        raise ConfigError(f"{where}: model.rotary_percentage: {m.rotary_percentage} must lie in "
-                          "(0, 1]")
-    if m.max_predictions is not None and not 0 < m.max_predictions <= m.seq_length:
-        raise ConfigError(f"{where}: model.max_predictions: {m.max_predictions} must lie "
-                          f"between 1 and model.seq_length {m.seq_length}")
-    if p.sequence_parallel and p.tensor == 1:
-        raise ConfigError(f"{where}: parallelism.sequence_parallel: needs parallelism.tensor "
-                          "above 1 (Megatron would turn it off without saying so)")
-    if p.hybrid_shard < 0 or p.activation_loading_horizon < 1:
-        raise ConfigError(f"{where}: parallelism: hybrid_shard must be 0 or more and "
-                          "activation_loading_horizon at least 1")
-    ckpt = recipe.checkpoint
-    if ckpt.every_steps is not None and ckpt.every_steps > s.max_steps:
-        raise ConfigError(f"{where}: checkpoint.every_steps: {ckpt.every_steps} is more than "
-                          f"schedule.max_steps {s.max_steps}: the run would never checkpoint")
-    warmup = (round(s.warmup_fraction * s.max_steps) if s.warmup_fraction is not None
-              else s.warmup_steps or 0)
-    if warmup >= s.max_steps:
-        raise ConfigError(f"{where}: schedule: warmup ({warmup} steps) must end before "
-                          f"max_steps {s.max_steps}")
-    if d.num_workers < 0:
-        raise ConfigError(f"{where}: data.num_workers: must be 0 or more, got {d.num_workers}")
-    if d.splits is not None:
-        parts = re.split(r"[,/]", d.splits)
-        if len(parts) != 3 or not all(re.fullmatch(_NUMBER, x) for x in parts) or \
-                sum(float(x) for x in parts) <= 0:
-            raise ConfigError(f"{where}: data.splits: {d.splits!r} must be three non-negative "
-                              "numbers with a positive sum (train,validation,test, like "
-                              "980,10,10)")
-    if not 0 <= recipe.seed <= SEED_MAX:
-        raise ConfigError(f"{where}: seed: {recipe.seed} must lie between 0 and {SEED_MAX}")
-    if recipe.job.log_every_steps < 1:
-        raise ConfigError(f"{where}: job.log_every_steps: must be at least 1, got "
-                          f"{recipe.job.log_every_steps}")
-    for name, value in recipe.env.items():
-        if "\0" in value:
-            raise ConfigError(f"{where}: env.{name}: a value with a NUL byte cannot be in a "
-                              "process environment")
-        if len(name.encode()) + len(value.encode()) + 2 > ENV_MAX:
-            raise ConfigError(f"{where}: env.{name}: {len(value.encode())} bytes is longer than "
-                              f"Linux carries in one environment variable ({ENV_MAX} with its "
-                              "name)")
-    from .limits import RECIPE_LIMITS
-    check_limits(schema.to_plain(recipe), RECIPE_LIMITS, where)
+SPLIT_NUMBER = r"\s*(?:\d+(?:\.\d*)?|\.\d+)\s*"
 
 
 def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "str | None",
@@ -132,16 +69,47 @@ def check_limits(data: Any, limits: dict[str, dict[str, Any]], where: str) -> No
         if isinstance(value, str):
             if len(value) < rule.get("minLength", 0):
                 raise ConfigError(f"{where}: {key}: must not be empty")
+            if len(value) > rule.get("maxLength", len(value)):
+                raise ConfigError(f"{where}: {key}: {len(value)} characters, more than "
+                                  f"{rule['maxLength']}")
             if "enum" in rule and value not in rule["enum"]:
                 raise ConfigError(f"{where}: {key}: {shown} is not one of "
                                   f"{', '.join(rule['enum'])}")
-            if "pattern" in rule and not re.search(rule["pattern"], value):
+            # the whole value (re.search's $ would let a trailing line break through)
+            if "pattern" in rule and not re.fullmatch(rule["pattern"], value):
                 raise ConfigError(f"{where}: {key}: {shown} does not match {rule['pattern']}")
 
 
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
-TIME_LIMIT_RE = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INFINITE",
-                           re.IGNORECASE)
+TIME_LIMIT_RE = re.compile(r"\d{1,10}(?::\d{1,10}){0,2}|\d{1,10}-\d{1,10}(?::\d{1,10}){0,2}"
+                           r"|UNLIMITED|INFINITE", re.IGNORECASE | re.ASCII)
+# Slurm keeps a time limit in minutes in 32 bits; its two highest values mean "infinite" and
+# "no value", so the longest limit it takes is 2**32 - 3 minutes.
+SLURM_TIME_MAX_S = (2**32 - 3) * 60
+
+
+def time_limit_seconds(text: str) -> Optional[int]:
+    """A time limit in Slurm's formats (valid: TIME_LIMIT_RE) in seconds; None for no limit."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:   # D-H[:M[:S]]
+        parts += [0] * (3 - len(parts))
+        return max(1, int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2])
+    if len(parts) == 1:    # M
+        return max(1, parts[0] * 60)
+    if len(parts) == 2:    # M:S
+        return max(1, parts[0] * 60 + parts[1])
+    return max(1, parts[0] * 3600 + parts[1] * 60 + parts[2])   # H:M:S
+
+
+def time_limit_ok(text: str) -> bool:
+    """Whether `text` is a time limit Slurm takes: one of its formats, within its range."""
+    if not TIME_LIMIT_RE.fullmatch(text):
+        return False
+    seconds = time_limit_seconds(text)
+    return seconds is None or seconds <= SLURM_TIME_MAX_S
 
 
 # `env:` names a recipe may not set, in one place. Names jobgen's own scripts own (the sbatch
@@ -171,20 +139,3 @@ def check_env_name(name: str, where: str) -> None:
     if name in SHELL_AND_LOADER:
         raise ConfigError(f"{where}: env.{name}: changes how the job's shell or loader "
                           "behaves; a recipe may not set it")
-
-
-def check_names(recipe: Recipe, where: str) -> None:
-    """Names that reach #SBATCH lines and file names, and env names, use a safe alphabet."""
-    if not schema.NAME_RE.fullmatch(recipe.name):
-        raise ConfigError(f"{where}: name: {schema.describe(recipe.name)} must match "
-                          f"{schema.NAME_RE.pattern}")
-    for key in list(recipe.env) + list(recipe.launch):
-        if not schema.ENV_NAME_RE.fullmatch(key):
-            section = "env" if key in recipe.env else "launch"
-            raise ConfigError(f"{where}: {section}.{key}: not a valid variable name")
-    for key in recipe.env:
-        check_env_name(key, where)
-    limit = recipe.job.time_limit  # goes on an #SBATCH line, where no quoting helps
-    if limit is not None and not TIME_LIMIT_RE.fullmatch(limit):
-        raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "
-                          "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")

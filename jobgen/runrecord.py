@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -100,31 +99,59 @@ def read(spec: JobSpec, here: bool) -> Optional[dict[str, Any]]:
     return None
 
 
+# What a submission must hold, and of which type, for `resubmit` and `admit` to use it.
+SUBMISSION_KEYS: dict[str, Any] = {
+    "backend": str, "recipe": str, "recipe_text": str, "site": str, "site_shown": str,
+    "site_text": str, "overrides": list, "nodes": int, "compile_mode": str, "smoke": bool,
+    "slurm": dict, "training": dict, "payload_digest": str, "jobgen": str, "job_ids": list,
+    "cwd": str}
+
+
+def _malformed(data: Any) -> Optional[str]:
+    """What is wrong with a run record's shape, or None (the one check of its schema)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return f"not a jobgen run record (format {FORMAT})"
+    if not isinstance(data.get("run"), str) or not data["run"]:
+        return "its run name is missing"
+    subs = data.get("submissions")
+    if not isinstance(subs, list) or not subs:
+        return "it has no submissions"
+    for index, sub in enumerate(subs):
+        if not isinstance(sub, dict):
+            return f"submission {index + 1} is not a mapping"
+        for key, kind in SUBMISSION_KEYS.items():
+            value = sub.get(key)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                return f"submission {index + 1}: {key} is missing or not a {kind.__name__}"
+        if not all(isinstance(item, str) for item in sub["overrides"]):
+            return f"submission {index + 1}: overrides holds a value that is not text"
+    return None
+
+
 def read_file(path: Path) -> Optional[dict[str, Any]]:
+    from . import fsio
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = fsio.loads(fsio.read_bytes(path, fsio.MAX_BYTES))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the run's record: {exc}; move it aside to "
+    except fsio.NotRegularFile as exc:
+        raise ConfigError(f"{exc}; move it aside to start the run afresh") from None
+    except (OSError, ValueError, fsio.TooLarge) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"{path}: cannot read the run's record: {why}; move it aside to "
                           "start the run afresh") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("submissions"):
-        raise ConfigError(f"{path}: not a jobgen run record (format {FORMAT}); move it aside")
+    problem = _malformed(data)
+    if problem:
+        raise ConfigError(f"{path}: {problem}; move it aside")
     return data
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    """Replace `path` atomically (a temporary file renamed over it)."""
+    """Replace `path` atomically (a temporary file renamed over it; a regular file only)."""
+    from . import fsio
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    fsio.write_file(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n",
+                    mode=0o600)
 
 
 # --- submissions --------------------------------------------------------------------------
@@ -192,6 +219,8 @@ def commit(spec: JobSpec, new: dict[str, Any], old: Optional[dict], job_ids: Seq
             _write(path, data)
         except OSError as exc:
             problems.append(f"{path}: {exc.strerror}")
+        except ConfigError as exc:     # a device or symlink where the record goes
+            problems.append(str(exc))
     if problems:
         return f"the run's record was not written: {'; '.join(problems)}"
     return None
@@ -200,21 +229,15 @@ def commit(spec: JobSpec, new: dict[str, Any], old: Optional[dict], job_ids: Seq
 def health_events(run: str) -> list[dict[str, Any]]:
     """What the health gate found in this run (payload/common/health.py appends a line per failed
     check to jobgen-health.jsonl in the run folder), where this machine reaches the folder."""
-    import json
-
+    from . import fsio
     from .runs import find as find_run
     found = find_run(run)
-    path = Path(found.run_dir, HEALTH_FILE) if found is not None else None
-    if path is None or not path.is_file():
+    if found is None:
         return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue           # a line cut short by a node that died while writing it
-        if isinstance(item, dict):
-            events.append(item)
+    try:    # a line cut short by a node that died while writing it is skipped
+        events, _ = fsio.read_records(Path(found.run_dir, HEALTH_FILE), lambda item: item)
+    except (OSError, ConfigError):
+        return []
     return events
 
 

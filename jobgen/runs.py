@@ -37,12 +37,6 @@ class Run:
     max_steps: Optional[int] = None      # the training pass's last step (jobgen watch: eta)
     seq_length: Optional[int] = None     # tokens per sample (jobgen watch: tokens/s)
 
-    @property
-    def scheduler(self) -> str:
-        """Who answers for the job: submitit's jobs are Slurm jobs."""
-        from . import backends
-        return backends.scheduler(self.backend)
-
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["jobs"] = list(self.jobs)
@@ -64,41 +58,60 @@ def now() -> str:
 def record(run: Run) -> Optional[str]:
     """Append `run` to the record (one write of one line, so concurrent submissions do not
     interleave). Returns a warning instead of raising: the job is already submitted."""
+    from . import fsio
     folder = state_dir()
     line = json.dumps(run.as_dict(), sort_keys=True) + "\n"
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(folder / RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
+        fsio.append(folder / RECORD, line, 0o600)
     except OSError as exc:
         return (f"job {run.job_id} submitted, but not recorded in {folder / RECORD}: "
                 f"{exc.strerror}; `jobgen runs` will not list it")
+    except ConfigError as exc:   # a FIFO, a device or a symlink where the record goes
+        return (f"job {run.job_id} submitted, but not recorded: {exc}; `jobgen runs` will "
+                "not list it")
     return None
+
+
+def _run(data: dict[str, Any]) -> Run:
+    """One line of the record checked against Run's fields and types (ValueError if not)."""
+    fields = {f.name for f in dataclasses.fields(Run)}
+    data = {k: v for k, v in data.items() if k in fields}
+    jobs = data.get("jobs") or ()
+    if not isinstance(jobs, (list, tuple)) or not all(isinstance(j, str) for j in jobs):
+        raise ValueError("jobs")
+    data["jobs"] = tuple(jobs)
+    for key in ("name", "backend", "job_id", "recipe", "site", "run_dir", "submitted"):
+        if not isinstance(data.get(key), str):
+            raise ValueError(key)
+    for key in ("endpoint_url", "queue"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(key)
+    for key in ("nodes", "max_steps", "seq_length"):
+        value = data.get(key)
+        if (value is not None or key == "nodes") and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(key)
+    if not isinstance(data.get("smoke", False), bool):
+        raise ValueError("smoke")
+    return Run(**data)
 
 
 def load() -> list[Run]:
     """Every recorded submission, oldest first (lines that are not a record are skipped)."""
+    return load_counted()[0]
+
+
+def load_counted() -> tuple[list[Run], int]:
+    """Every recorded submission, oldest first, and how many lines were not a record."""
+    from . import fsio
     path = state_dir() / RECORD
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
+        return fsio.read_records(path, _run)
+    except fsio.NotRegularFile as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    runs: list[Run] = []
-    fields = {f.name for f in dataclasses.fields(Run)}
-    for line in text.splitlines():
-        try:
-            data = json.loads(line)
-            data = {k: v for k, v in data.items() if k in fields}
-            data["jobs"] = tuple(data.get("jobs") or ())
-            runs.append(Run(**data))
-        except (ValueError, TypeError, AttributeError):
-            continue
-    return runs
 
 
 def find(ref: str) -> Optional[Run]:

@@ -54,23 +54,25 @@ class PlanSite:
 
 
 def check_plan(plan: PlanSite, shown: str) -> None:
-    """Prices, MTBFs, bandwidths more than 0; restart times 0 or more; every number finite."""
-    positive: list[tuple[str, Optional[float]]] = []
+    """Prices, MTBFs, bandwidths and restart times within the domains `jobgen plan` declares
+    for them (limits.PLAN_DOMAINS: the same as its options')."""
+    from .limits import PLAN_DOMAINS
+    numbers: list[tuple[str, str, Optional[float]]] = []
     for platform, facts in (plan.platforms or {}).items():
-        positive += [(f"plan.platforms.{platform}.prices.{rate}", price)
-                     for rate, price in (facts.prices or {}).items()]
-        positive.append((f"plan.platforms.{platform}.node_mtbf_hours", facts.node_mtbf_hours))
+        numbers += [(f"plan.platforms.{platform}.prices.{rate}", "price", price)
+                    for rate, price in (facts.prices or {}).items()]
+        numbers.append((f"plan.platforms.{platform}.node_mtbf_hours", "node_mtbf_hours",
+                        facts.node_mtbf_hours))
     if plan.storage is not None:
-        positive += [("plan.storage.write_mb_s", plan.storage.write_mb_s),
-                     ("plan.storage.read_mb_s", plan.storage.read_mb_s),
-                     ("plan.storage.node_mb_s", plan.storage.node_mb_s)]
-    for key, number in positive:
-        if number is not None and not (math.isfinite(number) and number > 0):
-            raise ConfigError(f"{shown}: {key}: {number} must be a number more than 0")
-    for name in ("detect_s", "requeue_s", "rendezvous_s", "compile_s"):
-        number = getattr(plan.restart, name)
-        if not (math.isfinite(number) and number >= 0):
-            raise ConfigError(f"{shown}: plan.restart.{name}: {number} must be 0 or more")
+        numbers += [(f"plan.storage.{k}", "storage_mb_s", getattr(plan.storage, k))
+                    for k in ("write_mb_s", "read_mb_s", "node_mb_s")]
+    numbers += [(f"plan.restart.{k}", "restart_s", getattr(plan.restart, k))
+                for k in ("detect_s", "requeue_s", "rendezvous_s", "compile_s")]
+    for key, domain, number in numbers:
+        low, high, unit = PLAN_DOMAINS[domain]
+        if number is not None and not (math.isfinite(number) and low <= number <= high):
+            raise ConfigError(f"{shown}: {key}: {number} must be from {low:g} to {high:g} "
+                              f"{unit}")
     if plan.rate is not None and not schema.NAME_RE.fullmatch(plan.rate):
         raise ConfigError(f"{shown}: plan.rate: {schema.describe(plan.rate)} must match "
                           f"{schema.NAME_RE.pattern}")

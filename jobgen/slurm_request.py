@@ -37,7 +37,23 @@ SLURM_OPTIONS = {"partition": "partition", "account": "account", "qos": "qos",
                  "nodelist": "nodelist"}
 # A Slurm host list: names and bracketed ranges, comma-separated (n1,n[3-5],gpu-[01-04,07]).
 _HOST = r"[A-Za-z0-9._-]*(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9._-]*)*"
-HOSTLIST_RE = re.compile(rf"(?=[A-Za-z0-9])({_HOST})(?:,(?=[A-Za-z0-9])({_HOST}))*")
+HOSTLIST_RE = re.compile(rf"(?=[A-Za-z0-9])({_HOST})(?:,(?=[A-Za-z0-9])({_HOST}))*", re.ASCII)
+
+
+MAX_HOSTS = 65536    # more hosts than any cluster jobgen submits to; Slurm expands the list
+
+
+def hostlist_ok(text: str) -> bool:
+    """Whether `text` is a Slurm host list of ascending ranges naming at most MAX_HOSTS hosts
+    (its numbers are bounded before anything is counted)."""
+    if len(text) > 4096 or HOSTLIST_RE.fullmatch(text) is None:
+        return False
+    pairs = re.findall(r"\[([^\]]*)\]", text)
+    for ranges in pairs:
+        for a, b in re.findall(r"(\d+)(?:-(\d+))?", ranges):
+            if len(a) > 9 or len(b) > 9 or (b and int(b) < int(a)):
+                return False
+    return hostlist_size(text) <= MAX_HOSTS
 
 
 def hostlist_size(text: str) -> int:
@@ -56,7 +72,7 @@ def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Any],
                   nodes: int) -> SlurmRequest:
     """The job's Slurm request; an override is checked like the site value it replaces and
     named as its option in errors."""
-    from .rules import TIME_LIMIT_RE
+    from .rules import time_limit_ok
     from .sbatch_options import extra_options
     extra = extra_options(site, overrides.get("sbatch_opt") or ())
     given = {SLURM_OPTIONS[k]: v for k, v in overrides.items()
@@ -66,11 +82,12 @@ def slurm_request(site: Site, recipe: Recipe, overrides: Mapping[str, Any],
         if value is None:
             continue
         if key == "time_limit":
-            ok = TIME_LIMIT_RE.fullmatch(value) is not None
+            ok = time_limit_ok(value)
             rule = "a Slurm time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)"
         elif key in ("exclude", "nodelist"):
-            ok = HOSTLIST_RE.fullmatch(value) is not None
-            rule = "a Slurm host list like n1,n[3-5]"
+            ok = hostlist_ok(value)
+            rule = (f"a Slurm host list like n1,n[3-5] (ascending ranges, at most "
+                    f"{MAX_HOSTS:,} hosts)")
         else:
             ok = schema.NAME_RE.fullmatch(value) is not None
             rule = f"a name matching {schema.NAME_RE.pattern}"

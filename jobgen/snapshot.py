@@ -19,12 +19,28 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from .errors import ConfigError
+from . import fsio
+from .errors import ConfigError, JobgenError
 
 if TYPE_CHECKING:
-    from .spec import JobSpec
+    from .platforms import Platform
+    from .site import Site
+
+
+class ImageSpec(Protocol):
+    """What `prepare_image` reads of a job spec (jobgen/spec.py's JobSpec, which imports this
+    module: named by its shape, so that no import circle runs through the type)."""
+    @property
+    def site(self) -> Site: ...
+
+    @property
+    def platform(self) -> Platform: ...
+
+    @property
+    def payload_digest(self) -> str: ...
+
 
 MARKER = ".jobgen-digest"
 ID_LENGTH = 16
@@ -63,7 +79,7 @@ def digest(root: Optional[Path] = None) -> str:
     for rel, path in files:
         mode = path.stat().st_mode
         h.update(rel.encode() + b"\0" + (b"x" if mode & stat.S_IXUSR else b"-") + b"\0")
-        data = path.read_bytes()
+        data = fsio.read_bytes(path)   # a FIFO or device in a snapshot: refused, not read
         h.update(str(len(data)).encode() + b"\0" + data)
     _memo[key] = h.hexdigest()
     return _memo[key]
@@ -100,10 +116,11 @@ def _copy(source: Path, target: Path) -> None:
 def _verify(target: Path, full: str) -> None:
     """`target` holds exactly the payload of digest `full`."""
     try:
-        recorded = (target / MARKER).read_text(encoding="utf-8").strip()
-    except OSError:
-        recorded = ""
-    if recorded != full or digest(target) != full:
+        recorded = fsio.read_text(target / MARKER, 4096).strip()
+        same = recorded == full and digest(target) == full
+    except (OSError, JobgenError):   # a file that cannot be read, or is not a regular file
+        same = False
+    if not same:
         raise ConfigError(f"payload snapshot {target} does not hold payload {short(full)} (it "
                           f"was changed after it was written): move it aside (mv {target} "
                           f"{target}.bad) and render or submit again")
@@ -219,7 +236,7 @@ def check_image(image: str, full: str, where: str, strict: bool,
         say(f"warning: {message}; its nodes will refuse another payload")
 
 
-def prepare_image(spec: "JobSpec", section: str, strict: bool,
+def prepare_image(spec: ImageSpec, section: str, strict: bool,
                   say: Optional[Callable[[str], None]]) -> None:
     """Check the image a container backend's site `section` names for the spec's platform."""
     images = getattr(getattr(spec.site, section), "images", None)

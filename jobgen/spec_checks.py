@@ -4,14 +4,38 @@ the node count (ConfigError), then the parallelism arithmetic at one node count 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+import re
+from typing import Optional, Protocol
 
 from . import schema
 from .errors import ConfigError, RuleError
 from .recipe import Recipe
+from .rules import BLOCK_TYPES, ENV_MAX, SEED_MAX, SPLIT_NUMBER, check_limits
 
-if TYPE_CHECKING:   # spec.py imports this module
-    from .spec import JobSpec
+
+class Sized(Protocol):
+    """What the arithmetic reads of a job spec (jobgen/spec.py's JobSpec, which imports this
+    module: named by its shape, so that no import circle runs through the type)."""
+    @property
+    def recipe(self) -> Recipe: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def nodes(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def model_parallel(self) -> int: ...
+
+    @property
+    def workers_per_node(self) -> int: ...
+
+    @property
+    def data_parallel(self) -> int: ...
 
 
 def _positive(where: str, key: str, value: Optional[float]) -> None:
@@ -64,8 +88,7 @@ def check_values(recipe: Recipe, where: str) -> None:
         raise ConfigError(f"{where}: model.max_position_embeddings: {m.max_position_embeddings} "
                           f"is shorter than model.seq_length {m.seq_length}")
     _check_ranges(recipe, where)
-    from . import rules
-    rules.check(recipe, where)
+    check_trainer_rules(recipe, where)
 
 
 MAX_RESTARTS = 1000  # far beyond any useful retry count; keeps bash arithmetic trivially safe
@@ -117,7 +140,7 @@ def _check_ranges(recipe: Recipe, where: str) -> None:
                           f"{s.max_steps}")
 
 
-def check_arithmetic(spec: JobSpec) -> None:
+def check_arithmetic(spec: Sized) -> None:
     """The parallelism rules (RuleError: `jobgen check` lists these combinations as skipped)."""
     r, where, n = spec.recipe, spec.source, spec.nodes
     p, m = r.parallelism, r.model
@@ -146,3 +169,64 @@ def check_arithmetic(spec: JobSpec) -> None:
                 f"{where}: parallelism.global_batch_size: {p.global_batch_size} is not divisible "
                 f"by micro_batch_size {p.micro_batch_size} x data-parallel {spec.data_parallel} "
                 f"= {step} {at}")
+
+
+def check_trainer_rules(recipe: Recipe, where: str) -> None:
+    """The rules a field's type cannot say (jobgen/rules.py's constants): enums of the upstream
+    trainer, signs, cross-field arithmetic, what a process environment can carry."""
+    m, p, s, d = recipe.model, recipe.parallelism, recipe.schedule, recipe.data
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"{where}: model.hidden_size: {m.hidden_size} is not divisible by "
+                          f"model.num_attention_heads {m.num_attention_heads} (every head gets "
+                          "the same width)")
+    if m.ffn_hidden_size <= 0:
+        raise ConfigError(f"{where}: model.ffn_hidden_size: must be positive, got "
+                          f"{m.ffn_hidden_size}")
+    if m.transformer_block_type is not None and m.transformer_block_type not in BLOCK_TYPES:
+        raise ConfigError(f"{where}: model.transformer_block_type: {m.transformer_block_type!r} "
+                          f"is not one the trainer accepts ({', '.join(BLOCK_TYPES)})")
+    if not 0.0 < m.rotary_percentage <= 1.0:
+        raise ConfigError(f"{where}: model.rotary_percentage: {m.rotary_percentage} must lie in "
+                          "(0, 1]")
+    if m.max_predictions is not None and not 0 < m.max_predictions <= m.seq_length:
+        raise ConfigError(f"{where}: model.max_predictions: {m.max_predictions} must lie "
+                          f"between 1 and model.seq_length {m.seq_length}")
+    if p.sequence_parallel and p.tensor == 1:
+        raise ConfigError(f"{where}: parallelism.sequence_parallel: needs parallelism.tensor "
+                          "above 1 (Megatron would turn it off without saying so)")
+    if p.hybrid_shard < 0 or p.activation_loading_horizon < 1:
+        raise ConfigError(f"{where}: parallelism: hybrid_shard must be 0 or more and "
+                          "activation_loading_horizon at least 1")
+    ckpt = recipe.checkpoint
+    if ckpt.every_steps is not None and ckpt.every_steps > s.max_steps:
+        raise ConfigError(f"{where}: checkpoint.every_steps: {ckpt.every_steps} is more than "
+                          f"schedule.max_steps {s.max_steps}: the run would never checkpoint")
+    warmup = (round(s.warmup_fraction * s.max_steps) if s.warmup_fraction is not None
+              else s.warmup_steps or 0)
+    if warmup >= s.max_steps:
+        raise ConfigError(f"{where}: schedule: warmup ({warmup} steps) must end before "
+                          f"max_steps {s.max_steps}")
+    if d.num_workers < 0:
+        raise ConfigError(f"{where}: data.num_workers: must be 0 or more, got {d.num_workers}")
+    if d.splits is not None:
+        parts = re.split(r"[,/]", d.splits)
+        if len(parts) != 3 or not all(re.fullmatch(SPLIT_NUMBER, x) for x in parts) or \
+                sum(float(x) for x in parts) <= 0:
+            raise ConfigError(f"{where}: data.splits: {d.splits!r} must be three non-negative "
+                              "numbers with a positive sum (train,validation,test, like "
+                              "980,10,10)")
+    if not 0 <= recipe.seed <= SEED_MAX:
+        raise ConfigError(f"{where}: seed: {recipe.seed} must lie between 0 and {SEED_MAX}")
+    if recipe.job.log_every_steps < 1:
+        raise ConfigError(f"{where}: job.log_every_steps: must be at least 1, got "
+                          f"{recipe.job.log_every_steps}")
+    for name, value in recipe.env.items():
+        if "\0" in value:
+            raise ConfigError(f"{where}: env.{name}: a value with a NUL byte cannot be in a "
+                              "process environment")
+        if len(name.encode()) + len(value.encode()) + 2 > ENV_MAX:
+            raise ConfigError(f"{where}: env.{name}: {len(value.encode())} bytes is longer than "
+                              f"Linux carries in one environment variable ({ENV_MAX} with its "
+                              "name)")
+    from .limits import RECIPE_LIMITS
+    check_limits(schema.to_plain(recipe), RECIPE_LIMITS, where)

@@ -24,6 +24,7 @@ class Point:
 def parse(sweeps: Sequence[str]) -> list[tuple[str, list[str]]]:
     """`KEY=V1,V2,...` options -> [(key, [values])], refusing what cannot be meant."""
     axes: list[tuple[str, list[str]]] = []
+    count = 1
     for text in sweeps:
         key, sep, values = text.partition("=")
         key = key.strip()
@@ -39,6 +40,10 @@ def parse(sweeps: Sequence[str]) -> list[tuple[str, list[str]]]:
             raise ConfigError(f"--sweep {key}: an empty value in {values!r}")
         if len(set(items)) != len(items):
             raise ConfigError(f"--sweep {key}: a value is listed twice in {values!r}")
+        count *= len(items)     # counted before any combination is built
+        if count > MAX_JOBS:
+            raise ConfigError(f"--sweep {key}: {count:,} combinations with the keys before "
+                              f"it, more than {MAX_JOBS} (one job each)")
         axes.append((key, items))
     return axes
 
@@ -53,8 +58,6 @@ def points(sweeps: Sequence[str], base: str) -> list[Point]:
     those would be too long, invalid or not unique."""
     axes = parse(sweeps)
     combos = list(itertools.product(*[[(key, v) for v in values] for key, values in axes]))
-    if len(combos) > MAX_JOBS:
-        raise ConfigError(f"--sweep: {len(combos)} combinations, more than {MAX_JOBS}")
     names = [f"{base}-" + "-".join(_slug(k, v) for k, v in combo) for combo in combos]
     if len(set(names)) != len(names) or not all(schema.NAME_RE.fullmatch(n) for n in names):
         names = [f"{base}-sweep{i}" for i in range(len(combos))]

@@ -25,7 +25,7 @@ def config_path() -> Path:
 
 def _config() -> dict[str, str]:
     path = config_path()
-    if not path.is_file():
+    if not os.path.lexists(path):   # anything else there (a FIFO, a folder) is refused on read
         return {}
     from .yamlfile import load_yaml
     data = load_yaml(path, str(path))

@@ -74,8 +74,14 @@ class Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_DIGITS = 40    # no number jobgen takes has more digits (2**64 has 20); int() of 4,301 refuses
+
+
 def _int(loader: Loader, node: Any) -> int:
     text = loader.construct_scalar(node)
+    if len(text) > MAX_DIGITS:
+        raise YamlError(f"{text[:12]}...: an integer of {len(text):,} characters; at most "
+                        f"{MAX_DIGITS}", node.start_mark.line + 1)
     if text.startswith(("0o", "0x")):
         return int(text, 0)
     return int(text, 10)          # YAML 1.2: leading zeros are decimal

@@ -14,8 +14,13 @@ from .errors import ConfigError, printable
 def load_yaml(path: Path, shown: str) -> dict[str, Any]:
     """Parse a YAML mapping (YAML 1.2 scalars, no duplicate keys, bounded: jobgen/yaml12.py),
     turning every problem into a one-line ConfigError."""
-    try:
-        raw = path.read_bytes()
+    from . import fsio
+    try:    # a regular file only: a FIFO or device is refused at once, not waited on
+        raw = fsio.read_bytes(path, fsio.MAX_BYTES)
+    except fsio.NotRegularFile as exc:
+        raise ConfigError(f"{shown}: {str(exc).split(': ', 1)[-1]}") from None
+    except fsio.TooLarge:
+        raise ConfigError(f"{shown}: larger than {fsio.MAX_BYTES >> 20} MB; not read") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot read: {exc}") from None
     cached = _parsed(raw)

@@ -80,7 +80,8 @@ def test_a_folder_in_the_way_fails_before_any_file_is_replaced(tmp_path: Path) -
     (tmp_path / "notes.txt").mkdir()
     with pytest.raises(JobgenError) as info:
         sample_plan().write(tmp_path)
-    assert str(info.value) == f"{tmp_path}: cannot write: notes.txt is a directory"
+    assert str(info.value) == (f"{tmp_path}/notes.txt: is a folder; jobgen writes only regular "
+                               "files (give another path)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch", "notes.txt"]
     assert (tmp_path / "job.sbatch").read_text() == "old\n"
 

@@ -259,9 +259,10 @@ def test_site_without_plan_facts_still_plans_throughput(write_site: Callable) ->
 
 @pytest.mark.parametrize("key,value,message", [
     ("plan.platforms.trn1.32xlarge.prices.on_demand", -1,
-     "plan.platforms.trn1.32xlarge.prices.on_demand: -1.0 must be a number more than 0"),
-    ("plan.storage.write_mb_s", 0, "plan.storage.write_mb_s: 0.0 must be a number more than 0"),
-    ("plan.restart.detect_s", -5, "plan.restart.detect_s: -5.0 must be 0 or more"),
+     "plan.platforms.trn1.32xlarge.prices.on_demand: -1.0 must be from 0.0001 to 100000 US "
+     "dollars per node-hour"),
+    ("plan.storage.write_mb_s", 0, "plan.storage.write_mb_s: 0.0 must be from 0.1 to 1e+08 MB/s"),
+    ("plan.restart.detect_s", -5, "plan.restart.detect_s: -5.0 must be from 0 to 604800 seconds"),
 ])
 def test_bad_site_plan_values_name_the_key(write_site: Callable, jobgen: Callable, key: str,
                                            value: Any, message: str) -> None:
@@ -301,8 +302,9 @@ def test_bad_options_are_one_line_errors(jobgen: Callable, args: list[str],
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--price", "-1"], "Invalid value for '--price': -1 must be a number more than 0"),
-    (["--tokens", "x"], "Invalid value for '--tokens': 'x' is not a number"),
+    (["--price", "-1"],
+     "Invalid value for '--price': -1 must be from 0.0001 to 100000 US dollars per node-hour"),
+    (["--tokens", "x"], "Invalid value for '--tokens': 'x' is not a number of tokens"),
 ])
 def test_bad_numbers_are_one_line_usage_errors(jobgen_proc: Callable, args: list[str],
                                                message: str) -> None:

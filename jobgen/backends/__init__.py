@@ -19,15 +19,13 @@ import enum
 import importlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from ..errors import ConfigError
 from ..record import record
 
-if TYPE_CHECKING:   # not imported when rendering: only the types are needed here
-    from ..plan import Plan
-    from ..runs import Run
-    from ..spec import JobSpec
+if TYPE_CHECKING:   # not imported when rendering: only the type is needed here
+    from ..runs import Run  # (runs does not ask the registry: no circle through it)
 
 Echo = Callable[[str], None]
 
@@ -150,20 +148,6 @@ class JobRef:
     endpoint_url: Optional[str] = None
 
 
-class Backend(Protocol):
-    def plan(self, spec: JobSpec) -> Plan: ...
-    def prepare(self, spec: JobSpec, strict: bool = True,
-                say: Optional[Echo] = None) -> None: ...
-    def dry_run(self, spec: JobSpec, options: SubmitOptions) -> str: ...
-    def submit(self, spec: JobSpec, options: SubmitOptions) -> Submitted: ...
-    def wait(self, ref: JobRef, echo: Echo, poll_s: float) -> int: ...
-    def status(self, ref: JobRef) -> JobStatus: ...
-    def status_lines(self, ref: JobRef) -> list[str]: ...
-    def logs(self, ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None: ...
-    def cancel(self, ref: JobRef) -> str: ...
-    def checked(self) -> tuple[list[str], list[str]]: ...
-
-
 _ORDER = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")   # help text order
 
 
@@ -197,9 +181,12 @@ def having(test: Callable[[Declaration], bool]) -> tuple[str, ...]:
     return tuple(d.name for d in declarations() if test(d))
 
 
-def get(name: str) -> Backend:
+def get(name: str) -> Any:
+    """A backend's implementation: its `backend` module, which does what `Backend` in
+    jobgen/backends/protocol.py says (`protocol.backend(name)` is this, typed). The registry
+    does not name the spec's types, so that the spec may ask it without an import circle."""
     declaration(name)
-    return cast(Backend, importlib.import_module(f"{__name__}.{name}.backend"))
+    return importlib.import_module(f"{__name__}.{name}.backend")
 
 
 def module(name: str, part: str) -> Any:

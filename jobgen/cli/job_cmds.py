@@ -6,7 +6,7 @@ from typing import Optional
 import click
 
 from ..errors import ConfigError, JobgenError, printable
-from .options import _echo_json, _job, _job_backend, _job_options, _json_option
+from .options import _echo_json, _echo_text, _job, _job_backend, _job_options, _json_option
 
 
 @click.command()
@@ -74,7 +74,7 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
         row = run.as_dict()
         if not no_state:
             try:
-                impl = backends.get(run.scheduler)
+                impl = backends.get(backends.scheduler(run.backend))
                 found = impl.status(backends.JobRef(run.job_id, run))
                 row["state"], row["native_state"] = found.state.value, found.native
             except JobgenError as exc:
@@ -90,13 +90,14 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
     columns = ["name", "backend", "job_id", "recipe", "nodes", "state", "submitted", "run_dir"]
     if no_state:
         columns.remove("state")
-    table = [columns] + [[str(r.get(c, "")) for c in columns] for r in rows]
+    # cells escaped before they are measured (a control character is shown as \x1b, 4 wide)
+    table = [columns] + [[printable(str(r.get(c, ""))) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+        _echo_text("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
     # Why a state is `?`: each reason once, under the table.
     for reason in dict.fromkeys(r["state_error"] for r in rows if r.get("state_error")):
-        click.echo(f"?: {reason}")
+        _echo_text(f"?: {reason}")
 
 
 def _show_record(run: str, as_json: bool) -> None:
@@ -110,18 +111,18 @@ def _show_record(run: str, as_json: bool) -> None:
         _echo_json({**data, "health": events})
         return
     import yaml
-    click.echo(f"# {path}")
+    _echo_text(f"# {path}")
     for index, entry in enumerate(data["submissions"]):
         shown = {k: v for k, v in entry.items() if k not in ("recipe_text", "site_text", "spec")}
-        click.echo(f"# submission {index + 1} of {len(data['submissions'])}")
-        click.echo(yaml.safe_dump(shown, sort_keys=False, width=100), nl=False)
+        _echo_text(f"# submission {index + 1} of {len(data['submissions'])}")
+        _echo_text(yaml.safe_dump(shown, sort_keys=False, width=100), nl=False)
     if events:
-        click.echo(f"# the health gate: {len(events)} failed check(s)")
+        _echo_text(f"# the health gate: {len(events)} failed check(s)")
         for e in events:
-            click.echo(f"- {e.get('time', '?')} job {e.get('job', '?')} allocation "
+            _echo_text(f"- {e.get('time', '?')} job {e.get('job', '?')} allocation "
                        f"{e.get('allocation', '?')}: node {e.get('node', '?')} "
                        f"({e.get('host', '?')}) failed {e.get('check', '?')}: {e.get('seen', '?')}"
                        f"; needs {e.get('needs', '?')} -> {e.get('action', '?')}")
-    click.echo("# the newest submission's resolved spec")
+    _echo_text("# the newest submission's resolved spec")
     click.echo(yaml.safe_dump(data["submissions"][-1]["spec"], sort_keys=False, width=100),
                nl=False)

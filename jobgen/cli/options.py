@@ -41,21 +41,33 @@ class _Folder(click.Path):
 
 
 class _Amount(click.ParamType):
-    """A finite number more than 0 (1.8e12 tokens, a price, hours), at most `upper` if given."""
+    """A finite number more than 0 (1.8e12 tokens, a price, hours), at most `upper` if given;
+    `_Amount.of(key)` takes its bounds from the domain declared for it (limits.PLAN_DOMAINS)."""
 
     name = "number"
 
-    def __init__(self, upper: Optional[float] = None, unit: str = "") -> None:
-        self.upper, self.unit = upper, unit
+    def __init__(self, upper: Optional[float] = None, unit: str = "",
+                 lower: Optional[float] = None) -> None:
+        self.upper, self.unit, self.lower = upper, unit, lower
+
+    @classmethod
+    def of(cls, key: str) -> "_Amount":
+        from ..limits import PLAN_DOMAINS
+        lower, upper, unit = PLAN_DOMAINS[key]
+        return cls(upper, unit, lower)
 
     def convert(self, value: Any, param: Optional[click.Parameter],
                 ctx: Optional[click.Context]) -> Any:
         unit = f" {self.unit}" if self.unit else ""
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             self.fail(f"{value!r} is not a number{' of' + unit if unit else ''}", param, ctx)
-        if self.upper is not None:
+        if self.lower is not None and self.upper is not None:
+            if not (math.isfinite(number) and self.lower <= number <= self.upper):
+                self.fail(f"{value} must be from {self.lower:g} to {self.upper:g}{unit}",
+                          param, ctx)
+        elif self.upper is not None:
             if not (math.isfinite(number) and 0 < number <= self.upper):
                 self.fail(f"{value} must be more than 0 and at most {self.upper:g}{unit}",
                           param, ctx)
@@ -132,9 +144,11 @@ def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: O
 
 
 _target_options = (
-    click.option("--tokens", type=_Amount(), help="Train to this many tokens (like 1.8e12): the "
-                                                  "schedule's steps as `jobgen plan` counts them."),
-    click.option("--samples", type=_Amount(), help="Train to this many samples (sequences)."))
+    click.option("--tokens", type=_Amount.of("tokens"),
+                 help="Train to this many tokens (like 1.8e12): the schedule's steps as "
+                      "`jobgen plan` counts them."),
+    click.option("--samples", type=_Amount.of("samples"),
+                 help="Train to this many samples (sequences)."))
 
 
 def _targeted(func: F) -> F:
@@ -165,9 +179,24 @@ _json_option = click.option("--json", "as_json", is_flag=True,
                             help="Print JSON (for programs) instead of text.")
 
 
+def _echo_text(text: str, nl: bool = True) -> None:
+    """The one place text read off disk or from a scheduler is printed (tables, records): every
+    control character but the line break escaped, so a value cannot drive the terminal."""
+    from ..errors import printable_lines
+    click.echo(printable_lines(text), nl=nl)
+
+
 def _echo_json(data: Any) -> None:
+    """The one place JSON is printed: strict JSON (NaN or Infinity is refused, never printed)."""
     import json
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+    from ..errors import RenderError
+    try:
+        text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)
+    except ValueError:
+        raise RenderError("the output holds a number that is not finite (nan or inf); "
+                          "not printed: report this as a bug of jobgen") from None
+    click.echo(text)
 
 
 def _aws_flag(name: str) -> Callable[[F], F]:
@@ -236,9 +265,9 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
         raise click.UsageError("the job must not be empty (a run name or a job id)")
     found = runs.find(ref)
     if found is not None:
-        if backend is not None and backend != found.scheduler:
+        name = backends.scheduler(found.backend)   # submitit's jobs are Slurm's
+        if backend is not None and backend != name:
             raise ConfigError(f"{ref}: recorded as a {found.backend} job, not {backend}")
-        name = found.scheduler
         job_id = found.job_id if ref == found.name else ref
     else:   # a job id jobgen did not record: whose ids look like it (Batch's are UUIDs)
         name, job_id = backend or _guess_backend(ref), ref

@@ -14,22 +14,25 @@ from .options import TEXT, _Amount, _echo_json, _json_option
 @click.option("--nodes", "-n", "node_text", metavar="LIST",
               help="Node counts: 16,32,64, or 4..64 (doubling from 4 to 64) (default: the "
                    "recipe's).")
-@click.option("--tokens", type=_Amount(), help="Train to this many tokens (like 1.8e12).")
-@click.option("--samples", type=_Amount(), help="Train to this many samples (sequences).")
+@click.option("--tokens", type=_Amount.of("tokens"),
+              help="Train to this many tokens (like 1.8e12).")
+@click.option("--samples", type=_Amount.of("samples"),
+              help="Train to this many samples (sequences).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe value, as for render (repeatable).")
 @click.option("--site", type=TEXT, help="Site profile: prices, node MTBF, storage (default: "
                                         "local).")
-@click.option("--price", type=_Amount(), help="US dollars per node-hour (default: the site's).")
+@click.option("--price", type=_Amount.of("price"),
+              help="US dollars per node-hour (default: the site's).")
 @click.option("--rate", type=TEXT, help="Which of the site's prices: on_demand, reserved_3y, ...")
-@click.option("--node-mtbf-hours", type=_Amount(),
+@click.option("--node-mtbf-hours", type=_Amount.of("node_mtbf_hours"),
               help="Mean hours between failures of one node (default: the site's).")
-@click.option("--restart-s", type=click.FloatRange(min=0),
+@click.option("--restart-s", type=_Amount.of("restart_s"),
               help="Seconds from a failure to training again, before the checkpoint load "
                    "(default: the site's plan.restart).")
-@click.option("--storage-mb-s", type=_Amount(),
+@click.option("--storage-mb-s", type=_Amount.of("storage_mb_s"),
               help="Checkpoint storage bandwidth, MB/s, read and write (default: the site's).")
-@click.option("--checkpoint-gb", type=_Amount(),
+@click.option("--checkpoint-gb", type=_Amount.of("checkpoint_gb"),
               help="Checkpoint size in GB (default: from the model's parameters).")
 @click.option("--measurements", "measurement_files", multiple=True, metavar="FILE",
               help="Throughput rows of your own, in the form of "

@@ -37,11 +37,16 @@ def daly(write: float, mtbf: float) -> float:
 def segment_time(length: float, restart: float, mtbf: float) -> float:
     """Expected wall time to complete `length` seconds that a failure sends back to their
     start, each failure costing `restart` seconds that can fail too."""
-    return mtbf * math.exp(restart / mtbf) * math.expm1(length / mtbf)
+    try:
+        return mtbf * math.exp(restart / mtbf) * math.expm1(length / mtbf)
+    except OverflowError:      # beyond any bound: the job would never finish (the caller says)
+        return math.inf
 
 
 def segments(work: float, interval: float) -> tuple[int, float]:
     """(full segments, the last segment's training seconds, 0 if none)."""
+    if not interval > 0:
+        return 0, work
     full = int(work // interval)
     rest = work - full * interval
     if rest <= interval * 1e-9:

@@ -3,14 +3,17 @@ wall time and failures at the recipe's checkpoint interval and at the recommende
 and Daly's), optionally simulated (jobgen/planning/failures.py holds the formulas)."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RuleError
 from ..record import record
 from ..spec import JobSpec
 from . import failures
 from .failures import Simulation
 
+# Longer than this is "never" (a million years): beyond it the figures are not worth printing.
+WALL_LIMIT_S = 3.15576e13
 # Random draws a --simulate may take (about 10 s of Python per 10^7).
 SIMULATION_LIMIT = 2e7
 
@@ -60,6 +63,13 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
     def interval(k: int) -> Interval:
         seconds = min(k, steps) * step_s
         wall = failures.expected_wall(work, seconds, write, restart, mtbf)
+        if not math.isfinite(wall) or wall > WALL_LIMIT_S:
+            raise RuleError(
+                f"at {nodes} nodes a job fails every {mtbf:.3g} s (a node's MTBF of "
+                f"{mtbf_h:g} h over {nodes} nodes), against a restart of {restart:.3g} s and "
+                f"{seconds:.3g} s between checkpoints: it would not finish in "
+                f"{WALL_LIMIT_S / 3.15576e7:g} years; check --node-mtbf-hours, --restart-s, "
+                "--checkpoint-gb and --storage-mb-s")
         sim = None
         if simulate:
             draws = simulate * (work / seconds + 2 * wall / mtbf)

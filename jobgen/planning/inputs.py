@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+from .. import fsio
 from ..errors import ConfigError
 from ..site import Site
 from ..spec import JobSpec
@@ -63,7 +64,9 @@ def from_runs(refs: Sequence[str], recipe_name: str,
                               f"stand-in's, not {run.recipe}'s")
         path = Path(run.run_dir, "train", "metrics.jsonl")
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = fsio.read_bytes(path, fsio.MAX_BYTES, partial=True).decode("utf-8", "replace")
+        except fsio.NotRegularFile as exc:
+            raise ConfigError(f"--from-run {ref}: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"--from-run {ref}: {path}: cannot read: {exc.strerror}") from None
         events = meas.read_events(text)

@@ -170,7 +170,7 @@ def read_events(text: str) -> list[dict[str, Any]]:
         if line.startswith('{"event"'):
             try:
                 item = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(item, dict):
                 events.append(item)

@@ -233,8 +233,13 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         per_dollar = per_unit * 3600 / (price * n) if price is not None else None
         fail = None
         if mtbf_h is not None and write_mb_s is not None and read_mb_s is not None:
-            fail = failures_at(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s, read_mb_s,
-                               node_mb_s, restart_fixed, price, steps, opts.simulate, opts.seed)
+            try:    # a count at which the job would never finish is skipped, with why
+                fail = failures_at(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s,
+                                   read_mb_s, node_mb_s, restart_fixed, price, steps,
+                                   opts.simulate, opts.seed)
+            except RuleError as exc:
+                skipped.append(Skipped(n, str(exc)))
+                continue
         rows.append(Row(n, thr, gbs, step_s, steps, work, tokens_per_s, cost, per_dollar, fail))
     if not rows:
         raise ConfigError(f"{name}: none of the node counts can run it: "

@@ -3,12 +3,10 @@ imported only here and only for --plot)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from ..plan import current_umask
 from .goodput import Interval
 from .planner import Result
 
@@ -139,7 +137,13 @@ def plot(result: Result, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'jobgen[plot]'") from None
-    import tempfile
+    import io
+
+    from .. import fsio
+    try:    # refused before anything is drawn: a device, FIFO, folder or symlink stays as it is
+        fsio.refuse_special(path)
+    except fsio.NotRegularFile as exc:
+        raise ConfigError(f"--plot {exc}") from None
 
     rows = list(result.rows)
     xs = [row.nodes for row in rows]
@@ -180,20 +184,14 @@ def plot(result: Result, path: Path) -> None:
     ax2.set_title("goodput with failures", fontsize=10)
     fig.suptitle(f"jobgen plan {result.recipe} ({result.platform}, site {result.site})")
     fig.tight_layout()
-    folder = path.parent if str(path.parent) else Path(".")
+    png = io.BytesIO()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=folder)
-    except OSError as exc:
-        plt.close(fig)
-        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            fig.savefig(out, format="png", dpi=110)
-        os.chmod(tmp, 0o666 & ~current_umask())   # as any file the user writes, not 0600
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None
+        fig.savefig(png, format="png", dpi=110)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    try:
+        fsio.write_file(path, png.getvalue())
+    except fsio.NotRegularFile as exc:
+        raise ConfigError(f"--plot {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None

@@ -14,9 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from .. import fsio
+from ..errors import ConfigError, JobgenError
+
 NOTIFY_TIMEOUT_S = 60
 HOLD_TIMEOUT_S = 300
-NEMO_STEP = re.compile(r"step=(\d+)")
+NEMO_STEP = re.compile(r"step=([0-9]{1,18})(?![0-9])")
+STEP_DIR = re.compile(r"step_([0-9]{1,18})")   # ASCII digits only: step_² is no step
 
 
 class Controller(Protocol):
@@ -38,13 +42,15 @@ def _complete_steps(root: Path) -> list[int]:
     marker: the ones a resume may load."""
     steps = []
     for marker in root.glob("step_*/COMPLETE"):
-        text = marker.parent.name[5:]
-        try:
-            info = json.loads(marker.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        match = STEP_DIR.fullmatch(marker.parent.name)
+        if match is None:
             continue
-        if text.isdigit() and isinstance(info, dict) and info.get("step") == int(text):
-            steps.append(int(text))
+        try:
+            info = fsio.loads(fsio.read_bytes(marker, 1 << 16))
+        except (OSError, ValueError, JobgenError):
+            continue
+        if isinstance(info, dict) and info.get("step") == int(match.group(1)):
+            steps.append(int(match.group(1)))
     return steps
 
 
@@ -52,6 +58,10 @@ def rollback_target(run_dir: Path, before: int) -> tuple[Optional[int], str]:
     """The newest checkpoint step below `before`, and the layout found ("jobgen", "nemo"), or
     (None, why)."""
     ours = run_dir / "train" / "checkpoints"
+    for root in (ours, run_dir / "nemo" / "checkpoints"):
+        if root.exists() and not fsio.inside(run_dir, root):
+            return None, (f"{root} leads outside the run folder {run_dir}; a rollback moves "
+                          "nothing there")
     if any(ours.glob("step_*/COMPLETE")):
         steps = [s for s in _complete_steps(ours) if s < before]
         return (max(steps), "jobgen") if steps else (None, f"no complete checkpoint in {ours} "
@@ -71,7 +81,7 @@ def _nemo_checkpoints(root: Path) -> list[tuple[int, Path]]:
     if root.is_dir():
         for path in root.rglob("*.ckpt"):
             match = NEMO_STEP.search(path.name)
-            if match:
+            if match and fsio.inside(root, path):
                 out.append((int(match.group(1)), path))
     return out
 
@@ -81,22 +91,19 @@ def roll_back(run_dir: Path, target: int, layout: str) -> str:
     to the checkpoints (nothing is deleted), so that the resume picks `target`."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
     moved = []
+    root = run_dir / ("train" if layout == "jobgen" else "nemo") / "checkpoints"
+    aside = root.parent / f"rolled-back-{stamp}"
+    if not fsio.inside(run_dir, root):   # checked again: nothing moves out of the run
+        raise ConfigError(f"{root} leads outside the run folder {run_dir}; not rolled back")
     if layout == "jobgen":
-        root = run_dir / "train" / "checkpoints"
-        aside = root.parent / f"rolled-back-{stamp}"
         for entry in sorted(root.glob("step_*")):
-            text = entry.name[5:]
-            if text.isdigit() and int(text) > target:
+            match = STEP_DIR.fullmatch(entry.name)
+            if match and int(match.group(1)) > target:
                 aside.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(entry), str(aside / entry.name))
+                os.rename(entry, aside / entry.name)   # a rename: a symlink moves as itself
                 moved.append(entry.name)
-        tag = f"step_{target:08d}"
-        tmp = root / f".latest.tmp.{os.getpid()}"
-        tmp.write_text(tag, encoding="utf-8")
-        os.replace(tmp, root / "latest")
+        fsio.write_file(root / "latest", f"step_{target:08d}")
     else:
-        root = run_dir / "nemo" / "checkpoints"
-        aside = root.parent / f"rolled-back-{stamp}"
         for step, path in _nemo_checkpoints(root):
             if step > target:
                 relative = path.relative_to(root)

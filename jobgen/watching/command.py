@@ -35,8 +35,12 @@ def make_view(as_json: bool, every: float) -> Any:
 
 def watch_recorded(run_dir: Path, rules: Rules, as_json: bool) -> Summary:
     """Judge a run folder as it stands (a finished run, or a copy): nothing is acted on."""
+    from .runfolder import RUN_MARKERS, is_run
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: no such folder")
+    if not is_run(run_dir):
+        raise ConfigError(f"--run-dir {run_dir}: not a run folder (it holds none of "
+                          f"{', '.join(RUN_MARKERS)}); give the folder a job writes to")
     reader = RunReader(run_dir)
     watch = Watch(reader, Detectors(rules), Policy(), None, make_view(as_json, 0.0))
     return watch.run(0.0)

@@ -30,28 +30,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import Optional
 
 from .divergence import DivergenceDetectors
 from .observations import Alert, Observation, finite
 from .pace import PaceDetectors
 from .restarts import RestartDetector
+from .rules import Rules
 
-
-@dataclass(frozen=True)
-class Rules:
-    spike_window: int = 20
-    spike_margin: float = 0.1
-    spike_patience: int = 5
-    growth_factor: float = 3.0
-    growth_steps: int = 5
-    loss_spike: float = 0.5
-    hang_factor: float = 10.0
-    hang_min_s: float = 300.0
-    drop: float = 0.3
-    drop_steps: int = 5
-    restarts_per_node: int = 2
+__all__ = ["Detectors", "Rules"]
+DEFAULT_RULES = Rules()
 
 
 class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
@@ -59,7 +47,7 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
     step times, throughput and hangs (watching/pace.py), and nodes that end allocations
     (watching/restarts.py), sharing the run's state below."""
 
-    def __init__(self, rules: Rules = Rules()) -> None:
+    def __init__(self, rules: Rules = DEFAULT_RULES) -> None:
         self.rules = rules
         self.norms: deque[tuple[int, float]] = deque(maxlen=rules.spike_window)
         self.losses: deque[tuple[int, float]] = deque(maxlen=rules.spike_window)

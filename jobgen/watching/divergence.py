@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .observations import Alert, Observation, fmt
-
-if TYPE_CHECKING:
-    from .detectors import Rules
+from .rules import Rules
 
 MIN_HISTORY = 5        # steps before the running mean judges a norm or a loss
 

@@ -85,14 +85,25 @@ def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="milliseconds")
 
 
+# The domain of a time read from a run (epoch seconds): 1970 to 2200. Outside it a value is not
+# a time this run can have, and arithmetic or printing on it would overflow.
+TIME_MIN, TIME_MAX = 0.0, 7258118400.0
+
+
+def plausible_time(value: float) -> bool:
+    """Whether `value` (epoch seconds) lies in the domain of a run's times."""
+    return TIME_MIN <= value <= TIME_MAX
+
+
 def parse_time(text: Any) -> Optional[float]:
-    """An event's ISO 8601 time as epoch seconds; None when it is not one."""
-    if not isinstance(text, str):
+    """An event's ISO 8601 time as epoch seconds; None when it is not one, or out of domain."""
+    if not isinstance(text, str) or len(text) > 64:
         return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
         return None
+    return value if plausible_time(value) else None
 
 
 def number(value: Any, present: bool) -> Optional[float]:
@@ -104,7 +115,10 @@ def number(value: Any, present: bool) -> Optional[float]:
         return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:      # an integer past float's range: reported, and not finite
+        return math.inf
 
 
 def finite(value: Optional[float]) -> bool:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .observations import Alert, Observation, fmt
-
-if TYPE_CHECKING:
-    from .detectors import Rules
+from .rules import Rules
 
 WARM_STEPS = 2         # steps after each start left out of the throughput baseline
 

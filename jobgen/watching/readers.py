@@ -18,10 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .. import fsio
+from ..errors import JobgenError
 from .observations import Observation, number, parse_time
+from .runfolder import event_files
+from .runfolder import mtime as _mtime
 from .tfrecord import EventFile, read_from
 
 ALLOCATION = re.compile(r"^(restart|attempt)-(\d+)$")
+MAX_LINE = fsio.MAX_LINE
 LIFECYCLE = ("start", "resume", "checkpoint", "done", "stopped")
 # TensorBoard tags, first match wins: NeMo's (neuronx-nemo-megatron logs these names), then the
 # ``train/<key>`` form jobgen's payloads write, then common spellings.
@@ -44,6 +49,7 @@ class LineReader:
         self.offset = 0
         self.partial = b""
         self.grew_at: Optional[float] = None
+        self.skipped = 0                     # lines over MAX_LINE, dropped
 
     def read(self, now: float) -> list[str]:
         data = read_from(self.path, self.offset)
@@ -54,7 +60,11 @@ class LineReader:
         data = self.partial + data
         lines = data.split(b"\n")
         self.partial = lines.pop()
-        return [line.decode("utf-8", "replace") for line in lines]
+        if len(self.partial) > MAX_LINE:   # no line is this long: drop it, memory stays bounded
+            self.partial, self.skipped = b"", self.skipped + 1
+        kept = [line for line in lines if len(line) <= MAX_LINE]
+        self.skipped += len(lines) - len(kept)
+        return [line.decode("utf-8", "replace") for line in kept]
 
 
 def observation(event: dict[str, Any], source: str, restart: int,
@@ -92,7 +102,7 @@ def parse_lines(lines: list[str], source: str, restart: int,
             continue
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):    # cut short, or nested past the stack
             continue
         if isinstance(event, dict):
             found = observation(event, source, restart, node)
@@ -129,8 +139,8 @@ class Allocation:
 
     def host(self, node: int) -> str:
         try:
-            return (self.folder / f"node-{node}" / "host").read_text(encoding="utf-8").strip()
-        except OSError:
+            return fsio.read_text(self.folder / f"node-{node}" / "host", 4096).strip()
+        except (OSError, JobgenError):
             return ""
 
     def ends(self) -> list[NodeEnd]:
@@ -139,10 +149,12 @@ class Allocation:
             status, what, at = None, "", 0.0
             path = self.folder / f"node-{node}" / "job.status"
             try:
-                code, _, what = path.read_text(encoding="utf-8").strip().partition(" ")
-                status = int(code) if code.isdigit() else None
+                text = fsio.read_text(path, 4096).strip()
+                code, _, what = text.partition(" ")
+                status = int(code) if code.isascii() and code.isdigit() and len(code) < 4 \
+                    else None
                 at = path.stat().st_mtime
-            except OSError:
+            except (OSError, JobgenError):
                 pass
             out.append(NodeEnd(node, self.host(node), status, what, at))
         return out
@@ -230,16 +242,14 @@ class RunReader:
         return out
 
     def _read_tensorboard(self) -> list[Observation]:
-        files = sorted((p for p in self.run_dir.rglob("events.out.tfevents.*")
-                        if "checkpoints" not in p.parts),
-                       key=lambda p: (p.stat().st_mtime if p.exists() else 0, p.name))
+        files = sorted(event_files(self.run_dir), key=lambda p: (_mtime(p), p.name))
         out: list[Observation] = []
         for path in files:
             reader = self.tensorboard.get(path)
             if reader is None:
                 reader = self.tensorboard[path] = EventFile(path)
                 if len(self.tensorboard) > 1:   # a new writer: the trainer started again
-                    out.append(Observation("start", path.stat().st_mtime, "tensorboard",
+                    out.append(Observation("start", _mtime(path), "tensorboard",
                                            restart=len(self.tensorboard) - 1))
             restart = list(self.tensorboard).index(path)
             by_step: dict[int, dict[str, float]] = defaultdict(dict)

@@ -3,13 +3,11 @@
 holds the state declared here."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from .observations import Alert
 from .readers import NodeEnd
-
-if TYPE_CHECKING:
-    from .detectors import Rules
+from .rules import Rules
 
 
 class RestartDetector:

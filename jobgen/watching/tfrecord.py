@@ -9,11 +9,12 @@ decoded. A record still being written is left for the next read.
 """
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from .observations import plausible_time
 
 
 def _crc32c_table() -> list[int]:
@@ -147,13 +148,17 @@ def scalars(event: bytes) -> list[Scalar]:
     return out
 
 
+CHUNK = 16 << 20   # read of a growing file per call: memory stays bounded, the rest comes next
+
+
 def read_from(path: Path, offset: int) -> bytes:
-    """What a growing file holds from `offset` on (nothing when it cannot be read now)."""
+    """What a growing regular file holds from `offset` on, at most CHUNK bytes (nothing when it
+    cannot be read now, or is not a regular file: a FIFO or device is never waited on)."""
+    from .. import fsio
+    from ..errors import JobgenError
     try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            return handle.read()
-    except OSError:
+        return fsio.read_bytes(path, CHUNK, offset=offset, partial=True)
+    except (OSError, JobgenError):
         return b""
 
 
@@ -188,7 +193,7 @@ class EventFile:
                 self.damaged = f"{self.path}: bad record at byte {self.offset + pos}"
                 break
             try:
-                out.extend(s for s in scalars(body) if not math.isinf(s.wall_time))
+                out.extend(s for s in scalars(body) if plausible_time(s.wall_time))
             except (ValueError, struct.error):
                 pass    # an event of a kind this reader does not decode
             pos = end

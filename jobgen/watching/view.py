@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
+from ..errors import printable_lines
 from .observations import Action, Alert, Observation, iso
 
 
@@ -66,7 +67,7 @@ class PlainView:
         self.out, self.every, self.shown = out or sys.stdout, every, 0.0
 
     def _line(self, text: str) -> None:
-        self.out.write(text + "\n")
+        self.out.write(printable_lines(text) + "\n")
         self.out.flush()
 
     def state(self, job_id: str, state: str) -> None:
@@ -105,11 +106,11 @@ class TerminalView(PlainView):
         self.current = ""
 
     def _line(self, text: str) -> None:
-        self.out.write("\r\x1b[K" + text + "\n" + self.current)
+        self.out.write("\r\x1b[K" + printable_lines(text) + "\n" + self.current)
         self.out.flush()
 
     def status(self, st: Any) -> None:
-        self.current = status_text(st)[:self._width()]
+        self.current = printable_lines(status_text(st))[:self._width()]
         self.out.write("\r\x1b[K" + self.current)
         self.out.flush()
 

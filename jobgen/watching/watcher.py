@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,14 +246,15 @@ class Watch:
             return
         from .view import _finite
         line = json.dumps(_finite(record), sort_keys=True) + "\n"
+        from .. import fsio
+        from ..errors import JobgenError
         try:
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode("utf-8"))
-            finally:
-                os.close(fd)
+            fsio.append(self.log_path, line)
         except OSError as exc:
             self.view.note(f"cannot record in {self.log_path}: {exc.strerror}")
+            self.log_path = None
+        except JobgenError as exc:    # a FIFO, a device or a symlink where the log goes
+            self.view.note(f"cannot record: {exc}")
             self.log_path = None
 
     def _notify(self, kind: str, payload: dict[str, Any], alert: Alert) -> tuple[bool, str]:
