@@ -100,6 +100,7 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="neuronx_distributed",
+    trainer="nxd",
     accelerator="neuron",
     families=("llama",),
     honours=COMMON_KEYS | {

@@ -94,6 +94,7 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="smp_fsdp",
+    trainer="smp",
     rehearses_itself=True,
     accelerator="cuda",
     families=("llama", "gpt_neox"),

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any, Optional
 
-from ... import aws, node, payloads, snapshot
+from ... import aws, images, node, payloads, snapshot
 from ...cache import sha256
 from ...errors import ConfigError
 from ...plan import Plan, PlannedFile
@@ -109,8 +109,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     site, platform = spec.site, spec.platform
     if site.batch is None:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
-    image = snapshot.site_image(site.batch.images, platform.name, "batch.images", site.name,
-                                spec.payload_digest)
+    image = images.uri(spec, "batch")
     lau = payloads.for_spec(spec, "batch")
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -120,7 +119,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
                    "readOnly": False}]
     container: dict[str, Any] = {
         "image": image,
-        "command": [site.batch.entrypoint, *entrypoint_args(lau)],
+        "command": [images.declared().entrypoint("batch"), *entrypoint_args(lau)],
     }
     if site.batch.job_role_arn:
         container["jobRoleArn"] = site.batch.job_role_arn
