@@ -2,9 +2,9 @@
 (`jobgen image-context`), the renderer (which image a job names, where the trainer and the
 payload are inside it), the container rehearsals (the file tree they lay out) and the checks.
 
-An image is keyed by platform and trainer; the trainer a payload needs is its record's
-`trainer`. A site names only the repository images are pushed to; the tag is the image's name
-and the payload id."""
+An image is keyed by platform and trainer; the declaration's `trainers` says which
+payloads each trainer runs. A site names only the repository images are pushed to; the tag
+is the image's name and the payload id."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 FILE = "env/containers/images.yaml"
 # A path inside an image: absolute, no spaces or colons (the node's flow splits lists on ':').
 PATH_RE = re.compile(r"/[A-Za-z0-9._/-]+")
-# An Amazon ECR repository: what SageMaker's CreateTrainingJob pulls training images from.
-ECR_RE = re.compile(r"[0-9]{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+")
 
 
 @record
@@ -63,6 +61,7 @@ class Declaration:
     jobgen_dir: str
     entrypoints: dict[str, str]
     workdir: str
+    trainers: dict[str, tuple[str, ...]]
     images: dict[str, Image]
 
     @property
@@ -107,9 +106,7 @@ def find(platform: str, trainer: str) -> Optional[Image]:
 
 
 def trainer_of(payload: str) -> Optional[str]:
-    from .payloads import REGISTRY
-    found = REGISTRY.get(payload)
-    return found.trainer if found is not None else None
+    return next((t for t, runs in declared().trainers.items() if payload in runs), None)
 
 
 def for_recipe(platform: str, payload: str, where: str) -> Image:
@@ -134,13 +131,18 @@ def with_image_paths(site: "Site", platform: str, payload: str) -> "Site":
     image = find(platform, trainer) if trainer else None
     if image is None or not image.paths:
         return site
-    return dataclasses.replace(site, paths=dataclasses.replace(
-        site.paths, **{key: image.path_of(key) for key in image.paths}))
+    moved: dict[str, Any] = {key: image.path_of(key) for key in image.paths}
+    return dataclasses.replace(site, paths=dataclasses.replace(site.paths, **moved))
 
 
 def tag(image: Image, full_digest: str) -> str:
     from .snapshot import short
     return f"{image.name}-{short(full_digest)}"
+
+
+def prepare(spec: "JobSpec", section: str) -> None:
+    """Before a container backend's job is submitted: the site says where its image is."""
+    uri(spec, section)
 
 
 def uri(spec: "JobSpec", section: str) -> str:

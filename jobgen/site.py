@@ -10,7 +10,6 @@ from typing import Literal, Optional
 
 from . import resources, schema
 from .errors import ConfigError
-from .images import ECR_RE
 from .platforms import Health, check_health
 from .record import record
 from .site_plan import PlanSite, check_plan
@@ -164,6 +163,8 @@ class Site:
         return self.paths.payload_dir or posixpath.join(self.paths.work_dir, ".jobgen", "payload")
 
 
+# An Amazon ECR repository: the only place SageMaker's CreateTrainingJob pulls images from.
+ECR_RE = re.compile(r"[0-9]{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+")
 # A Kubernetes namespace or object name (RFC 1123 label).
 K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 

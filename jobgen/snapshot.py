@@ -19,12 +19,9 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .spec import JobSpec
 
 MARKER = ".jobgen-digest"
 ID_LENGTH = 16
@@ -187,13 +184,3 @@ def export(target: Path, full: Optional[str] = None) -> Path:
         _remove(tmp)
         raise ConfigError(f"cannot write {target}: {exc.strerror}") from None
     return target
-
-
-# --- images ---------------------------------------------------------------------------------
-
-def prepare_image(spec: "JobSpec", section: str, strict: bool,
-                  say: Optional[Callable[[str], None]]) -> None:
-    """A container backend's job names the image of its platform and trainer, tagged with the
-    payload id (jobgen/images.py): the site's `section.repository` must say where it is."""
-    from . import images
-    images.uri(spec, section)

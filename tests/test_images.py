@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,20 @@ def test_dockerfile_defaults_are_the_declared_paths(name: str) -> None:
     assert set(workdirs) <= {decl.workdir}
     # Every build argument image-context passes is one the Dockerfile takes.
     assert {k for k, _ in images.build_args(image, "us-east-1")} <= _args(image.dockerfile)
+
+
+def test_the_declaration_names_real_site_keys_and_every_built_in_payload() -> None:
+    import dataclasses
+
+    from jobgen.payloads import BUILT_IN
+    from jobgen.site import Paths
+    decl = images.declared()
+    fields = {f.name for f in dataclasses.fields(Paths)}
+    for image in decl.images.values():
+        assert set(image.paths) <= fields, image.name
+        assert image.trainer in decl.trainers, image.name
+    served = [p for runs in decl.trainers.values() for p in runs]
+    assert sorted(served) == sorted(BUILT_IN) and len(set(served)) == len(served)
 
 
 def test_each_recipe_has_the_image_of_its_trainer() -> None:
@@ -139,10 +154,18 @@ def test_image_context_prints_every_build_the_sites_recipes_need(tmp_path: Path)
 
 # --- the container rehearsal: the image's file tree, the real site's paths -----------------------
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _rehearsal(monkeypatch: Any, tmp_path: Path, backend: str) -> tuple[Any, list[str]]:
     monkeypatch.chdir(tmp_path)
+    # Its own rendezvous port: other rehearsals on this machine use the recipe's.
     spec = api.job_spec("neox20b", 1, site="sagemaker", backend=backend, smoke=True,
-                        run_name=f"rh-{backend}")
+                        run_name=f"rh-{backend}",
+                        overrides=[f"job.master_port={_free_port()}"])
     return spec, []
 
 
@@ -184,9 +207,57 @@ def test_the_container_rehearsal_runs_in_the_declared_image_with_the_real_site(
     assert status == 0, out[-3000:]
     assert "training pass finished" in out
     tree = local_runner.image_tree(spec)
-    assert str(tree / "opt/jobgen") in out or f"{backend}" in out
     # Nothing ran from this checkout: the entrypoint and the payload are the image tree's.
     argv, env = local_runner.commands(spec, "again", write=False)[0]
     assert argv[1] == str(tree / "opt/jobgen" / images.declared().entrypoints[backend])
     assert env["JOBGEN_PAYLOAD_DIR"] == str(tree / "opt/jobgen/payload")
     assert env["JOBGEN_TRAINER_FILES"].startswith(str(tree / "workspace"))
+
+
+def _batch_node(monkeypatch: Any, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """Node 0 of the rendered Batch job (env/sites/dl1-batch.yaml as it is, its EFS volume
+    relocated under tmp_path), its entrypoint and payload from the declared image tree."""
+    import os
+
+    from jobgen.backends.batch import backend as batch
+    monkeypatch.chdir(tmp_path)
+    spec = api.job_spec("neox20b", 1, site="dl1-batch", backend="batch", smoke=True,
+                        run_name="rh-batch", overrides=[f"job.master_port={_free_port()}"])
+    container = batch.job_definition(spec)["nodeProperties"]["nodeRangeProperties"][0][
+        "container"]
+    assert spec.site.batch is not None and spec.site.batch.shared_volume == "/mnt/efs"
+    moves = local_runner.image_moves(spec) + [("/mnt/efs/", f"{tmp_path}/efs/")]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_BATCH_", "JOBGEN_", "SLURM_", "MASTER_"))}
+    env.update({e["name"]: local_runner.relocate(e["value"], moves)
+                for e in container["environment"]})
+    env.update({"AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
+                "AWS_BATCH_JOB_NUM_NODES": "1", "AWS_BATCH_JOB_ID": "rh#0",
+                "JOBGEN_NET_IFACE": "lo", "JOBGEN_RDZV_TIMEOUT": "60",
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])})
+    argv = ["bash", *(local_runner.relocate(a, moves) for a in container["command"])]
+    assert argv[1] == str(local_runner.image_tree(spec) / "opt/jobgen/entrypoint.sh")
+    return argv, env
+
+
+def test_the_batch_entrypoint_stops_when_the_image_moves_the_trainer(monkeypatch: Any,
+                                                                    tmp_path: Path) -> None:
+    argv, env = _batch_node(monkeypatch, tmp_path)
+    tree = Path(argv[1]).parents[2]
+    shutil.move(str(tree / "workspace" / "neuronx-nemo-megatron"), str(tree / "elsewhere"))
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 78, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "the image does not hold the trainer where env/containers/images.yaml declares it" \
+        in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_batch_entrypoint_trains_in_the_declared_image(monkeypatch: Any,
+                                                            tmp_path: Path) -> None:
+    argv, env = _batch_node(monkeypatch, tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = tmp_path / "efs" / "jobgen" / "runs" / "rh-batch"
+    assert (run / "train" / "checkpoints").is_dir()

@@ -69,9 +69,6 @@ class Payload:
     # Its builder renders a --smoke rehearsal itself (a program that runs on CPU as it is),
     # instead of the smoke trainer standing in.
     rehearses_itself: bool = False
-    # The trainer it runs (env/containers/images.yaml keys jobgen's images by platform and
-    # trainer): nemo, nxd, deepspeed, smp; "" for a payload no jobgen image holds.
-    trainer: str = ""
 
 
 # Keys every payload honours: they shape the job itself (nodes, restarts, environment, the

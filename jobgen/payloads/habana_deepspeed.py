@@ -59,7 +59,6 @@ _DATA_PARALLEL_ONLY = "the DeepSpeed BERT program is data-parallel only"
 
 PAYLOAD = Payload(
     name="habana_deepspeed",
-    trainer="deepspeed",
     accelerator="hpu",
     families=("bert",),
     honours=COMMON_KEYS | {

@@ -158,7 +158,6 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="neuron_nemo",
-    trainer="nemo",
     accelerator="neuron",
     families=("gpt_neox",),
     honours=COMMON_KEYS | {

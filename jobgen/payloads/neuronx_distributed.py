@@ -100,7 +100,6 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="neuronx_distributed",
-    trainer="nxd",
     accelerator="neuron",
     families=("llama",),
     honours=COMMON_KEYS | {

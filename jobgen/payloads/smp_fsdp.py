@@ -94,7 +94,6 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="smp_fsdp",
-    trainer="smp",
     rehearses_itself=True,
     accelerator="cuda",
     families=("llama", "gpt_neox"),

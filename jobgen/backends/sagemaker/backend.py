@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any, Optional
 
-from ... import aws, snapshot
+from ... import aws, images
 from ...aws import call as _call
 from ...errors import ConfigError, RemoteError
 from ...plan import Plan, PlannedFile
@@ -51,7 +51,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    snapshot.prepare_image(spec, "sagemaker", strict, say)
+    images.prepare(spec, "sagemaker")
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     name, origin = aws.region(spec.site, "sagemaker")
