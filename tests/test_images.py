@@ -261,3 +261,31 @@ def test_the_batch_entrypoint_trains_in_the_declared_image(monkeypatch: Any,
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = tmp_path / "efs" / "jobgen" / "runs" / "rh-batch"
     assert (run / "train" / "checkpoints").is_dir()
+
+
+# --- what the service around the image needs from the job -------------------------------------
+
+def test_nemo_writes_its_index_files_into_the_run_where_the_data_is_read_only() -> None:
+    """SageMaker mounts the site's FSx channel read-only (access_mode ro): NeMo, which writes
+    its sample index files beside the data by default, is pointed into the run folder."""
+    def index_dir(site: str, backend: str) -> list[str]:
+        from jobgen import payloads
+        spec = api.job_spec("neox20b", 4, site=site, backend=backend)
+        return [a for a in payloads.for_spec(spec).train_args
+                if a.startswith("model.data.index_mapping_dir=")]
+
+    assert index_dir("sagemaker", "sagemaker") == [
+        "model.data.index_mapping_dir=/opt/ml/checkpoints/neox20b-4n/nemo/index_mappings"]
+    assert index_dir("local", "sagemaker") == []         # an S3 channel: the volume is writable
+    assert index_dir("trn1-pcluster", "slurm") == []
+
+
+def test_p4d_jobs_carry_nccl_over_efa() -> None:
+    """jobgen's entrypoint replaces SageMaker's training toolkit, so the EFA/NCCL settings the
+    toolkit would export come from the platform file."""
+    from jobgen.backends.sagemaker import backend as sagemaker
+    spec = api.job_spec("llama2-7b", 16, site="sagemaker", backend="sagemaker")
+    assert spec.platform.name == "p4d.24xlarge"
+    env = sagemaker.training_job(spec)["Environment"]
+    assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"]) == ("efa", "1")
+    assert env["NCCL_PROTO"] == "simple" and env["FI_EFA_FORK_SAFE"] == "1"
