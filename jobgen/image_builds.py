@@ -19,7 +19,7 @@ def _needed(site_ref: Optional[str], say: Callable[[str], None]
             ) -> tuple[dict[str, tuple[images.Image, list[str], list[str]]], Optional[str]]:
     """image name -> (image, repositories to tag it for, recipes that need it); the region
     the site's AWS sections name (SMP's base image is in each region's registry)."""
-    from . import api, backends, recipe
+    from . import backends, recipe
     from . import site as sites
     site = sites.load(site_ref)
     region = next((s.region for s in (site.sagemaker, site.batch)
@@ -32,8 +32,10 @@ def _needed(site_ref: Optional[str], say: Callable[[str], None]
         repository = section.repository or LOCAL_REPOSITORY
         for name in recipe.recipe_names():
             try:
-                spec = api.job_spec(name, None, site=site_ref, backend=backend)
-                image = images.for_spec(spec)
+                # The recipe as this backend trains it (its overlay): the image depends on the
+                # platform and the payload only, not on a node count.
+                rec, source = recipe.load(name, backend=backend)
+                image = images.for_recipe(rec.platform, rec.payload, source)
             except JobgenError as exc:
                 say(f"note: {name} on {backend}: no image needed ({exc})")
                 continue

@@ -6,6 +6,7 @@ job's."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,13 +59,8 @@ def image_moves(spec: JobSpec, write: bool = True) -> list[tuple[str, str]]:
     decl, image = images.declared(), images.for_spec(spec)
     tree = image_tree(spec)
     if write and not tree.is_dir():
-        from . import resources
         tmp = tree.with_name(f".{tree.name}.tmp-{os.getpid()}")
-        jobgen_dir = tmp / decl.jobgen_dir.lstrip("/")
-        snapshot.export(jobgen_dir / "payload", spec.payload_digest)
-        for script in decl.entrypoints.values():
-            (jobgen_dir / script).write_bytes((resources.folder("containers") / script)
-                                              .read_bytes())
+        snapshot.export(tmp / decl.jobgen_dir.lstrip("/") / "payload", spec.payload_digest)
         for file in image.trainer_files():
             # The real trainer cannot run here: the CPU stand-in trains, and these stubs stand
             # where the image holds the trainer, so its paths are what the nodes check.
@@ -72,7 +68,16 @@ def image_moves(spec: JobSpec, write: bool = True) -> list[tuple[str, str]]:
             stub.parent.mkdir(parents=True, exist_ok=True)
             stub.write_text(f"# {image.name}: stand-in for the trainer's {file}\n",
                             encoding="utf-8")
-        os.rename(tmp, tree)
+        try:
+            os.rename(tmp, tree)
+        except OSError:            # another rehearsal laid the same image out first
+            shutil.rmtree(tmp, ignore_errors=True)
+    if write:
+        # The entrypoints are copied on every run: the payload id does not cover them.
+        from . import resources
+        for script in decl.entrypoints.values():
+            (tree / decl.jobgen_dir.lstrip("/") / script).write_bytes(
+                (resources.folder("containers") / script).read_bytes())
     moves = [(decl.jobgen_dir + "/", f"{tree}{decl.jobgen_dir}/")]
     if image.checkout is not None:
         moves.append((image.checkout.path + "/", f"{tree}{image.checkout.path}/"))
