@@ -53,6 +53,8 @@ class Paths:
     # Where payload snapshots go (one folder per payload digest), on storage every node reads;
     # default WORK_DIR/.jobgen/payload.
     payload_dir: Optional[str] = None
+    # The upstream trainers' checkouts on the hosts (Slurm); containers of jobgen's images take
+    # the image's own (env/containers/images.yaml).
     nemo_dir: Optional[str] = None           # neuronx-nemo-megatron .../language_modeling
     nxd_llama_dir: Optional[str] = None      # neuronx-distributed .../tp_zero1_llama_hf_pretrain
     # The nodes cannot write beside the data (a read-only mount, like SageMaker's FSx channel in
