@@ -6,6 +6,7 @@ job's."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,16 +49,50 @@ def relocate(value: str, moves: list[tuple[str, str]]) -> str:
     return value
 
 
-def image_moves(spec: JobSpec, entrypoint: str, script: str) -> list[tuple[str, str]]:
-    """What the image holds, found in this checkout: payload/ and the entrypoint."""
-    from . import resources, snapshot
-    return [(entrypoint, str(resources.folder("containers") / script)),
-            (spec.payload_dir, snapshot.folder(str(_image_payloads()), spec.payload_digest))]
+def image_moves(spec: JobSpec, write: bool = True) -> list[tuple[str, str]]:
+    """Where a container rehearsal finds what the image of `spec` holds: a file tree laid out
+    as env/containers/images.yaml declares it (jobgen's payload and entrypoints under its
+    jobgen_dir, the trainer's files in its checkout), built once under the rehearsal folder
+    (with `write`) and kept, so what a node finds is what the declaration says, and a tree
+    that differs (a moved trainer) fails the job as a wrongly built image would."""
+    from . import images, snapshot
+    decl, image = images.declared(), images.for_spec(spec)
+    tree = image_tree(spec)
+    if write and not tree.is_dir():
+        tmp = tree.with_name(f".{tree.name}.tmp-{os.getpid()}")
+        snapshot.export(tmp / decl.jobgen_dir.lstrip("/") / "payload", spec.payload_digest)
+        for file in image.trainer_files():
+            # The real trainer cannot run here: the CPU stand-in trains, and these stubs stand
+            # where the image holds the trainer, so its paths are what the nodes check.
+            stub = tmp / file.lstrip("/")
+            stub.parent.mkdir(parents=True, exist_ok=True)
+            stub.write_text(f"# {image.name}: stand-in for the trainer's {file}\n",
+                            encoding="utf-8")
+        try:
+            os.rename(tmp, tree)
+        except OSError:            # another rehearsal laid the same image out first
+            shutil.rmtree(tmp, ignore_errors=True)
+    if write:
+        # The entrypoints are copied on every run: the payload id does not cover them.
+        from . import resources
+        for script in decl.entrypoints.values():
+            (tree / decl.jobgen_dir.lstrip("/") / script).write_bytes(
+                (resources.folder("containers") / script).read_bytes())
+    moves = [(decl.jobgen_dir + "/", f"{tree}{decl.jobgen_dir}/")]
+    if image.checkout is not None:
+        moves.append((image.checkout.path + "/", f"{tree}{image.checkout.path}/"))
+    return moves
 
 
-def _image_payloads() -> Path:
-    """Where a container rehearsal keeps the payload its emulated image holds (a snapshot)."""
-    return Path.cwd() / ".jobgen-rehearsal" / "payload"
+def image_tree(spec: JobSpec) -> Path:
+    """The emulated image of `spec` (its name and payload id, as its tag)."""
+    from . import images
+    return _image_root() / images.tag(images.for_spec(spec), spec.payload_digest)
+
+
+def _image_root() -> Path:
+    """Where container rehearsals keep the images they emulate."""
+    return Path.cwd() / ".jobgen-rehearsal" / "image"
 
 
 def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None]) -> None:
@@ -110,11 +145,12 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
     When the main node ends, the others get `grace_s` to finish (Batch stops them too)."""
     from . import snapshot
     job_id = job_id or f"local-{int(time.time())}"
-    # The payload the nodes run: the job's snapshot, or the one the emulated image holds.
+    # The payload the nodes run: the job's snapshot, or the one the emulated image holds (the
+    # rehearsal's commands lay the image out).
     from . import backends
     declared = backends.declaration(spec.backend)
-    root = str(_image_payloads()) if declared.container else spec.site.snapshot_root
-    snapshot.place(root, spec.payload_digest)
+    if not declared.container:
+        snapshot.place(spec.site.snapshot_root, spec.payload_digest)
     procs, pumps = [], []
     for index, (argv, env) in enumerate(commands(spec, job_id)):
         full_env = dict(os.environ)

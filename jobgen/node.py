@@ -43,6 +43,7 @@ class NodeContract:
     JOBGEN_WORKERS_PER_NODE: str      # torchrun --nproc_per_node
     JOBGEN_WORKDIR: str               # the folder the trainer runs from
     JOBGEN_PROGRAM: str               # the trainer, relative to JOBGEN_WORKDIR
+    JOBGEN_TRAINER_FILES: str         # ':'-separated files of the image's trainer, or ""
     JOBGEN_COMPILE_WRAPPER: str       # the compile pass's prefix (neuron_parallel_compile), or ""
     JOBGEN_COMPILE_STEPS: str         # steps of the compile pass (recipe compile.steps)
     JOBGEN_PASSES: str                # both | compile | train (one job of a --chain)
@@ -113,6 +114,9 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_WORKERS_PER_NODE=str(spec.workers_per_node),
         JOBGEN_WORKDIR=path(lau.workdir),
         JOBGEN_PROGRAM=lau.program,
+        # In jobgen's image, the trainer's files where images.yaml says they are: each node
+        # checks them first (the real run and the --smoke rehearsal alike).
+        JOBGEN_TRAINER_FILES=":".join(_image_trainer_files(spec)) if container else "",
         JOBGEN_COMPILE_WRAPPER=lau.compile_wrapper,
         JOBGEN_COMPILE_STEPS=str(recipe.compile.steps),
         JOBGEN_PASSES="" if passes == "both" else passes,
@@ -140,6 +144,11 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
         JOBGEN_HEALTH=_health(spec),
     )
+
+
+def _image_trainer_files(spec: JobSpec) -> tuple[str, ...]:
+    from .images import for_spec
+    return for_spec(spec).trainer_files()
 
 
 def _health(spec: JobSpec) -> str:

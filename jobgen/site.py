@@ -53,8 +53,13 @@ class Paths:
     # Where payload snapshots go (one folder per payload digest), on storage every node reads;
     # default WORK_DIR/.jobgen/payload.
     payload_dir: Optional[str] = None
+    # The upstream trainers' checkouts on the hosts (Slurm); containers of jobgen's images take
+    # the image's own (env/containers/images.yaml).
     nemo_dir: Optional[str] = None           # neuronx-nemo-megatron .../language_modeling
     nxd_llama_dir: Optional[str] = None      # neuronx-distributed .../tp_zero1_llama_hf_pretrain
+    # The nodes cannot write beside the data (a read-only mount, like SageMaker's FSx channel in
+    # ro mode): trainers write what they derive from it (NeMo's index files) into the run.
+    data_read_only: bool = False
 
 
 @record
@@ -74,7 +79,7 @@ class CpuInstance:
 @record
 class BatchSite:
     job_queue: Optional[str] = None
-    images: Optional[dict[str, str]] = None  # platform name -> image URI
+    repository: Optional[str] = None     # REGISTRY/REPOSITORY of jobgen's images (images.py)
     # platform name -> EFA interfaces the site's launch template attaches per instance (0 up to
     # the platform's maximum). A site fact: Docker refuses a container whose mapped
     # /dev/infiniband/uverbsN is missing on the host, so jobgen maps exactly this many.
@@ -86,8 +91,6 @@ class BatchSite:
     shared_volume: Optional[str] = None  # host path mounted at the same path in the container
     timeout_hours: int = 72
     max_nodes: int = 16
-    payload_dir: Optional[str] = None    # payload/ inside the image (default /opt/jobgen/payload)
-    entrypoint: str = "/opt/jobgen/entrypoint.sh"
     rendezvous_timeout_s: int = 900      # how long nodes wait for each other before failing
     smoke: Optional[CpuInstance] = None  # where `--smoke` jobs run (no accelerators needed)
 
@@ -105,7 +108,7 @@ class SageMakerSite:
     """SageMaker training jobs: the account's role, images and storage (env/sites/*.yaml)."""
     role_arn: Optional[str] = None
     region: Optional[str] = None
-    images: Optional[dict[str, str]] = None     # platform name -> training image URI
+    repository: Optional[str] = None            # ECR: ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME
     # Where a run's checkpoints live between attempts: S3URI/RUN-NAME, synced from and restored
     # to /opt/ml/checkpoints/RUN-NAME on every node (a retried or resubmitted run resumes).
     checkpoint_s3_uri: Optional[str] = None
@@ -117,8 +120,6 @@ class SageMakerSite:
     volume_size_gb: int = 500                   # each instance's EBS volume
     max_runtime_hours: int = 120                # the stopping condition (at most 28 days)
     max_nodes: int = 16
-    payload_dir: Optional[str] = None           # payload/ inside the image (/opt/jobgen/payload)
-    entrypoint: str = "/opt/jobgen/sagemaker-entrypoint.sh"
     rendezvous_timeout_s: int = 900
     compile_cache: str = "/opt/ml/checkpoints/compile-cache"  # kept in S3 with checkpoints
     smoke_instance_type: Optional[str] = None   # a CPU instance for --smoke (ml.c5.4xlarge)
@@ -129,7 +130,7 @@ class SageMakerSite:
 class EksSite:
     """An Amazon EKS cluster with the Neuron, EFA (and NVIDIA / Habana) device plugins."""
     namespace: str = "default"
-    images: Optional[dict[str, str]] = None     # platform name -> image URI
+    repository: Optional[str] = None            # REGISTRY/REPOSITORY of jobgen's images
     shared_pvc: Optional[str] = None            # the FSx for Lustre PersistentVolumeClaim
     shared_mount: str = "/fsx"                  # where it is mounted (the site's paths are on it)
     # The compile cache each node's training pass reads: a hostPath on the node's own disk
@@ -139,8 +140,6 @@ class EksSite:
     service_account: Optional[str] = None
     efa_interfaces: Optional[dict[str, int]] = None  # per platform (default: all it has)
     max_nodes: int = 16
-    payload_dir: Optional[str] = None
-    entrypoint: str = "/opt/jobgen/eks-entrypoint.sh"
     rendezvous_timeout_s: int = 900
     context: Optional[str] = None               # the kubeconfig context (default: current)
     smoke_cpu: str = "4"                        # what a --smoke pod asks for
@@ -166,6 +165,8 @@ class Site:
         return self.paths.payload_dir or posixpath.join(self.paths.work_dir, ".jobgen", "payload")
 
 
+# An Amazon ECR repository: the only place SageMaker's CreateTrainingJob pulls images from.
+ECR_RE = re.compile(r"[0-9]{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+")
 # A Kubernetes namespace or object name (RFC 1123 label).
 K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -205,7 +206,9 @@ def locate(ref: Optional[str]) -> tuple[Path, str]:
 
 def load_file(path: Path, shown: str) -> Site:
     """`load` of a file named `shown` in messages (a run's recorded copy of its site)."""
-    site = schema.build(Site, load_yaml(path, shown), shown)
+    data = load_yaml(path, shown)
+    _refuse_image_paths(data, shown)
+    site = schema.build(Site, data, shown)
     for key, value in (("slurm.partition", site.slurm.partition),
                        ("slurm.account", site.slurm.account), ("slurm.qos", site.slurm.qos),
                        ("slurm.reservation", site.slurm.reservation), ("name", site.name)):
@@ -271,4 +274,30 @@ def load_file(path: Path, shown: str) -> Site:
         raise ConfigError(f"{shown}: paths.local_compile_cache: {schema.describe(local_cache)} "
                           "must be an absolute path on each node's local disk")
     check_limits(schema.to_plain(site), SITE_LIMITS, shown)
+    repository = site.sagemaker.repository if site.sagemaker else None
+    if repository is not None and not ECR_RE.fullmatch(repository):
+        # CreateTrainingJob pulls training images from Amazon ECR only.
+        raise ConfigError(f"{shown}: sagemaker.repository: {schema.describe(repository)} is "
+                          "not an Amazon ECR repository: push jobgen's images to one and write "
+                          "ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME")
     return site
+
+
+# Keys of container sections that named what is inside jobgen's images (images.yaml declares
+# it now), and what to write instead.
+_IMAGE_KEYS = {
+    "images": "write {section}.repository: REGISTRY/REPOSITORY (one repository; jobgen tags "
+              "each image PLATFORM-TRAINER-PAYLOADID: see `jobgen image-context`)",
+    "payload_dir": "remove it (env/containers/images.yaml declares where the image holds it)",
+    "entrypoint": "remove it (env/containers/images.yaml declares where the image holds it)",
+}
+
+
+def _refuse_image_paths(data: dict[str, object], shown: str) -> None:
+    for section in ("batch", "sagemaker", "eks"):
+        values = data.get(section)
+        for key, instead in _IMAGE_KEYS.items():
+            if isinstance(values, dict) and key in values:
+                raise ConfigError(f"{shown}: {section}.{key}: a site no longer names jobgen's "
+                                  f"images or paths inside them; "
+                                  + instead.format(section=section))

@@ -19,28 +19,10 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import Callable, Optional
 
 from . import fsio
 from .errors import ConfigError, JobgenError
-
-if TYPE_CHECKING:
-    from .platforms import Platform
-    from .site import Site
-
-
-class ImageSpec(Protocol):
-    """What `prepare_image` reads of a job spec (jobgen/spec.py's JobSpec, which imports this
-    module: named by its shape, so that no import circle runs through the type)."""
-    @property
-    def site(self) -> Site: ...
-
-    @property
-    def platform(self) -> Platform: ...
-
-    @property
-    def payload_digest(self) -> str: ...
-
 
 MARKER = ".jobgen-digest"
 ID_LENGTH = 16
@@ -204,43 +186,3 @@ def export(target: Path, full: Optional[str] = None) -> Path:
         _remove(tmp)
         raise ConfigError(f"cannot write {target}: {exc.strerror}") from None
     return target
-
-
-# --- images ---------------------------------------------------------------------------------
-
-PLACEHOLDER = "{payload}"
-
-
-def site_image(images: Optional[dict[str, str]], platform: str, where: str, site: str,
-               full: str) -> str:
-    """The site's image for `platform` (`where`: the site key, like batch.images), with
-    `{payload}` replaced by the payload id (images tagged by `jobgen image-context`)."""
-    image = (images or {}).get(platform)
-    if not image:
-        raise ConfigError(f"site {site}: {where} has no image for {platform}")
-    return image.replace(PLACEHOLDER, short(full))
-
-
-def check_image(image: str, full: str, where: str, strict: bool,
-                say: Optional[Callable[[str], None]]) -> None:
-    """Say (render) or refuse (submit) an image whose name does not carry the payload id: the
-    nodes would run whatever payload that image was built with (they check, and stop)."""
-    if short(full) in image:
-        return
-    message = (f"{where}: image {image} does not name payload {short(full)} that this job is "
-               f"rendered with; build it with `jobgen image-context` and tag it "
-               f"...:{short(full)} (or write {PLACEHOLDER} in the tag)")
-    if strict:
-        raise ConfigError(message)
-    if say is not None:
-        say(f"warning: {message}; its nodes will refuse another payload")
-
-
-def prepare_image(spec: ImageSpec, section: str, strict: bool,
-                  say: Optional[Callable[[str], None]]) -> None:
-    """Check the image a container backend's site `section` names for the spec's platform."""
-    images = getattr(getattr(spec.site, section), "images", None)
-    if images is not None:
-        image = site_image(images, spec.platform.name, f"{section}.images", spec.site.name,
-                           spec.payload_digest)
-        check_image(image, spec.payload_digest, f"site {spec.site.name}", strict, say)

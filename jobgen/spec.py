@@ -19,7 +19,6 @@ from .slurm_request import SlurmRequest, slurm_request
 from .spec_checks import check_arithmetic as _check_arithmetic
 from .spec_checks import check_values as _check_values
 
-IMAGE_PAYLOAD_DIR = "/opt/jobgen/payload"  # where env/containers/*.Dockerfile put payload/
 # The smoke model and run (`--smoke`): small enough that a 2-node rehearsal on a laptop finishes
 # in seconds; long enough to show warmup, several checkpoints and a resume.
 SMOKE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 256,
@@ -210,8 +209,8 @@ class JobSpec:
         from . import backends
         declared = backends.declaration(self.backend)
         if declared.container:
-            section = getattr(self.site, declared.site_section)
-            return (section.payload_dir if section else None) or IMAGE_PAYLOAD_DIR
+            from .images import declared as image_declaration
+            return image_declaration().payload_dir
         from . import snapshot
         return snapshot.folder(self.site.snapshot_root, self.payload_digest)
 
@@ -293,6 +292,10 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
         limit, key = section.max_nodes, f"{declared.site_section}.max_nodes"
         # Where the backend's nodes keep the run, the data and the compile cache.
         site = backends.get(backend).node_site(site)  # type: ignore[attr-defined]
+        if declared.container:
+            # Its containers run jobgen's image: the trainer is where the image holds it.
+            from .images import with_image_paths
+            site = with_image_paths(site, recipe.platform, recipe.payload)
     if n > limit:
         raise RuleError(f"--nodes {n}: site {site.name} allows at most {limit} nodes "
                         f"({key})")

@@ -478,8 +478,9 @@ def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
     assert [s["step"] for s in steps if s["phase"] == "compile"] == [1, 2, 3]
     assert max(s["step"] for s in steps if s["phase"] == "train") == 24
     # Each instance has its own /opt/ml; node 0's holds the run's sharded checkpoints.
-    # Beside the payload the emulated image holds (a snapshot), the job's own folder.
-    root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir() if p.name != "payload")
+    # Beside the image tree the rehearsal lays out (and the shared claim), the job's own folder.
+    root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir()
+                if p.name not in ("image", "shared"))
     ckpt = root / "algo-1/opt/ml/checkpoints/rh-sagemaker/train/checkpoints/step_00000024"
     assert (ckpt / "COMPLETE").is_file()
     # Sharded: each instance wrote its own ranks' shards to its own disk (SageMaker uploads
@@ -502,8 +503,9 @@ def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
     assert sorted(p.name for p in (logs / "attempt-1").iterdir() if p.is_dir()) == [
         "node-0", "node-1"]
     # The training pass read the compile cache from each pod's node-local copy.
-    # Beside the payload the emulated image holds (a snapshot), the job's own folder.
-    root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir() if p.name != "payload")
+    # Beside the image tree the rehearsal lays out (and the shared claim), the job's own folder.
+    root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir()
+                if p.name not in ("image", "shared"))
     assert sorted(p.name for p in root.iterdir()) == ["node-0", "node-1"]
 
 

@@ -108,7 +108,7 @@ CASES: dict[str, Callable[[Callable, Callable], Case]] = {
     "unknown key in a site": lambda r, s: Case(
         ["render", "neox20b", "--site", str(s("local", {"paths.workdir": "x"}))],
         "{site}: paths.workdir: unknown key (known keys: work_dir, data_dir, compile_cache, "
-        "local_compile_cache, payload_dir, nemo_dir, nxd_llama_dir)"),
+        "local_compile_cache, payload_dir, nemo_dir, nxd_llama_dir, data_read_only)"),
     "site without the trainer checkout": lambda r, s: Case(
         ["render", "neox20b", "--site", str(s("local", {"name": "bare"},
                                               delete=["paths.nemo_dir"]))],

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from jobgen import api, runrecord, snapshot
+from jobgen import api, images, runrecord, snapshot
 from jobgen.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,17 +120,14 @@ def test_a_payload_that_is_not_this_jobgens_and_is_not_placed_is_refused(tmp_pat
         snapshot.place(str(tmp_path), "ab" * 32)
 
 
-def test_image_names_and_placeholders() -> None:
+def test_container_jobs_name_the_image_of_their_platform_and_trainer() -> None:
+    """One image per platform and trainer, tagged with both and the payload id, in the site's
+    repository: the NeMo and NxD recipes on trn1 get different images."""
     full = snapshot.digest()
-    image = snapshot.site_image({"p": "reg/jobgen:{payload}"}, "p", "batch.images", "s", full)
-    assert image == f"reg/jobgen:{full[:16]}"
-    snapshot.check_image(image, full, "site s", True, None)          # names it: fine
-    said: list[str] = []
-    snapshot.check_image("reg/jobgen:latest", full, "site s", False, said.append)
-    assert said and said[0].startswith("warning: site s: image reg/jobgen:latest does not name "
-                                       f"payload {full[:16]}")
-    with pytest.raises(ConfigError, match="build it with `jobgen image-context`"):
-        snapshot.check_image("reg/jobgen:latest", full, "site s", True, None)
+    nemo = api.job_spec("neox20b", 4, backend="batch")
+    nxd = api.job_spec("llama2-7b", 4, backend="batch")
+    assert images.uri(nemo, "batch") == f"jobgen:trn1-nemo-{full[:16]}"
+    assert images.uri(nxd, "batch") == f"jobgen:trn1-nxd-{full[:16]}"
 
 
 def test_image_context_writes_the_build_context(tmp_path: Path) -> None:
@@ -141,7 +138,8 @@ def test_image_context_writes_the_build_context(tmp_path: Path) -> None:
     assert (tmp_path / "ctx" / "payload" / snapshot.MARKER).read_text().strip() == full
     assert snapshot.digest(tmp_path / "ctx" / "payload") == full
     assert (tmp_path / "ctx" / "env" / "containers" / "entrypoint.sh").is_file()
-    assert f"--label io.jobgen.payload={full} -t jobgen-neuron:{full[:16]} " in proc.stdout
+    assert (f"--label io.jobgen.payload={full} --label io.jobgen.image=trn1-nemo "
+            f"-t jobgen:trn1-nemo-{full[:16]} ") in proc.stdout
     again = subprocess.run([str(JOBGEN), "image-context", str(tmp_path / "ctx")],
                            capture_output=True, text=True, check=False)
     assert (again.returncode, again.stderr) == (2, f"error: {tmp_path / 'ctx'}: exists; give "

@@ -67,14 +67,17 @@ def allowed_kinds(key: str) -> tuple[type, ...]:
 
 CASES = [("neox20b", 4, "trn1-pcluster"), ("neox20b", 16, "trn1-pcluster"),
          ("neox20b", 4, "local"), ("pythia6.9b", 1, "trn1-pcluster"),
-         ("pythia6.9b", 4, "trn1-pcluster"), ("pythia6.9b", 2, "local")]
+         ("pythia6.9b", 4, "trn1-pcluster"), ("pythia6.9b", 2, "local"),
+         # SageMaker's read-only FSx channel: the index files go to the run folder.
+         ("neox20b", 4, "sagemaker:sagemaker")]
 
 
 @pytest.mark.parametrize("recipe,nodes,site", CASES)
 @pytest.mark.parametrize("which", ["compile", "train"])
 def test_hydra_accepts_every_rendered_override(tmp_path: Path, recipe: str, nodes: int,
                                                site: str, which: str) -> None:
-    lau = payloads.for_spec(api.job_spec(recipe, nodes, site=site))
+    site, _, backend = site.partition(":")
+    lau = payloads.for_spec(api.job_spec(recipe, nodes, site=site, backend=backend or "slurm"))
     head, *overrides = lau.compile_args if which == "compile" else lau.train_args
     assert head == f"--config-name={CONFIG}"
     assert CONFIG in FACTS["configs"]

@@ -28,6 +28,8 @@ ARG INSTALL_EFA=1
 ARG EFA_INSTALLER_URL=https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz
 ARG HCCL_OFI_WRAPPER_REPO=https://github.com/HabanaAI/hccl_ofi_wrapper.git
 ARG HCCL_OFI_WRAPPER_REF=main
+# Where jobgen's files go (env/containers/images.yaml; `jobgen image-context` passes it).
+ARG JOBGEN_DIR=/opt/jobgen
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
@@ -61,19 +63,20 @@ RUN python3 -m pip freeze | grep -iE '^(torch|numpy|habana[-_a-z]*)==' > /tmp/ke
  && rm /tmp/keep.txt
 
 # jobgen: the payload and the entrypoint the job definition's command names.
-COPY payload/ /opt/jobgen/payload/
+COPY payload/ ${JOBGEN_DIR}/payload/
 # The payload's digest, which every job rendered for it names: build from the context that
 # `jobgen image-context DIR` writes (a checkout's payload/ has no digest file).
-RUN test -s /opt/jobgen/payload/.jobgen-digest \
+RUN test -s "$JOBGEN_DIR/payload/.jobgen-digest" \
  || { echo 'no payload digest: build from `jobgen image-context DIR`' >&2; exit 1; }
-COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
-# The same image on SageMaker training jobs and EKS pods (their entrypoints).
-COPY env/containers/sagemaker-entrypoint.sh env/containers/eks-entrypoint.sh /opt/jobgen/
-RUN chmod 0755 /opt/jobgen/*.sh \
- && for f in /opt/jobgen/*.sh; do bash -n "$f"; done \
- && python3 -m py_compile /opt/jobgen/payload/common/batch_setup.py
+# The entrypoints of Batch, SageMaker training jobs and EKS pods: the same image runs on each.
+COPY env/containers/entrypoint.sh env/containers/sagemaker-entrypoint.sh \
+     env/containers/eks-entrypoint.sh ${JOBGEN_DIR}/
+RUN chmod 0755 "$JOBGEN_DIR"/*.sh \
+ && for f in "$JOBGEN_DIR"/*.sh; do bash -n "$f"; done \
+ && python3 -m py_compile "$JOBGEN_DIR/payload/common/batch_setup.py"
+ENV JOBGEN_DIR=${JOBGEN_DIR}
 
 # Relative site paths (the `local` site's jobgen-runs/...) are taken from here.
 WORKDIR /workspace
 # CMD, not ENTRYPOINT: the Batch job definition's command names the entrypoint and its arguments.
-CMD ["/opt/jobgen/entrypoint.sh"]
+CMD ["/bin/bash", "-c", "exec \"$JOBGEN_DIR/entrypoint.sh\""]

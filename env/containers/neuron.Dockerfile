@@ -32,6 +32,11 @@ ARG NEMO_REPO=https://github.com/aws-neuron/neuronx-nemo-megatron.git
 ARG NEMO_REF=d22aabf
 ARG NXD_REPO=https://github.com/aws-neuron/neuronx-distributed.git
 ARG NXD_REF=4f95471
+# Where things go inside the image: env/containers/images.yaml declares these paths, `jobgen
+# image-context` passes them, and tests/test_images.py holds these defaults to them.
+ARG NEMO_CHECKOUT=/workspace/neuronx-nemo-megatron
+ARG NXD_CHECKOUT=/workspace/neuronx-distributed
+ARG JOBGEN_DIR=/opt/jobgen
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
@@ -49,18 +54,17 @@ RUN python3 -m pip freeze \
       | grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla|neuronx[-_]distributed|numpy)==' \
       > /tmp/keep.txt
 
-# Checkouts land in /workspace, where the `local` site's relative paths expect them
-# (neuronx-nemo-megatron/nemo/examples/nlp/language_modeling,
-#  neuronx-distributed/examples/training/llama/tp_zero1_llama_hf_pretrain).
+# Checkouts land where images.yaml declares them (NEMO_CHECKOUT, NXD_CHECKOUT); jobs rendered
+# for SageMaker, EKS and Batch point the trainer there.
 RUN case "$TRAINER" in nxd | nemo) ;; *) echo "TRAINER must be nxd or nemo" >&2; exit 1 ;; esac
 # As neuronx-nemo-megatron's own Dockerfile does: Cython before the wheels are built, its
 # requirements-docker.txt, protobuf 3.20, then the Megatron dataset helper (built from outside
 # the checkout, so that the installed package is the one imported).
 RUN if [ "$TRAINER" = nemo ]; then \
       python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('1.13') else 'neuronx-nemo-megatron needs torch 1.13.1; this base image has torch ' + torch.__version__ + ': pass BASE_IMAGE=...:1.13.1-neuronx-py310-sdk2.20.2-ubuntu20.04')" \
-      && git clone "$NEMO_REPO" neuronx-nemo-megatron \
-      && git -C neuronx-nemo-megatron checkout "$NEMO_REF" \
-      && cd neuronx-nemo-megatron \
+      && git clone "$NEMO_REPO" "$NEMO_CHECKOUT" \
+      && git -C "$NEMO_CHECKOUT" checkout "$NEMO_REF" \
+      && cd "$NEMO_CHECKOUT" \
       && python3 -m pip install -c /tmp/keep.txt wheel Cython \
       && ./build.sh \
       && python3 -m pip install -c /tmp/keep.txt ./build/*.whl \
@@ -69,27 +73,28 @@ RUN if [ "$TRAINER" = nemo ]; then \
       && python3 -c "from nemo.collections.nlp.data.language_modeling.megatron.dataset_utils import compile_helper; compile_helper()"; \
     fi
 RUN if [ "$TRAINER" = nxd ]; then \
-      git clone "$NXD_REPO" neuronx-distributed \
-      && git -C neuronx-distributed checkout "$NXD_REF" \
-      && for req in neuronx-distributed/examples/training/llama/requirements.txt \
-                    neuronx-distributed/examples/training/llama/tp_zero1_llama_hf_pretrain/requirements.txt; do \
+      git clone "$NXD_REPO" "$NXD_CHECKOUT" \
+      && git -C "$NXD_CHECKOUT" checkout "$NXD_REF" \
+      && for req in "$NXD_CHECKOUT/examples/training/llama/requirements.txt" \
+                    "$NXD_CHECKOUT/examples/training/llama/tp_zero1_llama_hf_pretrain/requirements.txt"; do \
            if [ -f "$req" ]; then python3 -m pip install -c /tmp/keep.txt -r "$req"; fi; \
          done; \
     fi
 RUN rm -f /tmp/keep.txt
 
 # jobgen: the payload and the entrypoint the job definition's command names.
-COPY payload/ /opt/jobgen/payload/
+COPY payload/ ${JOBGEN_DIR}/payload/
 # The payload's digest, which every job rendered for it names: build from the context that
 # `jobgen image-context DIR` writes (a checkout's payload/ has no digest file).
-RUN test -s /opt/jobgen/payload/.jobgen-digest \
+RUN test -s "$JOBGEN_DIR/payload/.jobgen-digest" \
  || { echo 'no payload digest: build from `jobgen image-context DIR`' >&2; exit 1; }
-COPY env/containers/entrypoint.sh /opt/jobgen/entrypoint.sh
-# The same image on SageMaker training jobs and EKS pods (their entrypoints).
-COPY env/containers/sagemaker-entrypoint.sh env/containers/eks-entrypoint.sh /opt/jobgen/
-RUN chmod 0755 /opt/jobgen/*.sh \
- && for f in /opt/jobgen/*.sh; do bash -n "$f"; done \
- && python3 -m py_compile /opt/jobgen/payload/common/batch_setup.py
+# The entrypoints of Batch, SageMaker training jobs and EKS pods: the same image runs on each.
+COPY env/containers/entrypoint.sh env/containers/sagemaker-entrypoint.sh \
+     env/containers/eks-entrypoint.sh ${JOBGEN_DIR}/
+RUN chmod 0755 "$JOBGEN_DIR"/*.sh \
+ && for f in "$JOBGEN_DIR"/*.sh; do bash -n "$f"; done \
+ && python3 -m py_compile "$JOBGEN_DIR/payload/common/batch_setup.py"
+ENV JOBGEN_DIR=${JOBGEN_DIR}
 
 # CMD, not ENTRYPOINT: the Batch job definition's command names the entrypoint and its arguments.
-CMD ["/opt/jobgen/entrypoint.sh"]
+CMD ["/bin/bash", "-c", "exec \"$JOBGEN_DIR/entrypoint.sh\""]

@@ -155,23 +155,25 @@ def schema_cmd(what: str) -> None:
 
 @click.command("image-context")
 @click.argument("folder", type=_Folder())
-def image_context(folder: Path) -> None:
+@click.option("--site", type=TEXT, help="Site profile whose recipes the images are for, and "
+                                        "whose repositories they are tagged for.")
+def image_context(folder: Path, site: Optional[str]) -> None:
     """Write the build context of jobgen's container images to FOLDER (a new folder): the
-    payload with its digest file, and env/containers/; print the docker build commands, whose
-    tags carry the payload id that jobs rendered by this jobgen name."""
+    payload with its digest file, and env/containers/; print, for every image the site's
+    recipes need on its container backends (env/containers/images.yaml: one per platform and
+    trainer), the commands that build it and push it, runnable as printed."""
     import shutil
 
     from .. import resources, snapshot
+    from ..image_builds import build_commands
     full = snapshot.digest()
     if folder.exists():
         raise ConfigError(f"{folder}: exists; give a new folder")
+    lines = build_commands(site, str(folder), full, say=lambda m: click.echo(m, err=True))
     snapshot.export(folder / "payload", full)
     shutil.copytree(resources.folder("containers"), folder / "env" / "containers")
-    tag = snapshot.short(full)
-    for name, dockerfile in (("jobgen-neuron", "neuron"), ("jobgen-habana", "habana"),
-                             ("jobgen-smp", "sagemaker-pytorch")):
-        click.echo(f"docker build -f {folder}/env/containers/{dockerfile}.Dockerfile "
-                   f"--label io.jobgen.payload={full} -t {name}:{tag} {folder}")
+    for line in lines:
+        click.echo(line)
 
 
 def _sdk_for_rendering(backend: str) -> None:

@@ -94,6 +94,10 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         "model.data.num_workers": d.num_workers,
         "model.data.seq_length": m.seq_length,
         "model.data.splits_string": d.splits,
+        # NeMo writes its sample index files beside the data unless told where (rank 0 builds
+        # them, the others wait); where the data is read-only, into the run folder.
+        "model.data.index_mapping_dir": (posixpath.join(spec.run_dir, "nemo", "index_mappings")
+                                         if spec.site.paths.data_read_only else None),
         "model.optim.name": o.name,
         "model.optim.capturable": True,  # the LR as a tensor: one graph for every LR value
         "model.optim.lr": spec.lr,

@@ -61,6 +61,19 @@ node_launch() {
     return "$JOBGEN_CONFIG_ERROR"
   fi
 
+  # The trainer's files where jobgen's image declares them (env/containers/images.yaml): an
+  # image built or laid out otherwise stops here, named, instead of deep inside the trainer.
+  local trainer_file
+  local -a trainer_files=()
+  IFS=: read -r -a trainer_files <<<"${JOBGEN_TRAINER_FILES:-}"
+  for trainer_file in ${trainer_files[@]+"${trainer_files[@]}"}; do
+    if [ ! -f "$trainer_file" ]; then
+      node_say "no $trainer_file: the image does not hold the trainer where env/containers/images.yaml declares it (build it from \`jobgen image-context\`); not retried"
+      printf '%s\n' "$JOBGEN_CONFIG_ERROR" > "$log_dir/$pass.status" || true
+      return "$JOBGEN_CONFIG_ERROR"
+    fi
+  done
+
   local -a wrapper=()
   if [ "$pass" = compile ] && [ -n "${JOBGEN_COMPILE_WRAPPER:-}" ]; then
     wrapper=("$JOBGEN_COMPILE_WRAPPER")

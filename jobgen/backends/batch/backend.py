@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any, Optional
 
-from ... import aws, node, payloads, snapshot
+from ... import aws, images, node, payloads
 from ...cache import sha256
 from ...errors import ConfigError
 from ...plan import Plan, PlannedFile
@@ -106,11 +106,10 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     without the [batch] extra, one line that names it)."""
     from ...extras import require
     require("--backend batch", ("botocore",), "batch")
-    site, platform = spec.site, spec.platform
+    site = spec.site
     if site.batch is None:
         raise ConfigError(f"site {site.name}: has no batch section (job queue, images, roles)")
-    image = snapshot.site_image(site.batch.images, platform.name, "batch.images", site.name,
-                                spec.payload_digest)
+    image = images.uri(spec, "batch")
     lau = payloads.for_spec(spec, "batch")
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -120,7 +119,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
                    "readOnly": False}]
     container: dict[str, Any] = {
         "image": image,
-        "command": [site.batch.entrypoint, *entrypoint_args(lau)],
+        "command": [images.declared().entrypoint("batch"), *entrypoint_args(lau)],
     }
     if site.batch.job_role_arn:
         container["jobRoleArn"] = site.batch.job_role_arn
@@ -184,7 +183,7 @@ def _queue(spec: JobSpec, options: SubmitOptions) -> str:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    snapshot.prepare_image(spec, "batch", strict, say)
+    images.prepare(spec, "batch")
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """The RegisterJobDefinition and SubmitJob requests `submit` makes, as JSON."""

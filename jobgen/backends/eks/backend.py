@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any, Optional
 
-from ... import snapshot
+from ... import images
 from ...errors import ConfigError, RemoteError
 from ...plan import Plan, PlannedFile
 from ...site import Site
@@ -52,7 +52,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    snapshot.prepare_image(spec, "eks", strict, say)
+    images.prepare(spec, "eks")
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return render_yaml(manifests(spec))

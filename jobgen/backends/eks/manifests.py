@@ -21,7 +21,7 @@ import re
 import sys
 from typing import Any, Optional
 
-from ... import node, payloads, snapshot
+from ... import images, node, payloads
 from ...errors import ConfigError
 from ...spec import JobSpec
 
@@ -69,8 +69,7 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     site, platform = spec.site, spec.platform
     eks = site.eks
     assert eks is not None
-    image = snapshot.site_image(eks.images, platform.name, "eks.images", site.name,
-                                spec.payload_digest)
+    image = images.uri(spec, "eks")
     lau = payloads.for_spec(spec, "eks")
     contract = node.contract(spec, lau, "eks", rdzv_timeout_s=eks.rendezvous_timeout_s,
                              shared=bool(eks.shared_pvc))
@@ -81,7 +80,7 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "pytorch" if operator else "trainer",   # the operator's required name
         "image": image,
-        "command": ["/bin/bash", eks.entrypoint],
+        "command": ["/bin/bash", images.declared().entrypoint("eks")],
         "args": [lau.launcher, *node.flow_args(lau)],
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "resources": _resources(spec),

@@ -27,9 +27,13 @@ def commands(spec: JobSpec, job_id: str, root: Path,
     name = job["metadata"]["name"]
     out = []
     for index in range(spec.nodes):
-        moves = image_moves(spec, site.entrypoint, "eks-entrypoint.sh") + [
+        moves = image_moves(spec, write) + [
             (site.local_cache_host_path, str(root / f"node-{index}" /
                                              site.local_cache_host_path.lstrip("/")))]
+        if site.shared_mount.startswith("/") and site.shared_mount != "/":
+            # The claim (FSx) every pod mounts: one folder here, shared by the emulated pods.
+            moves.append((site.shared_mount.rstrip("/") + "/",
+                          f"{root.parent / 'shared'}{site.shared_mount.rstrip('/')}/"))
         env = {e["name"]: relocate(e["value"], moves) for e in container["env"]}
         env.update({"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"{name}-{index}",
                     "JOBGEN_MAIN_HOST": "127.0.0.1", "JOBGEN_K8S_JOB": job_id})

@@ -7,11 +7,11 @@ import json
 import time
 from typing import Any, Optional
 
-from ... import aws, snapshot
+from ... import aws, images
 from ...aws import call as _call
 from ...errors import ConfigError, RemoteError
 from ...plan import Plan, PlannedFile
-from ...site import Site
+from ...site import SageMakerSite, Site
 from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 from .request import job_name, training_job, validate  # noqa: F401  (validate: tests)
@@ -29,7 +29,13 @@ def node_site(site: Site) -> Site:
     assert section is not None
     return dataclasses.replace(site, paths=dataclasses.replace(
         site.paths, work_dir=CHECKPOINTS, data_dir=DATA, compile_cache=section.compile_cache,
-        local_compile_cache=None))
+        local_compile_cache=None, data_read_only=_data_read_only(section)))
+
+
+def _data_read_only(section: SageMakerSite) -> bool:
+    """An FSx channel is mounted as its access mode says; an S3 channel (File mode) is copied
+    onto the instance's own volume, which the job may write."""
+    return section.fsx is not None and section.fsx.access_mode == "ro"
 
 
 def plan(spec: JobSpec) -> Plan:
@@ -45,7 +51,7 @@ def plan(spec: JobSpec) -> Plan:
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
     """The image must carry the payload the job is rendered with (its nodes check it)."""
-    snapshot.prepare_image(spec, "sagemaker", strict, say)
+    images.prepare(spec, "sagemaker")
 
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     name, origin = aws.region(spec.site, "sagemaker")

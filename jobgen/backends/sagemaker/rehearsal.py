@@ -25,8 +25,7 @@ def commands(spec: JobSpec, job_id: str, root: Path,
     out = []
     for host in hosts:
         opt_ml = root / host / "opt" / "ml"
-        moves = image_moves(spec, site.entrypoint, "sagemaker-entrypoint.sh") + [
-            ("/opt/ml/", f"{opt_ml}/")]
+        moves = image_moves(spec, write) + [("/opt/ml/", f"{opt_ml}/")]
         config = opt_ml / "input" / "config"
         if write:
             config.mkdir(parents=True, exist_ok=True)

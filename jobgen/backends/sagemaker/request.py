@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from ... import node, payloads, snapshot
+from ... import images, node, payloads
 from ...cache import sha256
 from ...errors import ConfigError, RuleError
 from ...recipe import time_limit_seconds
@@ -181,9 +181,7 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
     if recipe.payload == "smp_fsdp" and spec.rehearsal is None and kind not in SMP_INSTANCES:
         raise RuleError(f"{spec.source}: platform: SMP v2 runs on {', '.join(SMP_INSTANCES)}, "
                         f"not {kind}")
-    image_key = platform.name
-    image = snapshot.site_image(sm.images, image_key, "sagemaker.images", site.name,
-                                spec.payload_digest)
+    image = images.uri(spec, "sagemaker")
     for key in ("role_arn", "checkpoint_s3_uri", "output_s3_uri"):
         if not getattr(sm, key):
             raise ConfigError(f"site {site.name}: sagemaker.{key} is required")
@@ -199,7 +197,7 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
         "TrainingJobName": job_name(spec),
         "AlgorithmSpecification": {
             "TrainingImage": image, "TrainingInputMode": "File",
-            "ContainerEntrypoint": ["/bin/bash", sm.entrypoint],
+            "ContainerEntrypoint": ["/bin/bash", images.declared().entrypoint("sagemaker")],
             "ContainerArguments": [lau.launcher],
             "MetricDefinitions": [dict(m) for m in METRICS],
         },
