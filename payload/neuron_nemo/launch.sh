@@ -47,4 +47,18 @@ print("\x27" + text + "\x27")' "$checkpoint") || exit "$JOBGEN_CONFIG_ERROR"
     resume=("model.resume_from_checkpoint=$value")
   fi
 fi
+# NeMo prints no events: on node 0, where rank 0 writes NeMo's TensorBoard files, events.py
+# relays its logged steps as jobgen's events while the training pass runs.
+relay=""
+if [ "$pass" = train ] && [ "${JOBGEN_NODE_RANK:-${SLURM_NODEID:-0}}" = 0 ]; then
+  "${JOBGEN_PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/events.py" "$JOBGEN_RUN_DIR/nemo" \
+    "$JOBGEN_RUN_DIR/train/metrics.jsonl" "$@" &
+  relay=$!
+fi
 node_launch "$pass" "--config-path=${JOBGEN_WORKDIR:?}/conf" "$@" ${resume[@]+"${resume[@]}"}
+status=$?
+if [ -n "$relay" ]; then
+  kill -TERM "$relay" 2>/dev/null
+  wait "$relay"
+fi
+exit "$status"
