@@ -180,7 +180,11 @@ def test_a_frozen_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
     sockets stay open, so pod 0 waits in a collective as a Neuron trainer would), pod 0 sees
     its beat go stale and stops; Kubernetes' replacements (run again here) resume."""
     s, pods = _pods(tmp_path, monkeypatch)
-    slow = {"JOBGEN_SMOKE_STEP_DELAY": "0.5", "JOBGEN_GANG_STALE_S": "6"}
+    import socket
+    with socket.socket() as sock:   # the machine may run other rehearsals on the recipe's port
+        sock.bind(("127.0.0.1", 0))
+        port = {"MASTER_PORT": str(sock.getsockname()[1])}
+    slow = {"JOBGEN_SMOKE_STEP_DELAY": "0.5", "JOBGEN_GANG_STALE_S": "6", **port}
     procs = _gang(pods, [slow, slow], tmp_path)
     checkpoints = Path(s.run_dir, "train", "checkpoints")
     try:
@@ -200,7 +204,7 @@ def test_a_frozen_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
     print(f"pod 0 stopped {took:.1f} s after pod 1 froze (stale after 6 s)")
     saved = max(int(p.parent.name.split("_")[1])
                 for p in checkpoints.glob("step_*/COMPLETE"))
-    again = _gang(pods, [{}, {}], tmp_path)
+    again = _gang(pods, [port, port], tmp_path)
     try:
         assert [p.wait(timeout=600) for p in again] == [0, 0], \
             (tmp_path / "pod-0.log").read_text()[-3000:]
