@@ -135,9 +135,11 @@ def test_one_failed_pod_stops_the_gang_and_is_the_one_counted_failure(
                   tmp_path, str(fake))
     try:
         failed = procs[1].wait(timeout=60)
+        ended = time.monotonic()
         # Without the gang the others would wait out their trainers (300 s here, the Neuron
         # runtime's 4,000 s on trn1); the test's bound is generous, the pods' own is 2 s.
         stopped = [p.wait(timeout=60) for p in (procs[0], procs[2], procs[3])]
+        print(f"the gang stopped {time.monotonic() - ended:.1f} s after pod 1 failed")
     finally:
         _end(procs)
     assert failed == 3                       # the job's one counted failure keeps its status
@@ -171,6 +173,32 @@ def test_pods_failing_together_count_once(tmp_path: Path,
     finally:
         _end(procs)
     assert statuses == [3, eks.GANG_EXIT]
+
+
+def test_pods_stopping_on_sigterm_are_not_killed_by_the_gang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time limit (activeDeadlineSeconds) or a drain sends every pod SIGTERM: the pods stop
+    their passes themselves (a trainer saves on it), and the first to end does not get the
+    others killed mid-save."""
+    _, pods = _pods(tmp_path, monkeypatch)
+    fake = tmp_path / "fake-launch.sh"
+    fake.write_text(FAKE)
+    procs = _gang(pods, [{"FAKE_TRAIN": "hang"}] * 2, tmp_path, str(fake))
+    try:
+        runs = Path("jobgen-runs", "gang", "logs", "gang-job", "attempt-1")
+        deadline = time.monotonic() + 120
+        while not all((runs / f"node-{i}" / "compile.status").exists() for i in (0, 1)):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(2)   # both in the training pass
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)   # what the kubelet sends the container's PID 1
+        statuses = [p.wait(timeout=60) for p in procs]
+    finally:
+        _end(procs)
+    assert eks.GANG_EXIT not in statuses, statuses
+    logs = "".join((tmp_path / f"pod-{i}.log").read_text() for i in (0, 1))
+    assert "stopping this pod so that the whole gang restarts" not in logs
 
 
 @pytest.mark.slow

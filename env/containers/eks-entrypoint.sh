@@ -21,7 +21,9 @@
 #      exits with JOBGEN_GANG_EXIT, which the pod failure policy does not count; of the pods that
 #      fail by themselves, the first one's status is the job's one counted failure
 #      (gang/first-failure), the others exit with JOBGEN_GANG_EXIT too, unless their status is
-#      one that ends the job (75, 78). Kubernetes then replaces every pod (restartPolicy Never,
+#      one that ends the job (75, 78). A pod that is itself stopping on SIGTERM (a time limit,
+#      an eviction) is not killed and keeps its status: its pass may be saving with its peers.
+#      Kubernetes then replaces every pod (restartPolicy Never,
 #      or in place under a PyTorchJob's OnFailure) and the new gang resumes from the newest
 #      checkpoint;
 #   4. otherwise exits with the last pass's status.
@@ -54,6 +56,12 @@ gang_watch() {
 }
 # shellcheck disable=SC2329  # invoked through the USR2 trap
 gang_stop() {
+  # Asked to stop already (a time limit, an eviction): the pass is saving a checkpoint with its
+  # peers, which a kill would lose; the pod ends when the save does.
+  if [ -n "${FLOW_STOPPING:-}" ]; then
+    say "a peer ended while this pod stops on SIG$FLOW_STOPPING: $(cat "$gang/node-$index.stopped" 2>/dev/null)"
+    return
+  fi
   say "stopping this pod so that the whole gang restarts: $(cat "$gang/node-$index.stopped" 2>/dev/null)"
   if [ -n "${FLOW_PASS_PID:-}" ]; then
     kill -KILL -- "-$FLOW_PASS_PID" 2>/dev/null || kill -KILL "$FLOW_PASS_PID" 2>/dev/null
@@ -78,8 +86,9 @@ gang_end() {
     return
   fi
   printf 'status %s at %s\n' "$3" "$(date -u +%FT%TZ)" >"$1/node-$2.failed"
-  if ! mkdir "$1/first-failure" 2>/dev/null && [ "$3" != "$FLOW_UNHEALTHY" ] &&
-    [ "$3" != "$FLOW_CONFIG_ERROR" ]; then
+  # (A pod told to stop keeps its status: Kubernetes ends it, not a peer's failure.)
+  if ! mkdir "$1/first-failure" 2>/dev/null && [ -z "${FLOW_STOPPING:-}" ] &&
+    [ "$3" != "$FLOW_UNHEALTHY" ] && [ "$3" != "$FLOW_CONFIG_ERROR" ]; then
     say "failed with status $3 after a peer's failure: exiting with $JOBGEN_GANG_EXIT (not counted)"
     status=$JOBGEN_GANG_EXIT
   fi
