@@ -24,7 +24,7 @@ import pytest
 from jobgen import api, node, payloads, resources
 from jobgen.backends.sagemaker.request import METRICS
 from jobgen.planning.measurements import read_events, run_throughput
-from jobgen.watching.readers import parse_lines
+from jobgen.watching.readers import RunReader, parse_lines
 
 pytest.importorskip("tensorboard")
 
@@ -72,7 +72,9 @@ def _run(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[
         port = sock.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "JOBGEN_WORKERS_PER_NODE": "2", "JOBGEN_NODE_RANK": "0", "JOBGEN_NNODES": "1",
-           "JOBGEN_LOG_DIR": str(tmp_path / "logs"), "JOBGEN_RUN_DIR": s.run_dir,
+           # A Slurm job's log folder (the flow's JOBGEN_LOG_DIR): what `jobgen watch` reads.
+           "JOBGEN_LOG_DIR": str(Path(s.run_dir, "logs", "777", "restart-0")),
+           "JOBGEN_RUN_DIR": s.run_dir,
            "JOBGEN_WORKDIR": str(workdir), "JOBGEN_PROGRAM": program.name,
            "JOBGEN_PYTHON": sys.executable,
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
@@ -111,7 +113,8 @@ def test_relay_turns_new_tensorboard_steps_into_events(tmp_path: Path) -> None:
     metrics = tmp_path / "run" / "train" / "metrics.jsonl"
     relay = subprocess.Popen(
         [sys.executable, str(resources.folder("payload") / "neuron_nemo" / "events.py"),
-         str(nemo), str(metrics), "model.global_batch_size=8", "trainer.max_steps=60"],
+         str(nemo), str(metrics), str(tmp_path / "node-0" / "train.log"),
+         "model.global_batch_size=8", "trainer.max_steps=60"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "JOBGEN_NODE_RANK": "0"})
     try:
         assert relay.stdout is not None
@@ -129,6 +132,8 @@ def test_relay_turns_new_tensorboard_steps_into_events(tmp_path: Path) -> None:
     assert [(e["step"], e["consumed_samples"], e["loss"]) for e in steps] == [
         (51, 408, 9.0), (56, 448, 9.0)]
     assert [e["event"] for e in read_events(metrics.read_text())] == ["start", "step", "step"]
+    assert [e["event"] for e in read_events((tmp_path / "node-0" / "train.log").read_text())] \
+        == ["start", "step", "beat", "step", "beat"]
 
 
 @pytest.mark.slow
@@ -154,11 +159,13 @@ def test_nemo_training_pass_prints_the_events_every_reader_uses(
     assert [e for e in logged if e["event"] == "step"] == steps
     rate, used = run_throughput(logged)
     assert used >= 3 and rate > 0
-    # `jobgen watch`: steps with their loss, and node 0's beats.
-    seen = parse_lines(out.splitlines(), "node-0", 0)
-    assert [o.step for o in seen if o.kind == "step"] == [e["step"] for e in steps]
-    assert [o.loss for o in seen if o.kind == "step"][0] == pytest.approx(10.0)
-    assert {o.node for o in seen if o.kind == "beat"} == {0}
+    # `jobgen watch`: a pod's or an instance's log (stdout), and a Slurm run folder (the node's
+    # pass log): steps with their loss, and node 0's beats.
+    for seen in (parse_lines(out.splitlines(), "node-0", 0),
+                 RunReader(Path(s.run_dir)).read()):
+        assert [o.step for o in seen if o.kind == "step"] == [e["step"] for e in steps]
+        assert [o.loss for o in seen if o.kind == "step"][0] == pytest.approx(10.0)
+        assert {o.node for o in seen if o.kind == "beat"} == {0}
     # SageMaker's metric definitions, as CloudWatch applies them to the log lines.
     for metric in METRICS:
         found = [float(m.group(1)) for line in out.splitlines()

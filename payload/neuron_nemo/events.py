@@ -7,12 +7,13 @@ through Lightning (MegatronGPTModel.training_step: ``reduced_train_loss``, ``lr`
 runs beside the training pass on node 0 (where rank 0 writes the event files), reads the event
 files NeMo writes under its log folder, and turns each logged step into the same ``start``,
 ``step`` and ``beat`` events the other payloads print: on stdout (the node's log, a pod's log,
-SageMaker's CloudWatch stream: what `jobgen watch` and SageMaker's metric definitions read)
-and in ``RUN_DIR/train/metrics.jsonl`` (what `jobgen plan --from-run` reads).
+SageMaker's CloudWatch stream: what SageMaker's metric definitions and the watch of a SageMaker or
+EKS job read), in the node's pass log beside NeMo's own output (what the watch of a Slurm or Batch
+job reads) and in ``RUN_DIR/train/metrics.jsonl`` (what `jobgen plan --from-run` reads).
 
 Event files that exist when the relay starts belong to an earlier attempt and are left alone.
-usage: events.py NEMO_LOG_DIR METRICS_PATH [HYDRA_OVERRIDE...]   (stops on SIGTERM, after a
-last read)
+usage: events.py NEMO_LOG_DIR METRICS_PATH NODE_LOG [HYDRA_OVERRIDE...]   (stops on SIGTERM,
+after a last read)
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def _iso(seconds: float) -> str:
 
 
 class Relay:
-    def __init__(self, log_dir: Path, metrics: Path, node: int) -> None:
-        self.log_dir, self.metrics, self.node = log_dir, metrics, node
+    def __init__(self, log_dir: Path, metrics: Path, node_log: Path, node: int) -> None:
+        self.log_dir, self.metrics, self.node_log, self.node = log_dir, metrics, node_log, node
         self.old = set(self._files())   # an earlier attempt's files
         self.loaders: dict[Path, Any] = {}
         self.pending: dict[int, dict[str, Any]] = {}   # TB step -> its scalars so far
@@ -56,10 +57,12 @@ class Relay:
         return sorted(self.log_dir.rglob("events.out.tfevents.*")) if self.log_dir.is_dir() \
             else []
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, metrics: bool = True) -> None:
         print(line, flush=True)
-        with open(self.metrics, "a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
+        # Appended a line at a time (one write each), as tee appends NeMo's output to the log.
+        for path in (self.node_log, self.metrics) if metrics else (self.node_log,):
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
 
     def read(self) -> None:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -91,8 +94,8 @@ class Relay:
         fields.update({name: scalars[tag] for tag, name in FIELDS.items() if tag in scalars})
         self.write(format_event("step", **fields, time=_iso(scalars["time"])))
         # The node goes on with the next step (only rank 0 logs: node 0's beat).
-        print(format_event("beat", phase="train", node=self.node, step=step + 1,
-                           time=_iso(scalars["time"])), flush=True)
+        self.write(format_event("beat", phase="train", node=self.node, step=step + 1,
+                                time=_iso(scalars["time"])), metrics=False)
 
 
 def _override(args: list[str], key: str) -> Optional[int]:
@@ -105,12 +108,14 @@ def _override(args: list[str], key: str) -> Optional[int]:
 
 def main(argv: list[str]) -> int:
     import os
-    if len(argv) < 2:
-        print("usage: events.py NEMO_LOG_DIR METRICS_PATH [HYDRA_OVERRIDE...]", file=sys.stderr)
+    if len(argv) < 3:
+        print("usage: events.py NEMO_LOG_DIR METRICS_PATH NODE_LOG [HYDRA_OVERRIDE...]",
+              file=sys.stderr)
         return 2
-    metrics = Path(argv[1])
-    metrics.parent.mkdir(parents=True, exist_ok=True)
-    relay = Relay(Path(argv[0]), metrics, node_index(os.environ))
+    metrics, node_log = Path(argv[1]), Path(argv[2])
+    for path in (metrics, node_log):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    relay = Relay(Path(argv[0]), metrics, node_log, node_index(os.environ))
     try:
         import tensorboard  # noqa: F401  (NeMo's images carry it: Lightning's logger needs it)
     except ImportError:
@@ -120,8 +125,8 @@ def main(argv: list[str]) -> int:
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     relay.write(format_event("start", phase="train", node=relay.node, source="nemo",
-                             global_batch_size=_override(argv[2:], "model.global_batch_size"),
-                             max_steps=_override(argv[2:], "trainer.max_steps"),
+                             global_batch_size=_override(argv[3:], "model.global_batch_size"),
+                             max_steps=_override(argv[3:], "trainer.max_steps"),
                              time=now_iso()))
     while not stopping:
         relay.read()
