@@ -500,8 +500,11 @@ def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
     run = tmp_path / "jobgen-runs" / "rh-eks"
     assert (run / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
     (logs,) = (run / "logs").iterdir()
+    # Beside the nodes' logs, the pods' beats on the claim (gang restarts: test_eks_gang.py).
     assert sorted(p.name for p in (logs / "attempt-1").iterdir() if p.is_dir()) == [
-        "node-0", "node-1"]
+        "gang", "node-0", "node-1"]
+    assert sorted(p.name for p in (logs / "attempt-1" / "gang").glob("*.done")) == [
+        "node-0.done", "node-1.done"]
     # The training pass read the compile cache from each pod's node-local copy.
     # Beside the payload the emulated image holds (a snapshot), the job's own folder.
     root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir() if p.name != "payload")

@@ -31,6 +31,7 @@ from common.events import format_event, node_index, now_iso  # noqa: E402
 # NeMo's TensorBoard tags -> the step event's fields (the names payload/common/loop.py uses).
 FIELDS = {"reduced_train_loss": "loss", "lr": "lr", "gradient_norm": "grad_norm",
           "parameter_norm": "param_norm", "throughput": "samples_per_s"}
+LAST = "throughput_peak"   # the last scalar training_step logs on every logged step
 POLL_S = 1.0
 
 
@@ -75,9 +76,12 @@ class Relay:
                 if scalars:
                     entry = self.pending.setdefault(int(event.step), {"time": event.wall_time})
                     entry.update(scalars)
-        # A step is complete once a later one is logged (its scalars arrive one by one).
-        for step in sorted(self.pending)[:-1]:
-            self.emit(self.pending.pop(step))
+        # A step is complete with its last scalar (throughput_peak), or once a later step is
+        # logged (the scalars of one step are records of their own).
+        steps = sorted(self.pending)
+        for step in steps:
+            if step != steps[-1] or LAST in self.pending[step]:
+                self.emit(self.pending.pop(step))
 
     def flush(self) -> None:
         for step in sorted(self.pending):
