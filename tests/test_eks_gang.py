@@ -119,11 +119,34 @@ def _gang(pods: list[tuple[list[str], dict[str, str]]], extra: list[dict[str, st
     return procs
 
 
+def _pod_processes(pid: int) -> list[int]:
+    """A pod's processes: its entrypoint and every descendant (each pass runs in a session of
+    its own, which a signal to the entrypoint's process group would miss)."""
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True,
+                           check=True).stdout.split()
+    children: dict[int, list[int]] = {}
+    for child, parent in zip(table[::2], table[1::2]):
+        children.setdefault(int(parent), []).append(int(child))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def _signal_pod(proc: subprocess.Popen, signum: int) -> None:
+    """What the container runtime does to a whole container (SIGKILL), or a frozen node."""
+    for pid in _pod_processes(proc.pid):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def _end(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _signal_pod(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def test_one_failed_pod_stops_the_gang_and_is_the_one_counted_failure(
@@ -221,7 +244,7 @@ def test_a_frozen_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
             assert procs[0].poll() is None and time.monotonic() < deadline, \
                 (tmp_path / "pod-0.log").read_text()[-3000:]
             time.sleep(0.5)
-        os.killpg(procs[1].pid, signal.SIGSTOP)
+        _signal_pod(procs[1], signal.SIGSTOP)
         frozen = time.monotonic()
         assert procs[0].wait(timeout=120) == eks.GANG_EXIT
         took = time.monotonic() - frozen

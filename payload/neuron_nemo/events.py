@@ -112,6 +112,8 @@ def _override(args: list[str], key: str) -> Optional[int]:
 
 def main(argv: list[str]) -> int:
     import os
+    stopping: list[int] = []   # first: a stop before the imports below still gets a last read
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     if len(argv) < 3:
         print("usage: events.py NEMO_LOG_DIR METRICS_PATH NODE_LOG [HYDRA_OVERRIDE...]",
               file=sys.stderr)
@@ -126,8 +128,6 @@ def main(argv: list[str]) -> int:
         print(format_event("notice", message="tensorboard is not installed: NeMo's steps are "
                            "not relayed as events", time=now_iso()), flush=True)
         return 0
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     relay.write(format_event("start", phase="train", node=relay.node, source="nemo",
                              global_batch_size=_override(argv[3:], "model.global_batch_size"),
                              max_steps=_override(argv[3:], "trainer.max_steps"),
