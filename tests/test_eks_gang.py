@@ -235,6 +235,8 @@ def test_a_frozen_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
     with socket.socket() as sock:   # the machine may run other rehearsals on the recipe's port
         sock.bind(("127.0.0.1", 0))
         port = {"MASTER_PORT": str(sock.getsockname()[1])}
+    # No compile pass (not what this test is about: it would double the trainers started).
+    port["JOBGEN_COMPILE_MODE"] = "never"
     slow = {"JOBGEN_SMOKE_STEP_DELAY": "0.5", "JOBGEN_GANG_STALE_S": "6", **port}
     procs = _gang(pods, [slow, slow], tmp_path)
     checkpoints = Path(s.run_dir, "train", "checkpoints")
