@@ -61,16 +61,30 @@ def test_pod_resources_and_restart_rules_follow_the_platform_file(name: str) -> 
     assert int(env["JOBGEN_GANG_STALE_S"]) > int(env["JOBGEN_GANG_BEAT_S"]) > 0
 
 
+def test_without_a_shared_claim_there_is_no_gang_and_render_says_so(
+        write_site: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    site = write_site("sagemaker", delete=["eks.shared_pvc"])
+    s = api.job_spec("neox20b", 4, site=str(site), backend="eks")
+    eks._SAID.clear()
+    job = eks.manifests(s)[-1]
+    assert "eks.shared_pvc is not set" in capsys.readouterr().err
+    env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "JOBGEN_GANG_EXIT" not in env
+    assert all(r.get("onExitCodes", {}).get("values") != [eks.GANG_EXIT]
+               for r in job["spec"]["podFailurePolicy"]["rules"])
+    # Each restart can cost every pod's failure when the peers find out by their own timeouts.
+    assert job["spec"]["backoffLimit"] == 4 * s.recipe.job.max_restarts
+
+
 def test_a_platform_pod_that_does_not_fit_is_one_line(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    source = Path(PLATFORMS["dl1.24xlarge"].name)   # the shipped file, changed one key at a time
-    from jobgen import resources
-    text = (resources.folder("platforms") / f"{source}.yaml").read_text()
+    from jobgen import platforms, resources
+    # The shipped file, changed one key at a time.
+    text = (resources.folder("platforms") / "dl1.24xlarge.yaml").read_text()
     monkeypatch.setenv("JOBGEN_PLATFORMS", str(tmp_path))
     for bad, why in (("memory: 690Gi", "memory: 790Gi"), ("hugepages_2mi: 42000Mi",
                                                           "hugepages_2mi: 42000MB")):
         (tmp_path / "dl1.24xlarge.yaml").write_text(text.replace(bad, why))
-        from jobgen import platforms
         with pytest.raises(ConfigError) as caught:
             platforms._Platforms()["dl1.24xlarge"]
         message = str(caught.value)
