@@ -222,12 +222,12 @@ def test_pods_stopping_on_sigterm_are_not_killed_by_the_gang(
     fake.write_text(FAKE)
     procs = _gang(pods, [{"FAKE_TRAIN": "hang"}] * 2, tmp_path, str(fake))
     try:
-        runs = Path("jobgen-runs", "gang", "logs", "gang-job", "attempt-1")
         deadline = time.monotonic() + 120
-        while not all((runs / f"node-{i}" / "compile.status").exists() for i in (0, 1)):
+        while not all("training pass on 2 nodes" in (tmp_path / f"pod-{i}.log").read_text()
+                      for i in (0, 1)):
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        time.sleep(2)   # both in the training pass
+        time.sleep(1)   # the flows are waiting for their passes
         for proc in procs:
             proc.send_signal(signal.SIGTERM)   # what the kubelet sends the container's PID 1
         statuses = [p.wait(timeout=60) for p in procs]
