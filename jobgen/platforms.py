@@ -43,6 +43,19 @@ class Health:
 
 
 @record
+class Pod:
+    """What a Kubernetes pod on this instance type asks for beside its devices and EFA
+    interfaces (the EKS backend), as Kubernetes quantities: the scheduler keeps that much of
+    the node for the pod, and Gaudi's runtime needs its huge pages reserved."""
+    cpu: Optional[str] = None            # requests.cpu (cores, or millicores: "500m")
+    memory: Optional[str] = None         # requests.memory (binary units: Mi, Gi)
+    hugepages_2mi: Optional[str] = None  # hugepages-2Mi: requests and limits (equal, as required)
+    host_ipc: bool = False               # the node's IPC namespace (Habana's EKS examples)
+    # Set in the pod's container only, after the platform's env (a pod's interface is eth0).
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@record
 class Platform:
     name: str
     accelerator: Literal["neuron", "hpu", "cuda"]
@@ -68,6 +81,7 @@ class Platform:
     # Exported on every node of a job on this instance type, in this order, before the payload's
     # and the recipe's own (the network: libfabric's EFA provider on trn1). [NAME, value] pairs.
     env: tuple[tuple[str, str], ...] = ()
+    pod: Pod = Pod()                # what a Kubernetes pod asks for (EKS)
 
     @property
     def efa_devices(self) -> tuple[str, ...]:
@@ -128,6 +142,37 @@ def folders() -> list[Path]:
     return extra + [resources.folder("platforms")]
 
 
+_QUANTITY = re.compile(r"([0-9]+)(m|Mi|Gi|Ti)?")
+_MIB = {"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+
+
+def _check_pod(platform: Platform, shown: str) -> None:
+    """The pod's requests are Kubernetes quantities that fit the instance."""
+    pod = platform.pod
+    mib = 0
+    for key in ("memory", "hugepages_2mi"):
+        text = getattr(pod, key)
+        if text is None:
+            continue
+        match = _QUANTITY.fullmatch(text)
+        if not match or match.group(2) not in _MIB:
+            raise ConfigError(f"{shown}: pod.{key}: {text!r} is not a quantity in Mi, Gi or Ti "
+                              "(e.g. 690Gi)")
+        mib += int(match.group(1)) * _MIB[match.group(2)]
+    if mib > platform.memory_mib:
+        raise ConfigError(f"{shown}: pod.memory and pod.hugepages_2mi ({mib} MiB together) "
+                          f"exceed the instance's memory_mib ({platform.memory_mib})")
+    if pod.cpu is not None:
+        match = _QUANTITY.fullmatch(pod.cpu)
+        if not match or match.group(2) not in (None, "m"):
+            raise ConfigError(f"{shown}: pod.cpu: {pod.cpu!r} is not a CPU quantity (e.g. 120, "
+                              "500m)")
+        cores = int(match.group(1)) / (1000 if match.group(2) else 1)
+        if not 0 < cores <= platform.vcpus:
+            raise ConfigError(f"{shown}: pod.cpu: {pod.cpu} is not between 0 and the "
+                              f"instance's {platform.vcpus} vcpus")
+
+
 def _check(platform: Platform, shown: str, stem: str) -> Platform:
     if platform.name != stem:
         raise ConfigError(f"{shown}: name: {platform.name!r} must be the file's name ({stem!r})")
@@ -152,6 +197,7 @@ def _check(platform: Platform, shown: str, stem: str) -> Platform:
         raise ConfigError(f"{shown}: device_resource: {platform.device_resource!r} is not a "
                           "Kubernetes extended resource name (vendor.domain/name)")
     check_health(platform.health, shown)
+    _check_pod(platform, shown)
     for path in platform.device_paths:
         if not re.fullmatch(r"/dev/[A-Za-z0-9_/.-]+", path) or ".." in path:
             raise ConfigError(f"{shown}: device_paths: {path!r} is not a device file under /dev")

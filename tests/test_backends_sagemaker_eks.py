@@ -341,7 +341,8 @@ def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
         assert service["spec"]["clusterIP"] == "None"
         assert job["spec"]["completionMode"] == "Indexed"
         assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
-        assert job["spec"]["backoffLimit"] == 4 * s.recipe.job.max_restarts
+        # One counted failure per gang restart (tests/test_eks_gang.py).
+        assert job["spec"]["backoffLimit"] == s.recipe.job.max_restarts
         pod = job["spec"]["template"]["spec"]
         assert pod["subdomain"] == service["metadata"]["name"]
         env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
@@ -500,8 +501,11 @@ def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
     run = tmp_path / "jobgen-runs" / "rh-eks"
     assert (run / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
     (logs,) = (run / "logs").iterdir()
+    # Beside the nodes' logs, the pods' beats on the claim (gang restarts: test_eks_gang.py).
     assert sorted(p.name for p in (logs / "attempt-1").iterdir() if p.is_dir()) == [
-        "node-0", "node-1"]
+        "gang", "node-0", "node-1"]
+    assert sorted(p.name for p in (logs / "attempt-1" / "gang").glob("*.done")) == [
+        "node-0.done", "node-1.done"]
     # The training pass read the compile cache from each pod's node-local copy.
     # Beside the image tree the rehearsal lays out (and the shared claim), the job's own folder.
     root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir()

@@ -47,4 +47,20 @@ print("\x27" + text + "\x27")' "$checkpoint") || exit "$JOBGEN_CONFIG_ERROR"
     resume=("model.resume_from_checkpoint=$value")
   fi
 fi
+# NeMo prints no events: on node 0, where rank 0 writes NeMo's TensorBoard files, events.py
+# relays its logged steps as jobgen's events while the training pass runs.
+# (Its lines go to stdout and to the node's pass log, which node_launch appends NeMo's to.)
+relay=""
+rank=${JOBGEN_NODE_RANK:-${SLURM_NODEID:-0}}
+if [ "$pass" = train ] && [ "$rank" = 0 ]; then
+  "${JOBGEN_PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/events.py" "$JOBGEN_RUN_DIR/nemo" \
+    "$JOBGEN_RUN_DIR/train/metrics.jsonl" "${JOBGEN_LOG_DIR:?}/node-$rank/train.log" "$@" &
+  relay=$!
+fi
 node_launch "$pass" "--config-path=${JOBGEN_WORKDIR:?}/conf" "$@" ${resume[@]+"${resume[@]}"}
+status=$?
+if [ -n "$relay" ]; then
+  kill -TERM "$relay" 2>/dev/null
+  wait "$relay"
+fi
+exit "$status"

@@ -9,11 +9,17 @@ Each pod runs the image's EKS entrypoint (env/containers/eks-entrypoint.sh) with
 launcher and the two passes' arguments, asks for all of its node's accelerators and EFA
 interfaces through the device plugins, mounts the site's FSx claim (run folders, data, the
 shared compile cache) and a hostPath on the node's own disk for the compile cache the training
-pass reads. A failed pod is restarted within a backoffLimit of the recipe's restarts times the
-pods, and resumes from the newest checkpoint: in place under a PyTorchJob (OnFailure); an Indexed
-Job replaces it (Never), and its pod failure policy ends the whole job at once on the statuses no
-restart cures: 78 (a configuration error) and 75 (the health gate found a bad node, which a pod
-restarted on the same node would find again).
+pass reads. The platform file's `pod:` adds what its pods need beside devices and EFA (CPU and
+memory requests, Gaudi's huge pages and the node's IPC namespace, CCOM_SOCKET_IFNAME on Neuron).
+
+Restarts restart the whole gang, since a replaced pod cannot rejoin a running torchrun: on the
+shared claim every pod watches its peers (eks-entrypoint.sh, GANG_* below) and stops within
+seconds of one's failure. An Indexed Job (restartPolicy Never) then replaces every pod: its pod
+failure policy ignores the stopped peers (one counted failure per restart: backoffLimit is the
+recipe's restarts), and ends the whole job at once on the statuses no restart cures: 78 (a
+configuration error) and 75 (the health gate found a bad node, which a pod restarted on the same
+node would find again). Under a PyTorchJob (OnFailure) the operator restarts each stopped
+container in place, within restarts times the pods. Every pod resumes from the newest checkpoint.
 """
 from __future__ import annotations
 
@@ -28,6 +34,15 @@ from ...spec import JobSpec
 # Exit statuses that end the Indexed Job at once: a bad node (the health gate), a configuration
 # error.
 NO_RETRY = (75, 78)
+# Gang restarts (an Indexed Job has no whole-job restart of its own): every pod beats a file on
+# the shared claim and watches its peers' (eks-entrypoint.sh). When one pod fails, or stops
+# beating for GANG_STALE_S (its node is gone), the others stop within GANG_BEAT_S and exit with
+# GANG_EXIT, which the pod failure policy ignores: only the first failure counts against the
+# backoffLimit, Kubernetes replaces every pod, and the new gang resumes from the newest
+# checkpoint instead of waiting in collectives for the runtime's timeout.
+GANG_EXIT = 79
+GANG_BEAT_S = 2
+GANG_STALE_S = 30
 # The Kubernetes release whose schemas the manifests are checked against (EKS standard support).
 K8S_VERSION = "1.31"
 # Device plugin resources, per accelerator: Neuron devices (Trainium chips), Gaudi cards, GPUs.
@@ -62,7 +77,12 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {platform.device_resource: platform.devices}
     if efa:
         limits[EFA_RESOURCE] = efa
-    return {"limits": limits, "requests": dict(limits)}
+    pod = platform.pod   # what env/platforms/NAME.yaml says its pods need
+    if pod.hugepages_2mi:
+        limits["hugepages-2Mi"] = pod.hugepages_2mi
+    requests = dict(limits)
+    requests.update({k: v for k, v in (("cpu", pod.cpu), ("memory", pod.memory)) if v})
+    return {"limits": limits, "requests": requests}
 
 
 def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
@@ -75,6 +95,10 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
                              shared=bool(eks.shared_pvc))
     env = node.environment(spec, lau, contract)
     env["JOBGEN_K8S_JOB"] = name
+    env.update(platform.pod.env)
+    if eks.shared_pvc:   # the pods watch each other through the claim (gang restarts)
+        env.update(JOBGEN_GANG_EXIT=str(GANG_EXIT), JOBGEN_GANG_BEAT_S=str(GANG_BEAT_S),
+                   JOBGEN_GANG_STALE_S=str(GANG_STALE_S))
     if not operator:   # the operator sets MASTER_ADDR itself
         env["JOBGEN_MAIN_HOST"] = f"{name}-0.{name}"
     container: dict[str, Any] = {
@@ -106,6 +130,8 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
         pod["nodeSelector"] = {"node.kubernetes.io/instance-type": platform.name}
         pod["tolerations"] = [{"key": platform.device_resource,
                                "operator": "Exists", "effect": "NoSchedule"}]
+        if platform.pod.host_ipc:
+            pod["hostIPC"] = True
     if not operator:
         pod["subdomain"] = name   # JOB-K.SERVICE resolves through the headless Service
     if eks.service_account:
@@ -152,13 +178,25 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
                         "ports": [{"name": "rendezvous", "port": spec.recipe.job.master_port}]}}
     pod = _pod_spec(spec, name, operator=False)
     pod["restartPolicy"] = "Never"          # a pod failure policy needs it
+    container = pod["containers"][0]["name"]
+    gang: list[dict[str, Any]] = []
+    if eks.shared_pvc:
+        # One counted failure per restart of the gang: the peers it stopped are not counted.
+        gang = [{"action": "Ignore", "onExitCodes": {"containerName": container,
+                                                     "operator": "In", "values": [GANG_EXIT]}}]
+    else:
+        _say_once(f"note: site {site.name}: eks.shared_pvc is not set, so the pods of a job "
+                  "cannot watch each other: when one fails, the others wait in collectives for "
+                  "the runtime's timeout before the job restarts")
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes,
-        # Each restart of the job can cost one pod restart per node.
-        "backoffLimit": restarts * spec.nodes,
+        # With gang restarts each restart of the job costs one counted pod failure; without,
+        # it can cost one per node.
+        "backoffLimit": restarts * (1 if gang else spec.nodes),
         "podFailurePolicy": {"rules": [
-            {"action": "FailJob", "onExitCodes": {"containerName": pod["containers"][0]["name"],
+            {"action": "FailJob", "onExitCodes": {"containerName": container,
                                                   "operator": "In", "values": list(NO_RETRY)}},
+            *gang,
             # A pod evicted for a drain or a preemption is not the job's failure.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
                                                       "status": "True"}]}]},

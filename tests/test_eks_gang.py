@@ -1,0 +1,284 @@
+"""EKS gang restarts and pod resources.
+
+The manifests against the platform files (what a pod asks for, declared once in
+env/platforms/*.yaml) and the restart rules; then the real env/containers/eks-entrypoint.sh run
+as the pods of a rendered Indexed Job (jobgen/backends/eks/rehearsal.py gives each pod's command
+and environment): one pod fails or freezes, the others stop within seconds with the status the
+pod failure policy ignores, and the replaced gang resumes from the newest checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobgen import api, local_runner, snapshot
+from jobgen.backends.eks import manifests as eks
+from jobgen.errors import ConfigError
+from jobgen.platforms import PLATFORMS
+
+# --- the manifest against the platform files ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["neox20b", "bert1.5b", "llama2-7b"])
+def test_pod_resources_and_restart_rules_follow_the_platform_file(name: str) -> None:
+    pytest.importorskip("kubernetes_validate")
+    s = api.job_spec(name, 4, site="sagemaker", backend="eks")
+    docs = eks.manifests(s)
+    eks.validate(docs, "test")
+    job = docs[-1]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    declared = PLATFORMS[s.platform.name].pod
+    resources = container["resources"]
+    assert resources["requests"].get("cpu") == declared.cpu
+    assert resources["requests"].get("memory") == declared.memory
+    # Huge pages: requests and limits equal (Kubernetes refuses anything else).
+    assert resources["limits"].get("hugepages-2Mi") == declared.hugepages_2mi
+    assert resources["requests"].get("hugepages-2Mi") == declared.hugepages_2mi
+    assert pod.get("hostIPC", False) is declared.host_ipc
+    env = {e["name"]: e["value"] for e in container["env"]}
+    for key, value in declared.env:
+        assert env[key] == value
+    if s.platform.accelerator == "hpu":
+        assert (declared.memory, declared.hugepages_2mi, declared.host_ipc) == (
+            "690Gi", "42000Mi", True)
+    if s.platform.accelerator == "neuron":
+        assert env["CCOM_SOCKET_IFNAME"] == "eth0" and declared.cpu and declared.memory
+    # Gang restarts: the stopped peers are not counted, the first failure is; 75 and 78 end it.
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == [75, 78]
+    assert rules[1] == {"action": "Ignore", "onExitCodes": {
+        "containerName": "trainer", "operator": "In", "values": [eks.GANG_EXIT]}}
+    assert job["spec"]["backoffLimit"] == s.recipe.job.max_restarts
+    assert env["JOBGEN_GANG_EXIT"] == str(eks.GANG_EXIT)
+    assert int(env["JOBGEN_GANG_STALE_S"]) > int(env["JOBGEN_GANG_BEAT_S"]) > 0
+
+
+def test_without_a_shared_claim_there_is_no_gang_and_render_says_so(
+        write_site: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    site = write_site("sagemaker", delete=["eks.shared_pvc"])
+    s = api.job_spec("neox20b", 4, site=str(site), backend="eks")
+    eks._SAID.clear()
+    job = eks.manifests(s)[-1]
+    assert "eks.shared_pvc is not set" in capsys.readouterr().err
+    env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "JOBGEN_GANG_EXIT" not in env
+    assert all(r.get("onExitCodes", {}).get("values") != [eks.GANG_EXIT]
+               for r in job["spec"]["podFailurePolicy"]["rules"])
+    # Each restart can cost every pod's failure when the peers find out by their own timeouts.
+    assert job["spec"]["backoffLimit"] == 4 * s.recipe.job.max_restarts
+
+
+def test_a_platform_pod_that_does_not_fit_is_one_line(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobgen import platforms, resources
+    # The shipped file, changed one key at a time.
+    text = (resources.folder("platforms") / "dl1.24xlarge.yaml").read_text()
+    monkeypatch.setenv("JOBGEN_PLATFORMS", str(tmp_path))
+    for bad, why in (("memory: 690Gi", "memory: 790Gi"), ("hugepages_2mi: 42000Mi",
+                                                          "hugepages_2mi: 42000MB")):
+        (tmp_path / "dl1.24xlarge.yaml").write_text(text.replace(bad, why))
+        with pytest.raises(ConfigError) as caught:
+            platforms._Platforms()["dl1.24xlarge"]
+        message = str(caught.value)
+        assert "\n" not in message and str(tmp_path / "dl1.24xlarge.yaml") in message
+        assert "pod." in message
+
+
+# --- the entrypoint as the pods of an Indexed Job -------------------------------------------------
+
+FAKE = """#!/usr/bin/env bash
+# A stand-in launcher: each pod's behaviour from FAKE_TRAIN (compile passes succeed and say
+# so, as payload/common/node_launch.sh does, for the nodes that wait for each other).
+case $1:${FAKE_TRAIN:-ok} in
+  compile:*) echo 0 >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/compile.status"; exit 0 ;;
+  train:hang) exec sleep 300 ;;   # a trainer that waits in a collective for a dead peer
+  train:fail) sleep 1; exit 3 ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+def _pods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recipe: str = "neox20b",
+          nodes: int = 2) -> tuple[Any, list[tuple[list[str], dict[str, str]]]]:
+    monkeypatch.chdir(tmp_path)
+    s = api.job_spec(recipe, nodes, backend="eks", smoke=True, run_name="gang")
+    snapshot.place(str(tmp_path / ".jobgen-rehearsal" / "payload"), s.payload_digest)
+    return s, local_runner.commands(s, "gang-job")
+
+
+def _start(argv: list[str], env: dict[str, str], extra: dict[str, str], out: Path
+           ) -> subprocess.Popen:
+    full = {**os.environ, **env, **extra}
+    full["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), full.get("PATH", "")])
+    with open(out, "ab") as handle:
+        return subprocess.Popen(argv, env=full, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _gang(pods: list[tuple[list[str], dict[str, str]]], extra: list[dict[str, str]],
+          tmp_path: Path, launcher: str | None = None) -> list[subprocess.Popen]:
+    procs = []
+    for index, (argv, env) in enumerate(pods):
+        if launcher:
+            argv = [argv[0], argv[1], launcher, *argv[3:]]
+        procs.append(_start(argv, env, extra[index], tmp_path / f"pod-{index}.log"))
+    return procs
+
+
+def _pod_processes(pid: int) -> list[int]:
+    """A pod's processes: its entrypoint and every descendant (each pass runs in a session of
+    its own, which a signal to the entrypoint's process group would miss)."""
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True,
+                           check=True).stdout.split()
+    children: dict[int, list[int]] = {}
+    for child, parent in zip(table[::2], table[1::2]):
+        children.setdefault(int(parent), []).append(int(child))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def _signal_pod(proc: subprocess.Popen, signum: int) -> None:
+    """What the container runtime does to a whole container (SIGKILL), or a frozen node."""
+    for pid in _pod_processes(proc.pid):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        _signal_pod(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def test_one_failed_pod_stops_the_gang_and_is_the_one_counted_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s, pods = _pods(tmp_path, monkeypatch, nodes=4)
+    fake = tmp_path / "fake-launch.sh"
+    fake.write_text(FAKE)
+    procs = _gang(pods, [{"FAKE_TRAIN": "fail" if i == 1 else "hang"} for i in range(4)],
+                  tmp_path, str(fake))
+    try:
+        failed = procs[1].wait(timeout=60)
+        ended = time.monotonic()
+        # Without the gang the others would wait out their trainers (300 s here, the Neuron
+        # runtime's 4,000 s on trn1); the test's bound is generous, the pods' own is 2 s.
+        stopped = [p.wait(timeout=60) for p in (procs[0], procs[2], procs[3])]
+        print(f"the gang stopped {time.monotonic() - ended:.1f} s after pod 1 failed")
+    finally:
+        _end(procs)
+    assert failed == 3                       # the job's one counted failure keeps its status
+    assert stopped == [eks.GANG_EXIT] * 3    # ignored by the pod failure policy
+    for index in (0, 2, 3):
+        log = (tmp_path / f"pod-{index}.log").read_text()
+        assert "stopping this pod so that the whole gang restarts: node 1 failed (status 3" \
+            in log, log[-2000:]
+    gang = Path(s.run_dir, "logs", "gang-job", "attempt-1", "gang")
+    assert (gang / "first-failure").is_dir() and (gang / "node-1.failed").is_file()
+    # The replaced gang: every pod in the next attempt, and a clean run ends the job.
+    again = _gang(pods, [{}] * 4, tmp_path, str(fake))
+    try:
+        assert [p.wait(timeout=120) for p in again] == [0] * 4
+    finally:
+        _end(again)
+    done = Path(s.run_dir, "logs", "gang-job", "attempt-2", "gang")
+    assert sorted(p.name for p in done.glob("*.done")) == [f"node-{i}.done" for i in range(4)]
+
+
+def test_pods_failing_together_count_once(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure that hits every pod (a bad batch on every rank): one status is the counted
+    failure, the others exit with the ignored one, so a restart costs one of the backoffLimit."""
+    _, pods = _pods(tmp_path, monkeypatch)
+    fake = tmp_path / "fake-launch.sh"
+    fake.write_text(FAKE)
+    procs = _gang(pods, [{"FAKE_TRAIN": "fail"}] * 2, tmp_path, str(fake))
+    try:
+        statuses = sorted(p.wait(timeout=120) for p in procs)
+    finally:
+        _end(procs)
+    assert statuses == [3, eks.GANG_EXIT]
+
+
+def test_pods_stopping_on_sigterm_are_not_killed_by_the_gang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time limit (activeDeadlineSeconds) or a drain sends every pod SIGTERM: the pods stop
+    their passes themselves (a trainer saves on it), and the first to end does not get the
+    others killed mid-save."""
+    _, pods = _pods(tmp_path, monkeypatch)
+    fake = tmp_path / "fake-launch.sh"
+    fake.write_text(FAKE)
+    procs = _gang(pods, [{"FAKE_TRAIN": "hang"}] * 2, tmp_path, str(fake))
+    try:
+        deadline = time.monotonic() + 120
+        while not all("training pass on 2 nodes" in (tmp_path / f"pod-{i}.log").read_text()
+                      for i in (0, 1)):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1)   # the flows are waiting for their passes
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)   # what the kubelet sends the container's PID 1
+        statuses = [p.wait(timeout=60) for p in procs]
+    finally:
+        _end(procs)
+    assert eks.GANG_EXIT not in statuses, statuses
+    logs = "".join((tmp_path / f"pod-{i}.log").read_text() for i in (0, 1))
+    assert "stopping this pod so that the whole gang restarts" not in logs
+
+
+@pytest.mark.slow
+def test_a_frozen_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real CPU trainer under torchrun: pod 1 freezes (SIGSTOP: its node is gone, its
+    sockets stay open, so pod 0 waits in a collective as a Neuron trainer would), pod 0 sees
+    its beat go stale and stops; Kubernetes' replacements (run again here) resume."""
+    s, pods = _pods(tmp_path, monkeypatch)
+    import socket
+    with socket.socket() as sock:   # the machine may run other rehearsals on the recipe's port
+        sock.bind(("127.0.0.1", 0))
+        port = {"MASTER_PORT": str(sock.getsockname()[1])}
+    # No compile pass (not what this test is about: it would double the trainers started).
+    port["JOBGEN_COMPILE_MODE"] = "never"
+    slow = {"JOBGEN_SMOKE_STEP_DELAY": "0.5", "JOBGEN_GANG_STALE_S": "6", **port}
+    procs = _gang(pods, [slow, slow], tmp_path)
+    checkpoints = Path(s.run_dir, "train", "checkpoints")
+    try:
+        deadline = time.monotonic() + 300
+        while not list(checkpoints.glob("step_*/COMPLETE")):
+            assert procs[0].poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "pod-0.log").read_text()[-3000:]
+            time.sleep(0.5)
+        _signal_pod(procs[1], signal.SIGSTOP)
+        frozen = time.monotonic()
+        assert procs[0].wait(timeout=120) == eks.GANG_EXIT
+        took = time.monotonic() - frozen
+    finally:
+        _end(procs)
+    log = (tmp_path / "pod-0.log").read_text()
+    assert "node 1 has not beaten for" in log, log[-3000:]
+    print(f"pod 0 stopped {took:.1f} s after pod 1 froze (stale after 6 s)")
+    saved = max(int(p.parent.name.split("_")[1])
+                for p in checkpoints.glob("step_*/COMPLETE"))
+    again = _gang(pods, [port, port], tmp_path)
+    try:
+        assert [p.wait(timeout=600) for p in again] == [0, 0], \
+            (tmp_path / "pod-0.log").read_text()[-3000:]
+    finally:
+        _end(again)
+    events = [json.loads(line[line.index("{"):]) for line in
+              (tmp_path / "pod-0.log").read_text().splitlines() if '{"event"' in line]
+    resumed = [e for e in events if e["event"] == "resume"]
+    assert resumed and resumed[-1]["step"] >= saved
+    assert "training pass finished" in (tmp_path / "pod-0.log").read_text()
