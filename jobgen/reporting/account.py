@@ -44,6 +44,7 @@ class Cluster:
     step_s: Optional[float]
     stops: int                        # time-limit stops (planned, not failures)
     health_requeues: int
+    risk_h: float                     # node-hours at risk of a failure
 
 
 @record
@@ -76,27 +77,31 @@ def _mean(values: list[float]) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
-def _cluster(t: Timeline, segs: list[Segment], allocated_h: float) -> Cluster:
+def _cluster(t: Timeline, segs: list[Segment], risk_h: float) -> Cluster:
+    """The cluster's figures. Failures are counted per node-hour at risk: from the first
+    training step on, less time-limit stops and idle at the end (plan's model, too, lets
+    failures strike training, checkpoint writes and restarts, not the job's first start)."""
     allocs = t.allocations
     fails = [a for a in allocs if a.ending == "failed"]
     restarts, loads = [], []
     for a in fails:
-        later = [b for b in allocs if b.index > a.index and b.training_at is not None]
-        if later and a.failure_at is not None:
-            restarts.append(later[0].training_at - a.failure_at)   # type: ignore[operator]
-            if later[0].load_s is not None:
-                loads.append(later[0].load_s)
+        # A restart that another failure cut short is not one restart's cost.
+        after = allocs[a.index + 1] if a.index + 1 < len(allocs) else None
+        if after is not None and after.training_at is not None and a.failure_at is not None:
+            restarts.append(after.training_at - a.failure_at)
+            if after.load_s is not None:
+                loads.append(after.load_s)
     writes = [s.end - s.start for s in segs if s.kind == "checkpoint" and s.step is not None]
     steps = [s.end - s.start for s in segs if s.kind in ("train", "repeat") and s.step]
     ckpt_steps = sorted({s.step for s in segs if s.kind == "checkpoint" and s.step})
     gaps = [b - a for a, b in zip(ckpt_steps, ckpt_steps[1:]) if b > a]
     step_s = statistics.median(steps) if steps else None
     interval = (statistics.median(gaps) * step_s) if gaps and step_s else None
-    rate = len(fails) / allocated_h if allocated_h > 0 else 0.0
-    return Cluster(len(fails), rate, (allocated_h / len(fails)) if fails else None,
+    rate = len(fails) / risk_h if risk_h > 0 else 0.0
+    return Cluster(len(fails), rate, (risk_h / len(fails)) if fails else None,
                    _mean(restarts), _mean(loads), _mean(writes), interval, step_s,
                    sum(a.ending == "stopped" for a in allocs),
-                   sum(a.ending == "unhealthy" for a in allocs))
+                   sum(a.ending == "unhealthy" for a in allocs), risk_h)
 
 
 def _prediction(c: Cluster, work: float, fixed: float, nodes: int
@@ -164,9 +169,10 @@ def account(t: Timeline) -> Account:
                                 c_h, c_h / counted_h if counted_h else 0.0,
                                 c_h / a_h if a_h else 0.0,
                                 f"{min(trained)}-{max(trained)}" if trained else "-"))
-    cluster = _cluster(t, segs, allocated_h)
+    fixed = _fixed(t, segs)
+    cluster = _cluster(t, segs, max(0.0, allocated_h - fixed * n / 3600))
     work = counted_h * 3600 / n
-    pure, predicted = _prediction(cluster, work, _fixed(t, segs), n)
+    pure, predicted = _prediction(cluster, work, fixed, n)
     return Account(n, t.waiting_s * n / 3600, allocated_h,
                    tuple((k, hours[k]) for k in KINDS), counted_h / allocated_h
                    if allocated_h else 0.0, tuple(attempts), cluster, predicted, pure,

@@ -160,7 +160,9 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
         [n.ended_at for n in nodes if n.ended_at]
     start = span.start if span else min(
         [t - float(g.get("seconds") or 0) for t, g in zip(gate_times, gate)] + times or [now])
-    end = span.end if span and span.end else (max(times) if times and not is_last else now)
+    # The newest allocation runs on until every node has recorded how its flow ended.
+    over = not is_last or (nodes and all(n.ended_at for n in nodes))
+    end = span.end if span and span.end else (max(times) if times and over else now)
     excluded = tuple(str(h["host"]) for h in health
                      if str(h.get("allocation")) == str(k) and h.get("job") == job)
     b = _Builder(index, start)
