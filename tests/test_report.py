@@ -162,3 +162,23 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     made = report.make(None, make_run(tmp_path), use_sacct=False)
     png.write(made, tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_from_run_takes_the_measured_failure_rate_and_restart_cost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobgen import runs
+    from jobgen.reporting import inputs
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("jobgen.reporting.sacct.spans", lambda job: None)
+    run = make_run(tmp_path)
+    assert runs.record(runs.Run("demo", "slurm", "7", "llama2-7b", 2, "", str(run),
+                                runs.now())) is None
+    cluster = report.make("demo", None, use_sacct=False).account.cluster
+    options: dict[str, Any] = {"node_mtbf_hours": None, "restart_s": None}
+    taken = inputs.fill(options, ["demo"])
+    assert options["node_mtbf_hours"] == pytest.approx(cluster.risk_h)
+    assert options["restart_s"] == pytest.approx(cluster.restart_s - 5.0)
+    assert len(taken) == 2
+    given = {"node_mtbf_hours": 5000.0, "restart_s": None}
+    inputs.fill(given, ["demo"])
+    assert given["node_mtbf_hours"] == 5000.0    # the command line wins
