@@ -9,10 +9,10 @@ What is injected, each where a real cluster would see it:
 - an unhealthy node at start: node 1 of the first allocation fails the health gate
   (JOBGEN_SMOKE_UNHEALTHY_NODE=1); the job requeues itself without that host;
 - killed nodes: from the first training step on, failures arrive at random (exponential gaps,
-  mean --minutes x 60 / 4 s, seeded); at each, one node's training processes (the trainer, or
-  its torchrun launcher while it starts) are SIGKILLed; a failure that falls while the job waits
-  for its next allocation strikes when that allocation starts (as plan's model has it: a failure
-  during a restart starts the restart over);
+  mean --kill-every s, by default --minutes x 15 and at least 120, seeded); at each, one node's
+  training processes (the trainer, or its torchrun launcher while it starts) are SIGKILLed; a
+  failure that falls while the job waits for its next allocation strikes when that allocation
+  starts (as plan's model has it: a failure during a restart starts the restart over);
 - a time limit: once, about half-way, the batch script gets Slurm's time-limit warning (USR1, as
   `#SBATCH --signal=B:USR1@N` delivers it): the trainers save and stop and the job requeues.
 
@@ -88,10 +88,10 @@ def job_state(job: str) -> str:
     return done[-1] if done else "UNKNOWN"
 
 
-def inject(job: str, run_dir: Path, minutes: float, rng: random.Random,
+def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Random,
            timeout: float) -> list[dict[str, Any]]:
-    """Kills and one time-limit warning while the job runs; returns what was injected."""
-    mean = minutes * 60 / 4
+    """Kills (exponential gaps of `mean` seconds) and one time-limit warning while the job
+    runs; returns what was injected."""
     injected: list[dict[str, Any]] = []
     clock: Optional[float] = None       # starts with the first training step
     next_kill = limit_at = 0.0
@@ -163,6 +163,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="about how long (default 10)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kill-every", type=float, help="mean seconds between node kills "
+                        "(default: --minutes x 15, at least 120)")
     parser.add_argument("--workdir", type=Path, help="where the run goes (default: a new "
                                                      "temporary folder, kept)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -186,7 +188,8 @@ def main() -> int:
         return 2
     job = submitted.stdout.split()[0]
     run_dir = workdir / "jobgen-runs" / name
-    injected = inject(job, run_dir, args.minutes, rng, timeout=args.minutes * 60 * 4 + 300)
+    injected = inject(job, run_dir, args.minutes, args.kill_every or max(args.minutes * 15, 120),
+                      rng, timeout=args.minutes * 60 * 4 + 300)
     state = job_state(job)
     extra = [f"--html={args.html}"] if args.html else []
     extra += [f"--plot={args.plot}"] if args.plot else []
@@ -221,7 +224,8 @@ def main() -> int:
                 "difference_points"):
         print(f"  {key}: {figures[key]}")
     for item in injected:
-        print(f"  injected: {item['what']} at {time.strftime('%H:%M:%S', time.gmtime(item['time']))}"
+        when = time.strftime("%H:%M:%S", time.gmtime(item["time"]))
+        print(f"  injected: {item['what']} at {when} UTC"
               f"{'' if 'node' not in item else ' on node ' + str(item['node'])}")
     print("  holds" if not problems else "  DOES NOT HOLD: " + "; ".join(problems))
     return 0 if not problems else 1

@@ -55,7 +55,8 @@ def _timeline(r: Report) -> str:
             kind = s.kind
             if kind == "train" and s.step is not None and _repeated(r, s.allocation, s.step):
                 kind = "repeat"
-            svg.append(f'<rect x="{x(s.start):.1f}" y="{y}" width="{max(x(s.end) - x(s.start), 0.5):.1f}"'
+            wide = max(x(s.end) - x(s.start), 0.5)
+            svg.append(f'<rect x="{x(s.start):.1f}" y="{y}" width="{wide:.1f}"'
                        f' height="{height}" fill="{COLOURS[kind]}"><title>{escape(LABELS[kind])}'
                        f'{"" if s.step is None else f" step {s.step}"}: {s.end - s.start:.1f} s'
                        f'</title></rect>')
