@@ -16,7 +16,7 @@ import pytest
 from jobgen.cli import main
 from jobgen.reporting import report, timeline
 
-T0 = 1_800_000_000.0
+T0 = 1_700_000_000.0
 
 
 def _iso(t: float) -> str:
@@ -182,3 +182,26 @@ def test_plan_from_run_takes_the_measured_failure_rate_and_restart_cost(
     given = {"node_mtbf_hours": 5000.0, "restart_s": None}
     inputs.fill(given, ["demo"])
     assert given["node_mtbf_hours"] == 5000.0    # the command line wins
+
+
+def test_nemo_steps_come_from_its_tensorboard_files(tmp_path: Path) -> None:
+    """NeMo writes no JSON events: its steps (and curves) are read from TensorBoard, placed in
+    the allocation whose node files frame them."""
+    pytest.importorskip("torch.utils.tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+    run = tmp_path / "nemo-run"
+    alloc = run / "logs" / "5" / "restart-0"
+    _node(alloc, 0, "n1", (T0, T0 + 2), (0, T0 + 100))
+    _node(alloc, 1, "n2", (T0, T0 + 2), (0, T0 + 100))
+    (alloc / "node-0" / "train.log").write_text("[NeMo I] training\n")
+    writer = SummaryWriter(str(run / "nemo"))
+    for n in range(1, 9):
+        for tag, value in (("reduced_train_loss", 5.0 - n / 10), ("gradient_norm", 1.0),
+                           ("lr", 1e-4)):
+            writer.add_scalar(tag, value, n, walltime=T0 + 20 + 10 * n)
+    writer.close()
+    made = report.make(None, run, use_sacct=False)
+    assert len(made.curves.series) == 8 and made.curves.series[0]["loss"] == pytest.approx(4.9)
+    trained = [s for s in made.timeline.segments if s.kind == "train"]
+    assert [s.step for s in trained] == list(range(1, 9))
+    assert made.account.utilisation == pytest.approx(80 / 100, abs=0.01)

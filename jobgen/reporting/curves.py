@@ -33,7 +33,8 @@ def read(run_dir: Path) -> Curves:
         alerts += [a for a in detectors.observe(obs, obs.time) if a.kind not in CLOCKED]
         if obs.training_step:
             out.series.append({"step": obs.step, "time": obs.time, "allocation": obs.restart,
-                               "loss": obs.loss, "grad_norm": obs.grad_norm, "lr": obs.lr})
+                               "loss": obs.loss, "grad_norm": obs.grad_norm, "lr": obs.lr,
+                               "source": obs.source})
         elif obs.kind == "resume" and obs.phase == "train":
             out.restarts.append({"step": obs.step, "time": obs.time,
                                  "allocation": obs.restart, "kind": "resume"})

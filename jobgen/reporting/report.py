@@ -41,8 +41,10 @@ def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
 def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
          now: Optional[float] = None) -> Report:
     name, folder = locate(ref, run_dir)
-    timeline = build(folder, now=now, use_sacct=use_sacct)
     curves = read(folder)
+    tensorboard = [(p["time"], p["step"]) for p in curves.series if p.get("source") ==
+                   "tensorboard"]
+    timeline = build(folder, now=now, use_sacct=use_sacct, steps_elsewhere=tensorboard)
     if not timeline.allocations and not curves.series:
         raise ConfigError(f"{folder}: no allocation logs (logs/JOB/restart-N or attempt-N) "
                           "and no metrics: nothing to report yet")

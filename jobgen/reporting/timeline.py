@@ -6,9 +6,10 @@ answers."""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..record import record
 from ..watching.observations import Observation
@@ -148,8 +149,8 @@ class _Builder:
 
 
 def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct.Span],
-                health: list[dict[str, Any]], now: float,
-                is_last: bool) -> tuple[Allocation, list[Segment]]:
+                health: list[dict[str, Any]], now: float, is_last: bool,
+                steps_elsewhere: Sequence[tuple[float, int]]) -> tuple[Allocation, list[Segment]]:
     nodes = _nodes(folder)
     gate = [g for n in nodes if (g := _json(folder / f"node-{n.node}" / "health.json"))]
     gate_times = [(folder / f"node-{n.node}" / "health.json").stat().st_mtime for n in nodes
@@ -158,6 +159,14 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     train_ev = _events(folder / "node-0" / "train.log", index)
     times = [o.time for o in compile_ev + train_ev] + gate_times + \
         [n.ended_at for n in nodes if n.ended_at]
+    if not train_ev and steps_elsewhere:
+        # No JSON events (NeMo): the steps' times from its TensorBoard files, within this
+        # allocation (the scheduler's span, else the times of the node folders' files).
+        marks = [p.stat().st_mtime for p in folder.glob("node-*/*") if p.is_file()]
+        lo = span.start if span else min(marks, default=now)
+        hi = span.end if span and span.end else (now if is_last else max(marks, default=now))
+        train_ev = [Observation("step", t, "tensorboard", index, step=n)
+                    for t, n in steps_elsewhere if lo <= t <= hi]
     start = span.start if span else min(
         [t - float(g.get("seconds") or 0) for t, g in zip(gate_times, gate)] + times or [now])
     # The newest allocation runs on until every node has recorded how its flow ended.
@@ -182,6 +191,10 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
             b.to(o.time, "startup")
         elif o.kind == "step":
             if training_at is None:
+                if not any(e.kind == "start" for e in train_ev) and len(steps) > 1:
+                    # No start event (TensorBoard): the first step took the median step time.
+                    typical = statistics.median(y.time - x.time for x, y in zip(steps, steps[1:]))
+                    b.to(o.time - typical, "startup")
                 training_at = b.at
             b.to(o.time, "train", o.step)
         elif o.kind == "checkpoint":
@@ -217,8 +230,11 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     return alloc, b.segments
 
 
-def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True) -> Timeline:
-    """The timeline of the run in `run_dir` (in progress or finished)."""
+def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
+          steps_elsewhere: Sequence[tuple[float, int]] = ()) -> Timeline:
+    """The timeline of the run in `run_dir` (in progress or finished); `steps_elsewhere`: the
+    (time, step) of training steps its TensorBoard files hold, for allocations whose logs carry
+    no events."""
     now = time.time() if now is None else now
     folders = _folders(run_dir)
     health = _health_log(run_dir)
@@ -234,7 +250,8 @@ def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True) ->
                              "are the run's own first and last records")
         spans = by_job[job] or []
         span = spans[k] if k < len(spans) else None
-        alloc, segs = _allocation(i, k, job, folder, span, health, now, i == len(folders) - 1)
+        alloc, segs = _allocation(i, k, job, folder, span, health, now, i == len(folders) - 1,
+                                   steps_elsewhere)
         if allocations and alloc.start > allocations[-1].end:
             segments.append(Segment("gap", allocations[-1].end, alloc.start, i))
         allocations.append(alloc)
