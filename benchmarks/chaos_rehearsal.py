@@ -78,6 +78,19 @@ def processes(job: str, node: int) -> dict[str, list[int]]:
     return found
 
 
+def training(run_dir: Path) -> bool:
+    """Whether the newest allocation has logged a training step (not just started its
+    trainers, which may still be importing torch or loading the checkpoint)."""
+    logs = sorted(run_dir.glob("logs/*/restart-*/node-0/train.log"),
+                  key=lambda p: int(p.parent.parent.name.split("-")[1]))
+    if not logs:
+        return False
+    try:
+        return '"event": "step", "phase": "train"' in logs[-1].read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def job_state(job: str) -> str:
     out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                          text=True, check=False).stdout.strip()
@@ -103,13 +116,11 @@ def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Ran
             return injected
         now = time.time()
         if clock is None:
-            if any(processes(job, n)["trainer"] for n in range(NODES)) and \
-                    list(run_dir.glob("logs/*/restart-*/node-0/train.log")):
+            if training(run_dir):
                 clock = now
                 next_kill = now + rng.expovariate(1 / mean)
                 limit_at = now + minutes * 60 * 0.3
-        elif not limit_sent and now >= limit_at and now < next_kill - 5 and \
-                any(processes(job, n)["trainer"] for n in range(NODES)):
+        elif not limit_sent and now >= limit_at and now < next_kill - 5 and training(run_dir):
             subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=False)
             injected.append({"what": "time-limit", "time": now})
             limit_sent = True

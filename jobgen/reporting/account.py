@@ -91,6 +91,12 @@ def _cluster(t: Timeline, segs: list[Segment], risk_h: float) -> Cluster:
             restarts.append(after.training_at - a.failure_at)
             if after.load_s is not None:
                 loads.append(after.load_s)
+    if fails and not restarts:   # every restart was cut short: its parts, measured apart
+        ends = [a.end - a.failure_at for a in fails if a.failure_at is not None]
+        gaps_s = [s.end - s.start for s in segs if s.kind == "gap"]
+        starts = [a.training_at - a.start for a in allocs[1:] if a.training_at is not None]
+        if ends and gaps_s and starts:
+            restarts = [_mean(ends) + _mean(gaps_s) + _mean(starts)]  # type: ignore[operator]
     writes = [s.end - s.start for s in segs if s.kind == "checkpoint" and s.step is not None]
     steps = [s.end - s.start for s in segs if s.kind in ("train", "repeat") and s.step]
     ckpt_steps = sorted({s.step for s in segs if s.kind == "checkpoint" and s.step})
