@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..errors import ConfigError
 from .report import make
 
 
@@ -14,7 +15,10 @@ def fill(options: dict[str, Any], refs: Sequence[str]) -> list[str]:
     user did not; returns what was taken, as lines for the user."""
     risk_h, failures, restarts = 0.0, 0, []
     for ref in refs:
-        cluster = make(ref, None).account.cluster
+        try:
+            cluster = make(ref, None).account.cluster
+        except ConfigError:   # not found or nothing written: plan's own check says which
+            continue
         risk_h += cluster.risk_h
         failures += cluster.failures
         if cluster.restart_s is not None:
