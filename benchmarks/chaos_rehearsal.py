@@ -9,7 +9,7 @@ What is injected, each where a real cluster would see it:
 - an unhealthy node at start: node 1 of the first allocation fails the health gate
   (JOBGEN_SMOKE_UNHEALTHY_NODE=1); the job requeues itself without that host;
 - killed nodes: from the first training step on, failures arrive at random (exponential gaps,
-  mean --kill-every s, by default --minutes x 15 and at least 120, seeded); at each, one node's
+  mean --kill-every s, by default --minutes x 30 and at least 120, seeded); at each, one node's
   training processes (the trainer, or its torchrun launcher while it starts) are SIGKILLed; a
   failure that falls while the job waits for its next allocation strikes when that allocation
   starts (as plan's model has it: a failure during a restart starts the restart over);
@@ -175,7 +175,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="about how long (default 10)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kill-every", type=float, help="mean seconds between node kills "
-                        "(default: --minutes x 15, at least 120)")
+                        "(default: --minutes x 30, at least 120)")
     parser.add_argument("--workdir", type=Path, help="where the run goes (default: a new "
                                                      "temporary folder, kept)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -199,7 +199,7 @@ def main() -> int:
         return 2
     job = submitted.stdout.split()[0]
     run_dir = workdir / "jobgen-runs" / name
-    injected = inject(job, run_dir, args.minutes, args.kill_every or max(args.minutes * 15, 120),
+    injected = inject(job, run_dir, args.minutes, args.kill_every or max(args.minutes * 30, 120),
                       rng, timeout=args.minutes * 60 * 4 + 300)
     state = job_state(job)
     extra = [f"--html={args.html}"] if args.html else []
