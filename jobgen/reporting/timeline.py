@@ -88,11 +88,10 @@ def _nodes(folder: Path) -> list[NodeInfo]:
     for entry in sorted(folder.glob("node-*"), key=lambda p: p.name):
         if not entry.name[5:].isdigit():
             continue
-        host = ""
         try:
             host = (entry / "host").read_text(encoding="utf-8").strip()
-        except OSError:
-            pass
+        except OSError:   # a node the gate stopped wrote no host file: its report names it
+            host = str((_json(entry / "health.json") or {}).get("host") or "")
         status, at = None, None
         try:
             code = (entry / "job.status").read_text(encoding="utf-8").split()
@@ -152,9 +151,14 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                 health: list[dict[str, Any]], now: float, is_last: bool,
                 steps_elsewhere: Sequence[tuple[float, int]]) -> tuple[Allocation, list[Segment]]:
     nodes = _nodes(folder)
-    gate = [g for n in nodes if (g := _json(folder / f"node-{n.node}" / "health.json"))]
-    gate_times = [(folder / f"node-{n.node}" / "health.json").stat().st_mtime for n in nodes
-                  if (folder / f"node-{n.node}" / "health.json").exists()]
+    gates = []   # (when each node's gate ended, its report)
+    for n in nodes:
+        path = folder / f"node-{n.node}" / "health.json"
+        found = _json(path)
+        if found is not None:
+            gates.append((path.stat().st_mtime, found))
+    gate = [g for _, g in gates]
+    gate_times = [t for t, _ in gates]
     compile_ev = _events(folder / "node-0" / "compile.log", index)
     train_ev = _events(folder / "node-0" / "train.log", index)
     times = [o.time for o in compile_ev + train_ev] + gate_times + \
