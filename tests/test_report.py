@@ -126,6 +126,11 @@ def test_report_text_json_and_html(tmp_path: Path, capsys: pytest.CaptureFixture
     html = page.read_text()
     assert "<svg" in html and "left out: n2" in html
     assert not re.search(r"(src|href)=\"?(https?:)?//", html)   # nothing fetched
+    import xml.dom.minidom
+    pictures = re.findall(r"<svg.*?</svg>", html, re.S)
+    assert len(pictures) == 4    # the timeline, loss, gradient norm, learning rate
+    for picture in pictures:
+        xml.dom.minidom.parseString(picture)   # well-formed, or a browser shows nothing
     assert main(["report", "--run-dir", str(run), "--no-sacct", "--json"]) == 0
     data = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
     assert data["parts"]["train"] > 0 and len(data["curves"]["series"]) == 14
