@@ -131,19 +131,24 @@ def _prediction(c: Cluster, work: float, fixed: float, nodes: int
 
 def _fixed(t: Timeline, segs: list[Segment]) -> float:
     """Seconds the failure model leaves out: everything before the first training step (start-up,
-    health gate and its requeue, compile), each time-limit stop until training goes on again,
-    and idle at the end."""
+    health gate and its requeue, compile), each time-limit stop's own restart (to the end of its
+    allocation, the gap, and a start-up as long as the run's others: a failure during it is the
+    model's), and idle at the end."""
     allocs = t.allocations
     started = [a for a in allocs if a.training_at is not None]
     if not started:
         return 0.0
-    fixed = started[0].training_at - allocs[0].start   # type: ignore[operator]
+    first = started[0]
+    fixed = first.training_at - allocs[0].start   # type: ignore[operator]
+    startups = [a.training_at - a.start for a in started[1:]]   # type: ignore[operator]
+    typical = statistics.fmean(startups) if startups else fixed
     for a in allocs:
         if a.ending == "stopped":
-            later = [b for b in allocs if b.index > a.index and b.training_at is not None]
             stop = next((s.start for s in segs if s.allocation == a.index and s.kind == "stop"),
                         a.end)
-            fixed += (later[0].training_at if later else a.end) - stop  # type: ignore[operator]
+            gap = sum(s.end - s.start for s in segs if s.kind == "gap" and
+                      s.allocation == a.index + 1)
+            fixed += (a.end - stop) + gap + typical
     return fixed + sum(s.end - s.start for s in segs if s.kind == "idle")
 
 
@@ -153,7 +158,7 @@ def account(t: Timeline) -> Account:
     by_alloc_nodes = {a.index: len(a.nodes) or n for a in t.allocations}
     hours: dict[str, float] = {k: 0.0 for k in KINDS}
     for s in segs:
-        # A gap holds the nodes of the allocation before it (a reservation keeps them).
+        # A gap holds the nodes of the allocation it leads to (a reservation keeps them).
         hours[s.kind] += (s.end - s.start) * by_alloc_nodes.get(s.allocation, n) / 3600
     if t.allocations:
         allocated = sum((a.end - a.start) * by_alloc_nodes[a.index] for a in t.allocations)
