@@ -222,7 +222,8 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     if ending == "failed" and failure_at is None:
         failure_at = b.at
     if ending == "failed":
-        b.to(min(failure_at or end, end), "repeat")   # the step in progress is lost
+        # The step in progress is lost; a failure before any step cuts a start-up short.
+        b.to(min(failure_at or end, end), "repeat" if training_at is not None else "startup")
         b.to(end, "failure")
     else:
         b.to(end, {"done": "idle", "stopped": "stop", "unhealthy": "gate"}.get(ending, "startup"))
