@@ -210,3 +210,12 @@ def test_nemo_steps_come_from_its_tensorboard_files(tmp_path: Path) -> None:
     trained = [s for s in made.timeline.segments if s.kind == "train"]
     assert [s.step for s in trained] == list(range(1, 9))
     assert made.account.utilisation == pytest.approx(80 / 100, abs=0.01)
+
+
+def test_a_hostile_host_name_does_not_reach_the_terminal(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path)
+    (run / "logs" / "7" / "restart-1" / "node-1" / "host").write_text("n3\x1b[2J\n")
+    assert main(["report", "--run-dir", str(run), "--no-sacct"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "n3\\x1b[2J, after step 10" in out

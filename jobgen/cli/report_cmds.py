@@ -7,6 +7,7 @@ from typing import Optional
 
 import click
 
+from ..errors import printable
 from .options import _Folder, _json_option
 
 
@@ -43,7 +44,10 @@ def report_cmd(run: Optional[str], run_dir: Optional[Path], html_path: Optional[
         data = text.as_json(made.timeline, made.account, made.curves, made.name)
         click.echo(json.dumps(data, indent=2, allow_nan=False))
         return
-    click.echo(text.text(made.timeline, made.account, made.curves, made.name), nl=False)
+    # Host names and messages come from the run's files: no control character reaches the
+    # terminal (errors.printable, line by line).
+    shown = text.text(made.timeline, made.account, made.curves, made.name)
+    click.echo("".join(printable(line) + "\n" for line in shown.splitlines()), nl=False)
     for what, path in (("html", html_path), ("plot", plot_path)):
         if path is not None:
             click.echo(f"{what}: {path}")
