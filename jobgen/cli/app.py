@@ -23,6 +23,7 @@ COMMANDS = {
     "status": ("job_cmds", "status"), "logs": ("job_cmds", "logs"),
     "cancel": ("job_cmds", "cancel"), "runs": ("job_cmds", "runs_cmd"),
     "plan": ("plan_cmds", "plan_cmd"), "watch": ("watch_cmds", "watch_cmd"),
+    "report": ("report_cmds", "report_cmd"),
 }
 _JOBGEN = __package__.rpartition(".")[0]
 

@@ -62,6 +62,10 @@ def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
     options["measurement_files"] = tuple(options["measurement_files"])
     options["from_runs"] = tuple(options["from_runs"])
     options["simulate"] = options["simulate"] or 0
+    taken: list[str] = []
+    if options["from_runs"]:   # the runs' measured failure rate and restart cost, too
+        from ..reporting import inputs as run_inputs
+        taken = run_inputs.fill(options, options["from_runs"])
     result = planner.plan(recipe, counts, overrides, site, planner.Options(**options))
     if plot_path is not None:
         report.plot(result, plot_path)
@@ -69,5 +73,7 @@ def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
         _echo_json(report.as_json(result))
     else:
         click.echo(report.text(result), nl=False)
+        for line in taken:
+            click.echo(f"from the run: {line}")
     if plot_path is not None and not as_json:
         click.echo(f"plot: {plot_path}")

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Chaos rehearsal: a CPU smoke run on the local Slurm cluster with failures injected at a known
+rate, then `jobgen report` on it, holding `jobgen plan`'s failure model to the measurement.
+
+    bash tests/ci/slurm-up.sh            # the local 4-node cluster (root)
+    python benchmarks/chaos_rehearsal.py [--minutes 10] [--seed 1] [--workdir DIR]
+
+What is injected, each where a real cluster would see it:
+- an unhealthy node at start: node 1 of the first allocation fails the health gate
+  (JOBGEN_SMOKE_UNHEALTHY_NODE=1); the job requeues itself without that host;
+- killed nodes: from the first training step on, failures arrive at random (exponential gaps,
+  mean --kill-every s, by default --minutes x 30 and at least 120, seeded); at each, one node's
+  training processes (the trainer, or its torchrun launcher while it starts) are SIGKILLed; a
+  failure that falls while the job waits for its next allocation strikes when that allocation
+  starts (as plan's model has it: a failure during a restart starts the restart over);
+- a time limit: once, about half-way, the batch script gets Slurm's time-limit warning (USR1, as
+  `#SBATCH --signal=B:USR1@N` delivers it): the trainers save and stop and the job requeues.
+
+The smoke run keeps its 24 steps (a checkpoint every 4); the step time is scaled so that training
+takes about 40 % of --minutes. Then: the measured effective utilisation must be within 3 points
+of plan's model for the run's own failure rate, restart cost and checkpoint write time, and every
+injected failure must be on the timeline, on its node, where it happened. Exit status 0 when
+both hold. The figures are printed last (and written as JSON with --json FILE).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+BIN = Path(sys.executable).parent
+JOBGEN = [str(BIN / "jobgen")] if (BIN / "jobgen").exists() else [sys.executable, "-m",
+                                                                   "jobgen.cli"]
+TOLERANCE = 0.03            # points of effective utilisation, as a fraction
+NODES = 2
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED", "UNKNOWN"}
+
+
+def job_env(workdir: Path, step_delay: float) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "JOBGEN_SMOKE_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    env["JOBGEN_STATE_DIR"] = str(workdir / "state")
+    env["JOBGEN_SMOKE_STEP_DELAY"] = f"{step_delay:.3f}"
+    env["JOBGEN_SMOKE_UNHEALTHY_NODE"] = "1"
+    return env
+
+
+def processes(job: str, node: int) -> dict[str, list[int]]:
+    """This job's trainer and launcher processes on one node (by their environment)."""
+    found: dict[str, list[int]] = {"trainer": [], "launcher": []}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if not any(a.endswith("/train.py") for a in argv):
+                continue
+            env = dict(i.split("=", 1) for i in (proc / "environ").read_bytes()
+                       .decode(errors="replace").split("\0") if "=" in i)
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") != job or env.get("SLURM_NODEID") != str(node):
+            continue
+        if "--phase" not in argv:
+            continue
+        launcher = any(a.endswith(("torchrun", "torch.distributed.run")) for a in argv)
+        found["launcher" if launcher else "trainer"].append(int(proc.name))
+    return found
+
+
+def training(run_dir: Path) -> bool:
+    """Whether the newest allocation has logged a training step (not just started its
+    trainers, which may still be importing torch or loading the checkpoint)."""
+    logs = sorted(run_dir.glob("logs/*/restart-*/node-0/train.log"),
+                  key=lambda p: int(p.parent.parent.name.split("-")[1]))
+    if not logs:
+        return False
+    try:
+        return '"event": "step", "phase": "train"' in logs[-1].read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def job_state(job: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                         text=True, check=False).stdout.strip()
+    if out:
+        return out.splitlines()[0]
+    done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
+                          capture_output=True, text=True, check=False).stdout.split()
+    return done[-1] if done else "UNKNOWN"
+
+
+def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Random,
+           timeout: float) -> list[dict[str, Any]]:
+    """Kills (exponential gaps of `mean` seconds) and one time-limit warning while the job
+    runs; returns what was injected."""
+    injected: list[dict[str, Any]] = []
+    clock: Optional[float] = None       # starts with the first training step
+    next_kill = limit_at = 0.0
+    limit_sent = False
+    ended = time.time() + timeout
+    while time.time() < ended:
+        state = job_state(job)
+        if state in FINISHED:
+            return injected
+        now = time.time()
+        if clock is None:
+            if training(run_dir):
+                clock = now
+                next_kill = now + rng.expovariate(1 / mean)
+                limit_at = now + minutes * 60 * 0.3
+        elif not limit_sent and now >= limit_at and now < next_kill - 5 and training(run_dir):
+            subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=False)
+            injected.append({"what": "time-limit", "time": now})
+            limit_sent = True
+        elif now >= next_kill:
+            node = rng.randrange(NODES)
+            procs = processes(job, node)
+            victims = procs["trainer"] or procs["launcher"]
+            if victims and state == "RUNNING":
+                for pid in victims:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                injected.append({"what": "kill", "time": now, "node": node,
+                                 "during": "training" if procs["trainer"] else "start-up"})
+                next_kill = now + rng.expovariate(1 / mean)
+        time.sleep(0.3)
+    subprocess.run(["scancel", job], check=False)
+    raise SystemExit(f"chaos rehearsal: job {job} still running after {timeout:.0f} s; cancelled")
+
+
+def check(report: dict[str, Any], injected: list[dict[str, Any]]) -> list[str]:
+    """What does not hold, as sentences (empty: the rehearsal holds)."""
+    problems = []
+    acc, allocs = report["account"], report["timeline"]["allocations"]
+    measured, predicted = acc["utilisation"], acc["predicted"]
+    if predicted is None or abs(measured - predicted) > TOLERANCE:
+        problems.append(f"measured {measured:.4f} vs plan's {predicted}: more than 3 points")
+    if acc["closure"] > 0.01:
+        problems.append(f"the parts miss the allocated total by {100 * acc['closure']:.2f} %")
+    step_s = acc["cluster"]["step_s"] or 0.0
+    failed = [a for a in allocs if a["ending"] == "failed"]
+    for item in injected:
+        if item["what"] == "kill":
+            near = [a for a in failed if a["failure_at"] is not None
+                    and item["time"] - 2 <= a["failure_at"] <= item["time"] + step_s + 15]
+            if not any(a["failed_node"] == item["node"] for a in near):
+                problems.append(f"the kill of node {item['node']} at {item['time']:.1f} is not on "
+                                "the timeline")
+        elif item["what"] == "time-limit":
+            if not any(a["ending"] == "stopped" and a["start"] <= item["time"] <= a["end"]
+                       for a in allocs):
+                problems.append(f"the time-limit warning at {item['time']:.1f} is not on the "
+                                "timeline")
+    if not allocs or allocs[0]["ending"] != "unhealthy" or not allocs[0]["excluded"]:
+        problems.append("the unhealthy node at start is not on the timeline")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="about how long (default 10)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kill-every", type=float, help="mean seconds between node kills "
+                        "(default: --minutes x 30, at least 120)")
+    parser.add_argument("--workdir", type=Path, help="where the run goes (default: a new "
+                                                     "temporary folder, kept)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--html", type=Path, help="also write the report's page here")
+    parser.add_argument("--plot", type=Path, help="also write the report's PNG here")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="jobgen-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    step_delay = args.minutes * 60 * 0.4 / 24
+    rng = random.Random(args.seed)
+    name = f"chaos-{int(time.time())}"
+    env = job_env(workdir, step_delay)
+    port = 20000 + rng.randrange(20000)
+    started = time.time()
+    submitted = subprocess.run(
+        [*JOBGEN, "submit", "pythia6.9b", "--nodes", str(NODES), "--smoke", "--run-name", name,
+         "--set", "job.max_restarts=40", "--set", f"job.master_port={port}"],
+        cwd=workdir, env=env, capture_output=True, text=True, check=False)
+    if submitted.returncode != 0:
+        print(submitted.stderr, file=sys.stderr)
+        return 2
+    job = submitted.stdout.split()[0]
+    run_dir = workdir / "jobgen-runs" / name
+    injected = inject(job, run_dir, args.minutes, args.kill_every or max(args.minutes * 30, 120),
+                      rng, timeout=args.minutes * 60 * 4 + 300)
+    state = job_state(job)
+    extra = [f"--html={args.html}"] if args.html else []
+    extra += [f"--plot={args.plot}"] if args.plot else []
+    shown = subprocess.run([*JOBGEN, "report", name, *extra], cwd=workdir, env=env,
+                           capture_output=True, text=True, check=False)
+    as_json = subprocess.run([*JOBGEN, "report", name, "--json"], cwd=workdir, env=env,
+                             capture_output=True, text=True, check=False)
+    if as_json.returncode != 0:
+        print(shown.stdout, shown.stderr, as_json.stderr, file=sys.stderr)
+        return 1
+    report = json.loads(as_json.stdout)
+    problems = check(report, injected) + ([] if state == "COMPLETED" else [f"job {state}"])
+    acc = report["account"]
+    figures = {
+        "run": name, "job": job, "run_dir": str(run_dir), "minutes": args.minutes,
+        "seed": args.seed, "wall_s": round(time.time() - started, 1),
+        "step_delay_s": round(step_delay, 3), "injected": injected,
+        "failures_per_node_hour": acc["cluster"]["failures_per_node_hour"],
+        "restart_s": acc["cluster"]["restart_s"],
+        "checkpoint_write_s": acc["cluster"]["checkpoint_write_s"],
+        "measured_utilisation": acc["utilisation"], "plan_predicts": acc["predicted"],
+        "difference_points": None if acc["predicted"] is None
+        else round(100 * (acc["utilisation"] - acc["predicted"]), 2),
+        "problems": problems,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(shown.stdout, end="")
+    print("\nchaos rehearsal figures")
+    for key in ("wall_s", "step_delay_s", "failures_per_node_hour", "restart_s",
+                "checkpoint_write_s", "measured_utilisation", "plan_predicts",
+                "difference_points"):
+        print(f"  {key}: {figures[key]}")
+    for item in injected:
+        when = time.strftime("%H:%M:%S", time.gmtime(item["time"]))
+        print(f"  injected: {item['what']} at {when} UTC"
+              f"{'' if 'node' not in item else ' on node ' + str(item['node'])}")
+    print("  holds" if not problems else "  DOES NOT HOLD: " + "; ".join(problems))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The node-hour account of a run (its timeline's segments times the nodes held), its effective
+utilisation (the reference run's figure: training time that counts / allocated time), each
+attempt's share, and what its failures say about the cluster, in `jobgen plan`'s inputs form."""
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from ..planning import failures as model
+from ..record import record
+from .timeline import KINDS, Segment, Timeline
+
+LABELS = {
+    "startup": "start-up, rendezvous, checkpoint load", "gate": "health gate",
+    "compile": "compile pass", "train": "training steps that count",
+    "repeat": "steps trained again after a restart", "checkpoint": "checkpoint writes",
+    "failure": "failure to allocation end", "stop": "time-limit stop",
+    "idle": "idle at the end", "gap": "restart gaps (nodes held, no allocation)",
+}
+
+
+@record
+class Attempt:
+    index: int
+    job: str
+    hosts: tuple[str, ...]
+    ending: str
+    allocated_h: float          # node-hours
+    counted_h: float
+    share: float                # of the run's counted training
+    utilisation: float          # its own counted / allocated
+    steps: str                  # "9-16"
+
+
+@record
+class Cluster:
+    failures: int
+    failures_per_node_hour: float
+    node_mtbf_hours: Optional[float]
+    restart_s: Optional[float]        # failure to training again, checkpoint load included
+    load_s: Optional[float]           # of which: loading the checkpoint
+    checkpoint_write_s: Optional[float]
+    checkpoint_interval_s: Optional[float]   # training seconds between writes
+    step_s: Optional[float]
+    stops: int                        # time-limit stops (planned, not failures)
+    health_requeues: int
+    risk_h: float                     # node-hours at risk of a failure
+
+
+@record
+class Account:
+    nodes: int
+    waiting_h: float                  # node-hours waited for nodes (not allocated)
+    allocated_h: float
+    parts: tuple[tuple[str, float], ...]    # (kind, node-hours)
+    utilisation: float
+    attempts: tuple[Attempt, ...]
+    cluster: Cluster
+    predicted: Optional[float]        # plan's model for this run's figures
+    predicted_failures_only: Optional[float]
+    closure: float                    # |sum of parts - allocated| / allocated
+
+
+def counted(segments: tuple[Segment, ...]) -> list[Segment]:
+    """Relabel steps: a step trained again later (after a restart resumed before it) counts
+    only in its last training; its earlier runs are `repeat`."""
+    last: dict[int, int] = {}
+    for i, s in enumerate(segments):
+        if s.kind == "train" and s.step is not None:
+            last[s.step] = i
+    return [Segment("repeat", s.start, s.end, s.allocation, s.step)
+            if s.kind == "train" and s.step is not None and last[s.step] != i else s
+            for i, s in enumerate(segments)]
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return statistics.fmean(values) if values else None
+
+
+def _cluster(t: Timeline, segs: list[Segment], risk_h: float) -> Cluster:
+    """The cluster's figures. Failures are counted per node-hour at risk: from the first
+    training step on, less time-limit stops and idle at the end (plan's model, too, lets
+    failures strike training, checkpoint writes and restarts, not the job's first start)."""
+    allocs = t.allocations
+    fails = [a for a in allocs if a.ending == "failed"]
+    restarts, loads = [], []
+    for a in fails:
+        # A restart that another failure cut short is not one restart's cost.
+        after = allocs[a.index + 1] if a.index + 1 < len(allocs) else None
+        if after is not None and after.training_at is not None and a.failure_at is not None:
+            restarts.append(after.training_at - a.failure_at)
+            if after.load_s is not None:
+                loads.append(after.load_s)
+    if fails and not restarts:   # every restart was cut short: its parts, measured apart
+        ends = [a.end - a.failure_at for a in fails if a.failure_at is not None]
+        gaps_s = [s.end - s.start for s in segs if s.kind == "gap"]
+        starts = [a.training_at - a.start for a in allocs[1:] if a.training_at is not None]
+        if ends and gaps_s and starts:
+            restarts = [_mean(ends) + _mean(gaps_s) + _mean(starts)]  # type: ignore[operator]
+    writes = [s.end - s.start for s in segs if s.kind == "checkpoint" and s.step is not None]
+    steps = [s.end - s.start for s in segs if s.kind in ("train", "repeat") and s.step]
+    ckpt_steps = sorted({s.step for s in segs if s.kind == "checkpoint" and s.step})
+    gaps = [b - a for a, b in zip(ckpt_steps, ckpt_steps[1:]) if b > a]
+    step_s = statistics.median(steps) if steps else None
+    interval = (statistics.median(gaps) * step_s) if gaps and step_s else None
+    rate = len(fails) / risk_h if risk_h > 0 else 0.0
+    return Cluster(len(fails), rate, (risk_h / len(fails)) if fails else None,
+                   _mean(restarts), _mean(loads), _mean(writes), interval, step_s,
+                   sum(a.ending == "stopped" for a in allocs),
+                   sum(a.ending == "unhealthy" for a in allocs), risk_h)
+
+
+def _prediction(c: Cluster, work: float, fixed: float, nodes: int
+                ) -> tuple[Optional[float], Optional[float]]:
+    """Plan's failure model (planning/failures.py, Daly's expected wall time) for this run's
+    work, checkpoint interval and write time, restart cost and failure rate; then with the run's
+    own costs that model leaves out (first start-up and compile, health requeues, time-limit
+    stops, idle at the end) added to the wall time."""
+    if not (work > 0 and c.checkpoint_interval_s and c.checkpoint_write_s is not None):
+        return None, None
+    mtbf = (c.node_mtbf_hours * 3600 / nodes) if c.node_mtbf_hours else float("inf")
+    restart = c.restart_s or 0.0
+    if mtbf == float("inf"):
+        full, rest = model.segments(work, c.checkpoint_interval_s)
+        wall = work + (full + (1 if rest else 0)) * c.checkpoint_write_s
+    else:
+        wall = model.expected_wall(work, c.checkpoint_interval_s, c.checkpoint_write_s,
+                                   restart, mtbf)
+    return work / wall, work / (wall + fixed)
+
+
+def _fixed(t: Timeline, segs: list[Segment]) -> float:
+    """Seconds the failure model leaves out: everything before the first training step (start-up,
+    health gate and its requeue, compile), each time-limit stop's own restart (to the end of its
+    allocation, the gap, and a start-up as long as the run's others: a failure during it is the
+    model's), and idle at the end."""
+    allocs = t.allocations
+    started = [a for a in allocs if a.training_at is not None]
+    if not started:
+        return 0.0
+    first = started[0]
+    fixed = first.training_at - allocs[0].start   # type: ignore[operator]
+    startups = [a.training_at - a.start for a in started[1:]]   # type: ignore[operator]
+    typical = statistics.fmean(startups) if startups else fixed
+    for a in allocs:
+        if a.ending == "stopped":
+            stop = next((s.start for s in segs if s.allocation == a.index and s.kind == "stop"),
+                        a.end)
+            gap = sum(s.end - s.start for s in segs if s.kind == "gap" and
+                      s.allocation == a.index + 1)
+            fixed += (a.end - stop) + gap + typical
+    return fixed + sum(s.end - s.start for s in segs if s.kind == "idle")
+
+
+def account(t: Timeline) -> Account:
+    segs = counted(t.segments)
+    n = max(t.node_count, 1)
+    by_alloc_nodes = {a.index: len(a.nodes) or n for a in t.allocations}
+    hours: dict[str, float] = {k: 0.0 for k in KINDS}
+    for s in segs:
+        # A gap holds the nodes of the allocation it leads to (a reservation keeps them).
+        hours[s.kind] += (s.end - s.start) * by_alloc_nodes.get(s.allocation, n) / 3600
+    if t.allocations:
+        allocated = sum((a.end - a.start) * by_alloc_nodes[a.index] for a in t.allocations)
+        allocated += sum((s.end - s.start) * by_alloc_nodes.get(s.allocation, n)
+                         for s in segs if s.kind == "gap")
+        allocated_h = allocated / 3600
+    else:
+        allocated_h = 0.0
+    total = sum(hours.values())
+    counted_h = hours["train"]
+    attempts = []
+    for a in t.allocations:
+        mine = [s for s in segs if s.allocation == a.index and s.kind != "gap"]
+        a_h = (a.end - a.start) * by_alloc_nodes[a.index] / 3600
+        c_h = sum((s.end - s.start) for s in mine if s.kind == "train") * \
+            by_alloc_nodes[a.index] / 3600
+        trained = [s.step for s in mine if s.kind in ("train", "repeat") and s.step]
+        attempts.append(Attempt(a.index, a.job, tuple(x.host for x in a.nodes), a.ending, a_h,
+                                c_h, c_h / counted_h if counted_h else 0.0,
+                                c_h / a_h if a_h else 0.0,
+                                f"{min(trained)}-{max(trained)}" if trained else "-"))
+    fixed = _fixed(t, segs)
+    cluster = _cluster(t, segs, max(0.0, allocated_h - fixed * n / 3600))
+    work = counted_h * 3600 / n
+    pure, predicted = _prediction(cluster, work, fixed, n)
+    return Account(n, t.waiting_s * n / 3600, allocated_h,
+                   tuple((k, hours[k]) for k in KINDS), counted_h / allocated_h
+                   if allocated_h else 0.0, tuple(attempts), cluster, predicted, pure,
+                   abs(total - allocated_h) / allocated_h if allocated_h else 0.0)

@@ -1,0 +1,51 @@
+"""One report: a run found by its recorded name (or its folder), read once into its timeline,
+account and curves, for every output (text, JSON, HTML, PNG)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ConfigError
+from ..record import record
+from .account import Account, account
+from .curves import Curves, read
+from .timeline import Timeline, build
+
+
+@record
+class Report:
+    name: str
+    timeline: Timeline
+    account: Account
+    curves: Curves
+
+
+def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
+    """The run's name and folder: --run-dir as given, else the newest recorded run named (or
+    with job id) `ref`."""
+    if run_dir is not None:
+        if not run_dir.is_dir():
+            raise ConfigError(f"--run-dir {run_dir}: no such folder")
+        return ref or run_dir.name, run_dir
+    if not ref:
+        raise ConfigError("jobgen report: name a recorded run (jobgen runs lists them) or "
+                          "give --run-dir")
+    from .. import runs
+    found = runs.find(ref)
+    if found is None:
+        raise ConfigError(f"{ref}: no run of that name or job id in "
+                          f"{runs.state_dir() / runs.RECORD}")
+    return found.name, Path(found.run_dir)
+
+
+def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
+         now: Optional[float] = None) -> Report:
+    name, folder = locate(ref, run_dir)
+    curves = read(folder)
+    tensorboard = [(p["time"], p["step"]) for p in curves.series if p.get("source") ==
+                   "tensorboard"]
+    timeline = build(folder, now=now, use_sacct=use_sacct, steps_elsewhere=tensorboard)
+    if not timeline.allocations and not curves.series:
+        raise ConfigError(f"{folder}: no allocation logs (logs/JOB/restart-N or attempt-N) "
+                          "and no metrics: nothing to report yet")
+    return Report(name, timeline, account(timeline), curves)

@@ -1,0 +1,63 @@
+"""The scheduler's account of a Slurm job's allocations: `sacct --duplicates` lists each
+requeued allocation with its start, end, state and nodes. Optional: without `sacct` (or with no
+accounting), the report falls back on the times the run folder's files carry."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from typing import Optional
+
+from ..record import record
+
+FIELDS = "JobID,Submit,Start,End,State,NodeList"
+
+
+@record
+class Span:
+    """One allocation as the scheduler recorded it (epoch seconds; end None: still running)."""
+    submit: Optional[float]
+    start: float
+    end: Optional[float]
+    state: str
+    nodes: str
+
+
+def _epoch(text: str) -> Optional[float]:
+    """sacct's local time (2026-11-26T07:40:01), or None for Unknown/None."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def parse(text: str, job: str) -> list[Span]:
+    """The allocations of `job` in `sacct -P -n -X -D` output, oldest first (rows that never
+    started, like the pending requeue, are left out)."""
+    spans = []
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) != 6 or cells[0].split("_")[0] != job:
+            continue
+        start = _epoch(cells[2])
+        if start is None:
+            continue
+        spans.append(Span(_epoch(cells[1]), start, _epoch(cells[3]),
+                          cells[4].split()[0] if cells[4].strip() else "", cells[5]))
+    return sorted(spans, key=lambda s: s.start)
+
+
+def spans(job: str) -> Optional[list[Span]]:
+    """The scheduler's allocations of a Slurm job, or None when sacct cannot say."""
+    if not job.isdigit() or shutil.which("sacct") is None:
+        return None
+    try:
+        done = subprocess.run(["sacct", "-P", "-n", "-X", "-D", "-j", job,
+                               f"--format={FIELDS}"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    found = parse(done.stdout, job)
+    return found or None

@@ -1,0 +1,270 @@
+"""A run's timeline: each allocation cut into contiguous segments (start-up, health gate,
+compile, training steps, checkpoint writes, the failure, idle at the end) and the gaps between
+allocations, every boundary a time the run itself wrote: the payloads' events (rank 0 in node 0's
+logs), each node's health.json and job.status, and the scheduler's start and end where sacct
+answers."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..record import record
+from ..watching.observations import Observation
+from ..watching.readers import ALLOCATION, parse_lines
+from . import sacct
+
+# Segment kinds, in the account's order; `gap` lies between allocations.
+KINDS = ("startup", "gate", "compile", "train", "repeat", "checkpoint", "failure", "stop",
+         "idle", "gap")
+
+
+@record
+class Segment:
+    kind: str
+    start: float
+    end: float
+    allocation: int
+    step: Optional[int] = None
+
+
+@record
+class NodeInfo:
+    node: int
+    host: str
+    status: Optional[int]       # the node's flow exit status (None: not recorded yet)
+    ended_at: Optional[float]
+
+
+@record
+class Allocation:
+    index: int
+    job: str
+    start: float
+    end: float
+    ending: str                 # done, failed, stopped (time limit), unhealthy, running
+    nodes: tuple[NodeInfo, ...]
+    failed_node: Optional[int] = None
+    failed_host: str = ""
+    failure_at: Optional[float] = None
+    excluded: tuple[str, ...] = ()   # hosts the health gate left out after this allocation
+    from_scheduler: bool = False
+    resumed_from: Optional[int] = None
+    last_step: Optional[int] = None
+    training_at: Optional[float] = None   # when its first training step began
+    load_s: Optional[float] = None        # trainer start to checkpoint loaded (a resume)
+
+
+@record
+class Timeline:
+    run_dir: str
+    waiting_s: float            # submission to the first allocation (not allocated)
+    allocations: tuple[Allocation, ...]
+    segments: tuple[Segment, ...]
+    node_count: int
+    notes: tuple[str, ...] = ()
+
+
+def _events(path: Path, allocation: int) -> list[Observation]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [o for o in parse_lines(text.splitlines(), "events", allocation, 0) if o.kind != "beat"]
+
+
+def _json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _nodes(folder: Path) -> list[NodeInfo]:
+    out = []
+    for entry in sorted(folder.glob("node-*"), key=lambda p: p.name):
+        if not entry.name[5:].isdigit():
+            continue
+        try:
+            host = (entry / "host").read_text(encoding="utf-8").strip()
+        except OSError:   # a node the gate stopped wrote no host file: its report names it
+            host = str((_json(entry / "health.json") or {}).get("host") or "")
+        status, at = None, None
+        try:
+            code = (entry / "job.status").read_text(encoding="utf-8").split()
+            status = int(code[0]) if code and code[0].isdigit() else None
+            at = (entry / "job.status").stat().st_mtime
+        except OSError:
+            pass
+        out.append(NodeInfo(int(entry.name[5:]), host, status, at))
+    return sorted(out, key=lambda n: n.node)
+
+
+def _health_log(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run_dir / "jobgen-health.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def _folders(run_dir: Path) -> list[tuple[str, int, Path]]:
+    root = run_dir / "logs"
+    if not root.is_dir():
+        return []
+    jobs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    out = []
+    for job in jobs:
+        found = [(int(m.group(2)), e) for e in job.iterdir()
+                 if (m := ALLOCATION.match(e.name)) and e.is_dir()]
+        out += [(job.name, k, e) for k, e in sorted(found)]
+    return out
+
+
+class _Builder:
+    """Cuts one allocation into segments: each piece from one boundary the run wrote to the
+    next, labelled by what happened in it."""
+
+    def __init__(self, index: int, start: float) -> None:
+        self.index, self.at = index, start
+        self.segments: list[Segment] = []
+
+    def to(self, when: Optional[float], kind: str, step: Optional[int] = None) -> None:
+        if when is None or when <= self.at:
+            return
+        self.segments.append(Segment(kind, self.at, when, self.index, step))
+        self.at = when
+
+
+def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct.Span],
+                health: list[dict[str, Any]], now: float, is_last: bool,
+                steps_elsewhere: Sequence[tuple[float, int]]) -> tuple[Allocation, list[Segment]]:
+    nodes = _nodes(folder)
+    gates = []   # (when each node's gate ended, its report)
+    for n in nodes:
+        path = folder / f"node-{n.node}" / "health.json"
+        found = _json(path)
+        if found is not None:
+            gates.append((path.stat().st_mtime, found))
+    gate = [g for _, g in gates]
+    gate_times = [t for t, _ in gates]
+    compile_ev = _events(folder / "node-0" / "compile.log", index)
+    train_ev = _events(folder / "node-0" / "train.log", index)
+    times = [o.time for o in compile_ev + train_ev] + gate_times + \
+        [n.ended_at for n in nodes if n.ended_at]
+    if not train_ev and steps_elsewhere:
+        # No JSON events (NeMo): the steps' times from its TensorBoard files, within this
+        # allocation (the scheduler's span, else the times of the node folders' files).
+        marks = [p.stat().st_mtime for p in folder.glob("node-*/*") if p.is_file()]
+        lo = span.start if span else min(marks, default=now)
+        hi = span.end if span and span.end else (now if is_last else max(marks, default=now))
+        train_ev = [Observation("step", t, "tensorboard", index, step=n)
+                    for t, n in steps_elsewhere if lo <= t <= hi]
+    start = span.start if span else min(
+        [t - float(g.get("seconds") or 0) for t, g in zip(gate_times, gate)] + times or [now])
+    # The newest allocation runs on until every node has recorded how its flow ended.
+    over = not is_last or (nodes and all(n.ended_at for n in nodes))
+    end = span.end if span and span.end else (max(times) if times and over else now)
+    excluded = tuple(str(h["host"]) for h in health
+                     if str(h.get("allocation")) == str(k) and h.get("job") == job)
+    b = _Builder(index, start)
+    if gate_times:
+        b.to(min(t - float(g.get("seconds") or 0) for t, g in zip(gate_times, gate)), "startup")
+        b.to(max(gate_times), "gate")
+    if compile_ev:
+        b.to(compile_ev[0].time, "startup")
+        b.to(compile_ev[-1].time, "compile")
+    steps = [o for o in train_ev if o.training_step]
+    resume = next((o for o in train_ev if o.kind == "resume"), None)
+    began = next((o.time for o in train_ev if o.kind == "start"), None)
+    load_s = resume.time - began if resume and began is not None else None
+    training_at = None
+    for o in train_ev:
+        if o.kind in ("start", "resume") or (o.kind != "step" and training_at is None):
+            b.to(o.time, "startup")
+        elif o.kind == "step":
+            if training_at is None:
+                if not any(e.kind == "start" for e in train_ev) and len(steps) > 1:
+                    # No start event (TensorBoard): the first step took the median step time.
+                    typical = statistics.median(y.time - x.time for x, y in zip(steps, steps[1:]))
+                    b.to(o.time - typical, "startup")
+                training_at = b.at
+            b.to(o.time, "train", o.step)
+        elif o.kind == "checkpoint":
+            b.to(o.time, "checkpoint", o.step)
+        else:   # done / stopped: the final save
+            b.to(o.time, "checkpoint")
+    kinds = {o.kind for o in train_ev}
+    failed = sorted((n for n in nodes if n.status and n.ended_at), key=lambda n: n.ended_at or 0)
+    state = span.state if span else ""
+    if excluded:
+        ending = "unhealthy"
+    elif "done" in kinds:
+        ending = "done"
+    elif "stopped" in kinds or (folder / "time-limit").exists():
+        ending = "stopped"
+    elif failed or state in ("FAILED", "NODE_FAIL") or not is_last:
+        ending = "failed"
+    else:
+        ending = "running" if not state or state in ("RUNNING", "PENDING") else state.lower()
+    failure_at = failed[0].ended_at if ending == "failed" and failed else None
+    if ending == "failed" and failure_at is None:
+        failure_at = b.at
+    if ending == "failed":
+        # The step in progress is lost; a failure before any step cuts a start-up short.
+        b.to(min(failure_at or end, end), "repeat" if training_at is not None else "startup")
+        b.to(end, "failure")
+    else:
+        b.to(end, {"done": "idle", "stopped": "stop", "unhealthy": "gate"}.get(ending, "startup"))
+    first = failed[0] if ending == "failed" and failed else None
+    alloc = Allocation(index, job, start, end, ending, tuple(nodes),
+                       first.node if first else None, first.host if first else "", failure_at,
+                       excluded, span is not None, resume.step if resume else None,
+                       steps[-1].step if steps else None, training_at, load_s)
+    return alloc, b.segments
+
+
+def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
+          steps_elsewhere: Sequence[tuple[float, int]] = ()) -> Timeline:
+    """The timeline of the run in `run_dir` (in progress or finished); `steps_elsewhere`: the
+    (time, step) of training steps its TensorBoard files hold, for allocations whose logs carry
+    no events."""
+    now = time.time() if now is None else now
+    folders = _folders(run_dir)
+    health = _health_log(run_dir)
+    by_job: dict[str, Optional[list[sacct.Span]]] = {}
+    notes: list[str] = []
+    allocations: list[Allocation] = []
+    segments: list[Segment] = []
+    for i, (job, k, folder) in enumerate(folders):
+        if job not in by_job:
+            by_job[job] = sacct.spans(job) if use_sacct else None
+            if by_job[job] is None and use_sacct:
+                notes.append(f"job {job}: no scheduler accounting (sacct); allocation times "
+                             "are the run's own first and last records")
+        spans = by_job[job] or []
+        span = spans[k] if k < len(spans) else None
+        alloc, segs = _allocation(i, k, job, folder, span, health, now, i == len(folders) - 1,
+                                   steps_elsewhere)
+        if allocations and alloc.start > allocations[-1].end:
+            segments.append(Segment("gap", allocations[-1].end, alloc.start, i))
+        allocations.append(alloc)
+        segments += segs
+    first = by_job.get(folders[0][0]) if folders else None
+    waiting = 0.0
+    if first and first[0].submit is not None:
+        waiting = max(0.0, first[0].start - first[0].submit)
+    count = max((len(a.nodes) for a in allocations), default=0)
+    return Timeline(str(run_dir), waiting, tuple(allocations), tuple(segments), count,
+                    tuple(notes))
