@@ -11,14 +11,34 @@ import dataclasses
 import posixpath
 import re
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from .errors import ConfigError
 from .record import record
 
 if TYPE_CHECKING:
+    from .platforms import Platform
+    from .recipe import Recipe
     from .site import Site
-    from .spec import JobSpec
+
+
+class ImageSpec(Protocol):
+    """What this module reads of a job spec (jobgen/spec.py's JobSpec, which imports this
+    module: named by its shape, so that no import circle runs through the type)."""
+    @property
+    def site(self) -> Site: ...
+
+    @property
+    def platform(self) -> Platform: ...
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def payload_digest(self) -> str: ...
 
 FILE = "env/containers/images.yaml"
 # A path inside an image: absolute, no spaces or colons (the node's flow splits lists on ':').
@@ -120,7 +140,7 @@ def for_recipe(platform: str, payload: str, where: str) -> Image:
     return image
 
 
-def for_spec(spec: "JobSpec") -> Image:
+def for_spec(spec: ImageSpec) -> Image:
     return for_recipe(spec.platform.name, spec.recipe.payload, spec.source)
 
 
@@ -140,12 +160,12 @@ def tag(image: Image, full_digest: str) -> str:
     return f"{image.name}-{short(full_digest)}"
 
 
-def prepare(spec: "JobSpec", section: str) -> None:
+def prepare(spec: ImageSpec, section: str) -> None:
     """Before a container backend's job is submitted: the site says where its image is."""
     uri(spec, section)
 
 
-def uri(spec: "JobSpec", section: str) -> str:
+def uri(spec: ImageSpec, section: str) -> str:
     """The image a container backend's job names: the site's `section.repository`, tagged
     with the image and the payload id."""
     site = getattr(spec.site, section)
@@ -171,7 +191,7 @@ def build_args(image: Image, region: Optional[str]) -> list[tuple[str, str]]:
     return out
 
 
-def layout(spec: "JobSpec") -> dict[str, Any]:
+def layout(spec: ImageSpec) -> dict[str, Any]:
     """What the image of `spec` holds where, for rehearsals and messages."""
     decl, image = declared(), for_spec(spec)
     return {"image": image.name, "payload_dir": decl.payload_dir,
