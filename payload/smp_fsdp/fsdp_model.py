@@ -111,7 +111,7 @@ def shard_smp(model: Any, mesh: Any, layer: type, bf16: bool, device: Any) -> An
                                                   transformer_layer_cls={layer}),
         sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_mesh=mesh,
         mixed_precision=precision, use_orig_params=True, limit_all_gathers=True,
-        device_id=device if device.type == "cuda" else None)
+        device_id=device)
 
 
 def shard_plain(model: Any, mesh: Any, layer: type, bf16: bool) -> Any:

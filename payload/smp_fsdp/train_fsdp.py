@@ -218,7 +218,7 @@ class FsdpTrainer:
         if args.scaled_init:
             scale_output_projections(model, OUTPUT_PROJECTIONS[args.family], args.init_std,
                                      args.num_layers)
-        bf16 = args.precision == "bf16" and args.device == "cuda"
+        bf16 = args.precision == "bf16"
         mesh = self.mesh["replicate", "shard"]
         if self.smp is not None:
             model = self.smp.transform(model)   # the example transforms whenever SMP is used
