@@ -32,6 +32,8 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import fsdp_model as sharding
+import smp_v2 as smp
 from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.init import scale_output_projections
@@ -47,9 +49,6 @@ from common.runtime import (
     step_seed,
 )
 from common.schedule import DECAY_SHAPES, learning_rate
-
-import fsdp_model as sharding
-import smp_v2 as smp
 
 PROG = "train-fsdp"
 INFO_FILE = "trainer_state.json"
