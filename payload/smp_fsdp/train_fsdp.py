@@ -2,12 +2,14 @@
 jobs and GPU nodes on EKS.
 
 With SageMaker's model-parallel library v2 in the image (``torch.sagemaker``, the SageMaker
-PyTorch training images), it is initialised with the job's configuration (tensor-parallel degree,
-hybrid-shard degree, activation offloading: the ``mp_parameters`` hyperparameter jobgen renders,
-which SageMaker exposes as SM_HP_MP_PARAMETERS) and the model is transformed for tensor
-parallelism. Without it, the model is sharded by plain PyTorch FSDP (``fully_shard``) over a
-two-dimensional device mesh: shards within groups of --hybrid-shard ranks, replicas across
-groups, which is FSDP's hybrid sharding; tensor parallelism then needs SMP and is refused.
+PyTorch training images) it trains as SageMaker's own SMP v2 example does (smp_v2.py,
+fsdp_model.py, fsdp_checkpoint.py say how): SMP is initialised with the job's configuration (the
+``mp_parameters`` hyperparameter jobgen renders, which SageMaker exposes as SM_HP_MP_PARAMETERS),
+the model is transformed, FSDP hybrid-shards each of SMP's transformer layers, and each
+tensor-parallel rank checkpoints its own slices. Without it, the model is sharded by plain PyTorch
+FSDP (``fully_shard``) over a two-dimensional device mesh: shards within groups of --hybrid-shard
+ranks, replicas across groups, which is FSDP's hybrid sharding; tensor parallelism then needs SMP
+and is refused.
 
 The step/checkpoint/resume contract is payload/common/loop.py's, shared with every program of
 jobgen: the compile pass (a warm-up on GPUs: the first steps build the kernels and the NCCL
@@ -22,7 +24,6 @@ synthetic token stream.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,12 +33,13 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import fsdp_checkpoint
 import fsdp_model as sharding
 import smp_v2 as smp
 from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.init import scale_output_projections
-from common.loop import agreed_newest, run_invocation, sealed_save
+from common.loop import run_invocation
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.runtime import (
     PayloadError,
@@ -51,7 +53,6 @@ from common.runtime import (
 from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "train-fsdp"
-INFO_FILE = "trainer_state.json"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -277,65 +278,11 @@ class FsdpTrainer:
             numbers["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
         return numbers
 
-    def _state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-        model_state, optim_state = get_state_dict(self.sharded, self.optimizer)
-        return {"model": model_state, "optimizer": optim_state}
-
-    def _placement(self) -> tuple[str, Any, bool]:
-        """(sub-folder, process group, whether this rank writes) of this rank's part of a
-        checkpoint. Without SMP: one torch.distributed.checkpoint over the world (its plan keeps
-        one writer per replicated item). With SMP, as the example: each TP rank's folder,
-        written over the model's (FSDP shard) group by the ranks of the first replica."""
-        if self.smp is None:
-            return "", None, True
-        return (smp.checkpoint_folder(self.smp), self.mesh["shard"].get_group(),
-                self.mesh.get_local_rank("replicate") == 0)
+    def save(self) -> None:
+        fsdp_checkpoint.save(self)
 
     def resume(self) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-        tag = agreed_newest(self.ckpt_root, self.rank)
-        if tag is None:
-            return
-        directory = self.ckpt_root / tag
-        info = [None]
-        if self.rank == 0:
-            info = [json.loads((directory / INFO_FILE).read_text(encoding="utf-8"))]
-        self.dist.broadcast_object_list(info, src=0)
-        found: dict[str, Any] = info[0] or {}
-        saved_tp = int(found.get("sharding", {}).get("tensor_parallel", 1))
-        if saved_tp != self.tp:
-            raise PayloadError(f"{directory}: written with tensor parallel degree {saved_tp}, "
-                               f"this run has {self.tp}: its TP slices do not fit")
-        folder, group, _ = self._placement()
-        state = self._state()
-        dcp.load(state, checkpoint_id=str(directory / folder), process_group=group)
-        set_state_dict(self.sharded, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
-        self.step, self.consumed = int(found["step"]), int(found["consumed_samples"])
-        self.log.emit("resume", step=self.step, consumed_samples=self.consumed,
-                      checkpoint=str(directory),
-                      global_batch_changed=found["global_batch_size"] != self.global_batch)
-
-    def save(self) -> None:
-        import torch.distributed.checkpoint as dcp
-        info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
-                "world_size": self.world, "global_batch_size": self.global_batch,
-                "family": self.args.family, "sharding": self.sharding,
-                "schedule": self.schedule_params()}
-
-        def write(directory: Path) -> None:
-            # Sharded: each rank writes its own shards, so a node needs only its part.
-            state = self._state()   # on every rank: building it may be collective
-            folder, group, writes = self._placement()
-            if writes:
-                dcp.save(state, checkpoint_id=str(directory / folder), process_group=group)
-            if self.rank == 0:
-                (directory / INFO_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
-
-        sealed_save(self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
-                    self.log, write)
+        fsdp_checkpoint.resume(self)
 
     def run(self) -> None:
         run_invocation(self, self.args)

@@ -23,13 +23,14 @@ import torch_sagemaker  # noqa: E402
 
 torch_sagemaker.install()
 
+import fsdp_checkpoint  # noqa: E402
 import train_fsdp  # noqa: E402
 from common.models import build_model  # noqa: E402
 from common.runtime import batch_positions  # noqa: E402
 
 
 def local_model_state(trainer: Any) -> dict[str, torch.Tensor]:
-    model_state = trainer._state()["model"]
+    model_state = fsdp_checkpoint.state(trainer)["model"]
     return {name: (v.to_local() if hasattr(v, "to_local") else v).detach().clone()
             for name, v in model_state.items() if isinstance(v, torch.Tensor)}
 
