@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent.parent / "payload" / "smp_fsdp")]
+sys.path[:0] = [str(HERE), str(HERE.parent.parent / "payload" / "smp_fsdp"),
+                str(HERE.parent.parent / "payload")]
 
 import torch  # noqa: E402
 import torch_sagemaker  # noqa: E402

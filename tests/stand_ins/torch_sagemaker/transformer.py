@@ -81,7 +81,10 @@ class TransformerLayer(torch.nn.Module):
 
 
 def replace_layers(model: Any, rank: int, size: int, group: Any) -> Any:
-    layers = model.model.layers
+    """Llama (``model.layers``) and GPT-NeoX (``gpt_neox.layers``); the MLP split is Llama's."""
+    layers = model.model.layers if hasattr(model, "model") else model.gpt_neox.layers
+    if size > 1 and not hasattr(layers[0].mlp, "gate_proj"):
+        raise NotImplementedError("the stand-in splits Llama's gated MLP only")
     for index in range(len(layers)):
         layers[index] = TransformerLayer(layers[index], rank, size, group)
     return model
