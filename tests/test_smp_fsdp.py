@@ -158,16 +158,17 @@ def test_plain_path_shards_each_decoder_layer_with_fsdp2(
     assert [type(inner(u)).__name__ for u in units[1:]] == ["LlamaDecoderLayer"] * 2
 
 
-def scenario(name: str, out: Path, *flags: str) -> list[dict[str, Any]]:
-    """Four ranks under torchrun running smp_scenarios.py; each rank's JSON report."""
+def scenario(name: str, out: Path, *flags: str, ranks: int = 4,
+             tp: int = 2) -> list[dict[str, Any]]:
+    """Ranks under torchrun running smp_scenarios.py (TP x hybrid shard 2); their reports."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "4", str(STAND_INS / "smp_scenarios.py"), name, str(out),
-               *TINY, "--output-dir", str(out / "run"), "--precision", "fp32",
-               "--tensor-parallel", "2", "--hybrid-shard", "2", *flags]
+               "--nproc_per_node", str(ranks), str(STAND_INS / "smp_scenarios.py"), name,
+               str(out), *TINY, "--output-dir", str(out / "run"), "--precision", "fp32",
+               "--tensor-parallel", str(tp), "--hybrid-shard", "2", *flags]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in range(4)]
+    return [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in range(ranks)]
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +184,13 @@ def test_smp_clip_gives_the_unsharded_models_norm_on_every_rank(
     _, reports = tp_run
     norms = {r["norm"] for r in reports}
     assert len(norms) == 1, norms
+    assert reports[0]["norm"] == pytest.approx(reports[0]["reference_norm"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_plain_fsdp2_clip_gives_the_unsharded_models_norm_on_every_rank(tmp_path: Path) -> None:
+    reports = scenario("plain-norm", tmp_path, "--grad-clip", "1e9", ranks=2, tp=1)
+    assert reports[0]["norm"] == reports[1]["norm"]
     assert reports[0]["norm"] == pytest.approx(reports[0]["reference_norm"], rel=1e-5)
 
 

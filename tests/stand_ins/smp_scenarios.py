@@ -1,12 +1,13 @@
 """Runs payload/smp_fsdp/train_fsdp.py's trainer under torchrun with the torch.sagemaker
 stand-in installed, for tests/test_smp_fsdp.py: each rank writes what it saw as JSON.
 
-usage: torchrun ... smp_scenarios.py train-save|load OUT_DIR TRAINER_FLAG...
+usage: torchrun ... smp_scenarios.py train-save|load|plain-norm OUT_DIR TRAINER_FLAG...
 
 - train-save: one step with the clip out of reach (the norm it reports, and the norm of the same
   step on the plain, unsharded Hugging Face model), two more steps, a checkpoint, and each rank's
   own model tensors (its FSDP shard of its TP slice) saved aside with torch.save.
 - load: a fresh trainer resumes from that checkpoint; are its tensors the ones saved aside?
+- plain-norm: without the stand-in (FSDP2): the first step's norm, and the unsharded model's.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent.parent / "payload" / "smp_fsdp"),
 import torch  # noqa: E402
 import torch_sagemaker  # noqa: E402
 
-torch_sagemaker.install()
+if not sys.argv[1].startswith("plain"):
+    torch_sagemaker.install()
 
 import fsdp_checkpoint  # noqa: E402
 import train_fsdp  # noqa: E402
@@ -59,9 +61,10 @@ def main() -> None:
     trainer = train_fsdp.FsdpTrainer(args, "launcher")
     rank = trainer.rank
     report: dict[str, Any] = {"tp_rank": trainer.tp_rank, "tp": trainer.tp}
-    if scenario == "train-save":
+    if scenario in ("train-save", "plain-norm"):
         report["norm"] = trainer.train_step()["grad_norm"]
         report["reference_norm"] = reference_norm(trainer)
+    if scenario == "train-save":
         trainer.train_step()
         trainer.train_step()
         trainer.save()
@@ -69,7 +72,7 @@ def main() -> None:
         torch.save(state, out / f"saved-rank{rank}.pt")
         report["mlp_slice_sum"] = float(sum(v.double().sum() for k, v in state.items()
                                             if "mlp" in k))
-    else:
+    elif scenario == "load":
         saved = torch.load(out / f"saved-rank{rank}.pt")
         fresh = local_model_state(trainer)
         report["difference_before_load"] = max(float((saved[k] - fresh[k]).abs().max())
