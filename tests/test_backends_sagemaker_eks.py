@@ -472,7 +472,8 @@ def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
               if '"event": "start"' in line]
     # The FSDP program itself: 2 instances x 2 processes, sharded in pairs, on gloo.
     assert {s["phase"] for s in starts} == {"compile", "train"}
-    assert all(s["world_size"] == 4 and s["sharding"] == {"replicas": 2, "shard_group": 2}
+    assert all(s["world_size"] == 4 and s["sharding"] == {"replicas": 2, "shard_group": 2,
+                                                           "tensor_parallel": 1}
                and s["smp"] is False for s in starts)
     steps = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines()
              if '"event": "step"' in line]

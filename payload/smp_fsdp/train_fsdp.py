@@ -2,12 +2,14 @@
 jobs and GPU nodes on EKS.
 
 With SageMaker's model-parallel library v2 in the image (``torch.sagemaker``, the SageMaker
-PyTorch training images), it is initialised with the job's configuration (tensor-parallel degree,
-hybrid-shard degree, activation offloading: the ``mp_parameters`` hyperparameter jobgen renders,
-which SageMaker exposes as SM_HP_MP_PARAMETERS) and the model is transformed for tensor
-parallelism. Without it, the model is sharded by plain PyTorch FSDP (``fully_shard``) over a
-two-dimensional device mesh: shards within groups of --hybrid-shard ranks, replicas across
-groups, which is FSDP's hybrid sharding; tensor parallelism then needs SMP and is refused.
+PyTorch training images) it trains as SageMaker's own SMP v2 example does (smp_v2.py,
+fsdp_model.py, fsdp_checkpoint.py say how): SMP is initialised with the job's configuration (the
+``mp_parameters`` hyperparameter jobgen renders, which SageMaker exposes as SM_HP_MP_PARAMETERS),
+the model is transformed, FSDP hybrid-shards each of SMP's transformer layers, and each
+tensor-parallel rank checkpoints its own slices. Without it, the model is sharded by plain PyTorch
+FSDP (``fully_shard``) over a two-dimensional device mesh: shards within groups of --hybrid-shard
+ranks, replicas across groups, which is FSDP's hybrid sharding; tensor parallelism then needs SMP
+and is refused.
 
 The step/checkpoint/resume contract is payload/common/loop.py's, shared with every program of
 jobgen: the compile pass (a warm-up on GPUs: the first steps build the kernels and the NCCL
@@ -22,7 +24,6 @@ synthetic token stream.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,12 +33,14 @@ from typing import Any
 # Running as a script: make ``payload/`` importable for ``common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import fsdp_checkpoint
+import fsdp_model as sharding
+import smp_v2 as smp
 from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.init import scale_output_projections
-from common.loop import agreed_newest, run_invocation, sealed_save
+from common.loop import run_invocation
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
-from common.optim import parameter_groups
 from common.runtime import (
     PayloadError,
     batch_positions,
@@ -50,9 +53,6 @@ from common.runtime import (
 from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "train-fsdp"
-INFO_FILE = "trainer_state.json"
-SMP_ENV = "SM_HP_MP_PARAMETERS"   # SageMaker: the mp_parameters hyperparameter, as JSON
-DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "gpt_neox": "GPTNeoXLayer"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,32 +114,6 @@ def validate(args: argparse.Namespace, world: int, local_world: int) -> None:
         raise PayloadError("--steps must be -1 (no bound) or >= 0")
 
 
-def smp_config(args: argparse.Namespace) -> dict[str, Any]:
-    """SMP v2's core configuration for this run: SageMaker's mp_parameters where the job has
-    them (they win, as in SageMaker's own launcher), else the flags."""
-    mine = {"tensor_parallel_degree": args.tensor_parallel,
-            "hybrid_shard_degree": args.hybrid_shard,
-            "sm_activation_offloading": args.activation_offloading,
-            "activation_loading_horizon": args.activation_loading_horizon,
-            "random_seed": args.seed}
-    given = os.environ.get(SMP_ENV)
-    if given:
-        try:
-            mine.update(json.loads(given))
-        except ValueError:
-            raise PayloadError(f"{SMP_ENV} is not JSON: {given[:80]!r}") from None
-    return mine
-
-
-def load_smp() -> Any:
-    """torch.sagemaker where the image has it (SageMaker's PyTorch training images), else None."""
-    try:
-        import torch.sagemaker as tsm  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return tsm
-
-
 class TokenData:
     """Sample ``position`` of the global stream: a row of the tokenized dataset (wrapping
     around), or the synthetic stream of rehearsals."""
@@ -184,35 +158,15 @@ class FsdpTrainer:
         else:
             self.device = torch.device("cpu")
         dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-        self.smp = load_smp()
-        if self.smp is not None:
-            self.smp.init(smp_config(args))
-        elif args.tensor_parallel > 1:
-            raise PayloadError(f"--tensor-parallel {args.tensor_parallel} needs SageMaker's "
-                               "model-parallel library v2 (torch.sagemaker), which this image "
-                               "does not have; use a SageMaker PyTorch training image or "
-                               "parallelism.tensor 1")
-        torch.manual_seed(args.seed)   # identical initial weights on every rank
-        model = build_model(args)
-        if args.scaled_init:
-            scale_output_projections(model, OUTPUT_PROJECTIONS[args.family], args.init_std,
-                                     args.num_layers)
-        if self.smp is not None and args.tensor_parallel > 1:
-            model = self.smp.transform(model)
-        if args.activation_checkpointing != "none":
-            model.gradient_checkpointing_enable()
-        self.model = self._shard(model, local_world)
-        groups = parameter_groups(self.model.named_parameters(), args.weight_decay,
-                                  args.no_decay) if args.no_decay is not None else [
-            {"params": [p for p in self.model.parameters() if p.ndim >= 2],
-             "weight_decay": args.weight_decay},
-            {"params": [p for p in self.model.parameters() if p.ndim < 2],
-             "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2),
-                                           eps=args.eps)
+        self.smp = smp.load()
+        self._place(local_world)
+        self.model = self._build()
+        self.optimizer = torch.optim.AdamW(
+            sharding.param_groups(self.sharded, self.decay), lr=args.lr,
+            betas=(args.beta1, args.beta2), eps=args.eps)
         self.data = TokenData(args)
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * (
-            self.world // args.tensor_parallel)
+            self.world // self.tp)
         self.ckpt_root = args.output_dir / "checkpoints"
         self.training = args.phase == "train"
         if self.training:
@@ -228,55 +182,59 @@ class FsdpTrainer:
                             if self.training else None)
         self.step, self.consumed = 0, 0
 
-    def _shard_smp(self, model: Any) -> Any:
-        """With SMP v2: FSDP's hybrid sharding, whose groups SMP sizes from hybrid_shard_degree
-        and places beside its tensor-parallel groups (SMP v2's documented use of FSDP). Not run
-        here: no image with torch.sagemaker is available to the tests."""
-        import functools
-
-        from torch.distributed.fsdp import (
-            FullyShardedDataParallel,
-            MixedPrecision,
-            ShardingStrategy,
-        )
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-        args, torch = self.args, self.torch
-        layers = {type(m) for m in model.modules()
-                  if type(m).__name__ == DECODER_LAYERS[args.family]}
-        dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-        self.sharding = {"smp": smp_config(args)}
-        return FullyShardedDataParallel(
-            model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                      transformer_layer_cls=layers),
-            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
-            mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32,
-                                           buffer_dtype=dtype),
-            device_id=torch.cuda.current_device(), limit_all_gathers=True)
-
-    def _shard(self, model: Any, local_world: int) -> Any:
-        """FSDP over a (replicate, shard) mesh: hybrid sharding with groups of --hybrid-shard
-        ranks (default: one node), each decoder layer its own unit."""
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        args, torch = self.args, self.torch
+    def _place(self, local_world: int) -> None:
+        """SMP's configuration (with SMP), the tensor-parallel degree and the device mesh."""
+        args = self.args
+        self.offloading = args.activation_offloading
+        self.sharding: dict[str, Any] = {}
         if self.smp is not None:
-            return self._shard_smp(model)
-        shard = args.hybrid_shard or local_world
-        replicas = self.world // (shard * args.tensor_parallel)
-        mesh = init_device_mesh(self.device.type, (replicas, shard),
-                                mesh_dim_names=("replicate", "shard"))
-        self.sharding = {"replicas": replicas, "shard_group": shard}
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if args.precision == "bf16" and args.device == "cuda" else MixedPrecisionPolicy()
-        model.to(self.device)
-        layer = DECODER_LAYERS[args.family]
-        for module in model.modules():
-            if type(module).__name__ == layer:
-                fully_shard(module, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
-        return model
+            config = smp.config(args)
+            self.smp.init(config)
+            self.tp_rank, self.tp = smp.tp_coords(self.smp)
+            # SMP's state, not the flag: mp_parameters may say otherwise (and they win).
+            self.offloading = bool(self.smp.state.sm_activation_offloading)
+            shard = int(config.get("hybrid_shard_degree") or 0) or self.world // self.tp
+            self.sharding["smp"] = config
+        elif args.tensor_parallel > 1:
+            raise PayloadError(f"--tensor-parallel {args.tensor_parallel} needs SageMaker's "
+                               "model-parallel library v2 (torch.sagemaker), which this image "
+                               "does not have; use a SageMaker PyTorch training image or "
+                               "parallelism.tensor 1")
+        else:
+            self.tp_rank, self.tp, shard = 0, 1, args.hybrid_shard or local_world
+        if self.world % (shard * self.tp):
+            raise PayloadError(f"hybrid shard degree {shard} x tensor parallel degree {self.tp} "
+                               f"does not divide the {self.world} ranks")
+        self.mesh = sharding.device_mesh(self.device.type, self.world, shard, self.tp)
+        self.sharding.update(replicas=self.world // (shard * self.tp), shard_group=shard,
+                             tensor_parallel=self.tp)
+
+    def _build(self) -> Any:
+        """The model, transformed (SMP), sharded, checkpointed and offloaded; ``self.sharded``
+        is the FSDP root, ``self.decay`` the weight decay of each parameter name."""
+        args, torch = self.args, self.torch
+        torch.manual_seed(args.seed)   # identical initial weights on every rank
+        model = build_model(args)      # fp32 parameters, as FSDP's mixed precision expects
+        if args.scaled_init:
+            scale_output_projections(model, OUTPUT_PROJECTIONS[args.family], args.init_std,
+                                     args.num_layers)
+        bf16 = args.precision == "bf16"
+        mesh = self.mesh["replicate", "shard"]
+        if self.smp is not None:
+            model = self.smp.transform(model)   # the example transforms whenever SMP is used
+            layer = smp.layer_class()
+            self.decay = sharding.decay_plan(model, args.weight_decay, args.no_decay)
+            model = sharding.shard_smp(model, mesh, layer, bf16, self.device)
+            # After FSDP, re-entrant, as in the example (its offloading needs re-entrant).
+            sharding.checkpoint_layers(model, layer, args.activation_checkpointing, True)
+        else:
+            layer = sharding.hf_layer_class(model, args.family)
+            self.decay = sharding.decay_plan(model, args.weight_decay, args.no_decay)
+            model.to(self.device)
+            sharding.checkpoint_layers(model, layer, args.activation_checkpointing, False)
+            model = sharding.shard_plain(model, mesh, layer, bf16)
+        self.sharded = model
+        return sharding.offload(model) if self.offloading else model
 
     def schedule_params(self) -> dict[str, Any]:
         a = self.args
@@ -292,75 +250,43 @@ class FsdpTrainer:
             group["lr"] = lr
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        dp_rank, dp_world = self.rank // args.tensor_parallel, self.world // args.tensor_parallel
+        # Tensor-parallel peers train on the same samples (the example's rank // tp_degree).
+        dp_rank, dp_world = self.rank // self.tp, self.world // self.tp
         micro = batch_positions(self.consumed, args.micro_batch_size,
                                 args.gradient_accumulation, dp_world, dp_rank)
         loss_sum = torch.zeros((), device=self.device)
         for index, positions in enumerate(micro):
             tokens = self.data.batch(torch, positions).to(self.device)
-            # FSDP reduces gradients once per optimizer step, after the last micro-batch.
-            if hasattr(self.model, "set_requires_gradient_sync"):
-                self.model.set_requires_gradient_sync(index == len(micro) - 1)
-            loss = self.model(input_ids=tokens, labels=tokens).loss
+            # FSDP2 reduces gradients once per optimizer step, after the last micro-batch.
+            if hasattr(self.sharded, "set_requires_gradient_sync"):
+                self.sharded.set_requires_gradient_sync(index == len(micro) - 1)
+            loss = self.model(input_ids=tokens, labels=tokens, use_cache=False).loss
             (loss / len(micro)).backward()
             loss_sum += loss.detach()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.grad_clip)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # The global norm, the same on every rank: SMP's clip with SMP (FSDP shards and TP
+        # slices), FSDP2's DTensor norm without.
+        norm = smp.clip(self.model, args.grad_clip) if self.smp is not None \
+            else sharding.clip_plain(self.sharded, args.grad_clip)
         self.optimizer.step()
         self.dist.all_reduce(loss_sum)
         elapsed = time.perf_counter() - started
         self.step += 1
         self.consumed += self.global_batch
-        return {"loss": loss_sum.item() / (len(micro) * self.world), "grad_norm": float(norm),
-                "lr": lr, "samples_per_s": round(self.global_batch / elapsed, 2)}
-
-    def _state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optimizer": optim_state}
-
-    def resume(self) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-        tag = agreed_newest(self.ckpt_root, self.rank)
-        if tag is None:
-            return
-        directory = self.ckpt_root / tag
-        state = self._state()
-        dcp.load(state, checkpoint_id=str(directory))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
-        info = [None]
-        if self.rank == 0:
-            info = [json.loads((directory / INFO_FILE).read_text(encoding="utf-8"))]
-        self.dist.broadcast_object_list(info, src=0)
-        found: dict[str, Any] = info[0] or {}
-        self.step, self.consumed = int(found["step"]), int(found["consumed_samples"])
-        self.log.emit("resume", step=self.step, consumed_samples=self.consumed,
-                      checkpoint=str(directory),
-                      global_batch_changed=found["global_batch_size"] != self.global_batch)
+        numbers = {"loss": loss_sum.item() / (len(micro) * self.world), "grad_norm": norm,
+                   "lr": lr, "samples_per_s": round(self.global_batch / elapsed, 2)}
+        if self.device.type == "cuda":
+            numbers["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        return numbers
 
     def save(self) -> None:
-        import torch.distributed.checkpoint as dcp
-        info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
-                "world_size": self.world, "global_batch_size": self.global_batch,
-                "family": self.args.family, "sharding": self.sharding,
-                "schedule": self.schedule_params()}
+        fsdp_checkpoint.save(self)
 
-        def write(directory: Path) -> None:
-            # Sharded: every rank writes its own shards (torch.distributed.checkpoint), so a
-            # node needs only its part, and a resume on another world size re-shards.
-            dcp.save(self._state(), checkpoint_id=str(directory))
-            if self.rank == 0:
-                (directory / INFO_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
-
-        sealed_save(self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
-                    self.log, write)
+    def resume(self) -> None:
+        fsdp_checkpoint.resume(self)
 
     def run(self) -> None:
         run_invocation(self, self.args)
         finish_distributed(self.dist)
-
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)

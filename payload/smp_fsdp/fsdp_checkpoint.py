@@ -1,0 +1,85 @@
+"""train_fsdp.py's checkpoints: the step's folder holds trainer_state.json (rank 0) and the
+model and optimizer as torch.distributed.checkpoint writes them (each rank its own shards).
+
+Without SMP: one checkpoint over the world (its plan keeps one writer per replicated item).
+With SMP, as SageMaker's SMP v2 example does (checkpoints.py): tensor-parallel slices share
+parameter names and offsets, so each TP rank's part goes to its own ``tp{degree}-{tp_rank}``
+folder, written over the FSDP shard group (the model's process group) by the first replica's
+ranks; every rank loads its own TP folder over the same group.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import smp_v2 as smp
+from common.loop import agreed_newest, sealed_save
+from common.runtime import PayloadError
+
+INFO_FILE = "trainer_state.json"
+
+
+def state(trainer: Any) -> dict[str, Any]:
+    """The model's and optimizer's state as this rank holds it (sharded)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_state, optim_state = get_state_dict(trainer.sharded, trainer.optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def placement(trainer: Any) -> tuple[str, Any, bool]:
+    """(sub-folder, process group, whether this rank writes) of this rank's part."""
+    if trainer.smp is None:
+        return "", None, True
+    return (smp.checkpoint_folder(trainer.smp), trainer.mesh["shard"].get_group(),
+            trainer.mesh.get_local_rank("replicate") == 0)
+
+
+def resume(trainer: Any) -> None:
+    """Load the newest complete checkpoint, if any (every rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    tag = agreed_newest(trainer.ckpt_root, trainer.rank)
+    if tag is None:
+        return
+    directory = trainer.ckpt_root / tag
+    info = [None]
+    if trainer.rank == 0:
+        info = [json.loads((directory / INFO_FILE).read_text(encoding="utf-8"))]
+    trainer.dist.broadcast_object_list(info, src=0)
+    found: dict[str, Any] = info[0] or {}
+    saved_tp = int(found.get("sharding", {}).get("tensor_parallel", 1))
+    if saved_tp != trainer.tp:
+        raise PayloadError(f"{directory}: written with tensor parallel degree {saved_tp}, "
+                           f"this run has {trainer.tp}: its TP slices do not fit")
+    folder, group, _ = placement(trainer)
+    current = state(trainer)
+    dcp.load(current, checkpoint_id=str(directory / folder), process_group=group)
+    set_state_dict(trainer.sharded, trainer.optimizer, model_state_dict=current["model"],
+                   optim_state_dict=current["optimizer"])
+    trainer.step, trainer.consumed = int(found["step"]), int(found["consumed_samples"])
+    trainer.log.emit("resume", step=trainer.step, consumed_samples=trainer.consumed,
+                     checkpoint=str(directory),
+                     global_batch_changed=found["global_batch_size"] != trainer.global_batch)
+
+
+def save(trainer: Any) -> None:
+    """Write the checkpoint of the current step, sealed across ranks (common.loop)."""
+    import torch.distributed.checkpoint as dcp
+
+    info = {"step": trainer.step, "consumed_samples": trainer.consumed,
+            "seed": trainer.args.seed, "world_size": trainer.world,
+            "global_batch_size": trainer.global_batch, "family": trainer.args.family,
+            "sharding": trainer.sharding, "schedule": trainer.schedule_params()}
+
+    def write(directory: Path) -> None:
+        current = state(trainer)   # on every rank: building it may be collective
+        folder, group, writes = placement(trainer)
+        if writes:
+            dcp.save(current, checkpoint_id=str(directory / folder), process_group=group)
+        if trainer.rank == 0:
+            (directory / INFO_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
+
+    sealed_save(trainer.ckpt_root, trainer.step, info, trainer.rank,
+                trainer.args.keep_checkpoints, trainer.log, write)
