@@ -339,7 +339,7 @@ class SmokeTrainer:
                       checkpoint=str(self.ckpt_root / tag),
                       global_batch_changed=state["global_batch_size"] != self.global_batch)
 
-    def save(self) -> None:
+    def save(self, root: Path | None = None) -> None:
         info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
                 "world_size": self.world, "global_batch_size": self.global_batch,
                 "family": self.args.family}
@@ -353,7 +353,7 @@ class SmokeTrainer:
             self.torch.save(state, tmp)
             os.replace(tmp, directory / STATE_FILE)
 
-        sealed_save(self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
+        sealed_save(root or self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
                     self.log, write)
 
     def run(self) -> None:

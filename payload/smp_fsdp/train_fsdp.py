@@ -340,7 +340,7 @@ class FsdpTrainer:
                       checkpoint=str(directory),
                       global_batch_changed=found["global_batch_size"] != self.global_batch)
 
-    def save(self) -> None:
+    def save(self, root: Path | None = None) -> None:
         import torch.distributed.checkpoint as dcp
         info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
                 "world_size": self.world, "global_batch_size": self.global_batch,
@@ -354,7 +354,7 @@ class FsdpTrainer:
             if self.rank == 0:
                 (directory / INFO_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
 
-        sealed_save(self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
+        sealed_save(root or self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
                     self.log, write)
 
     def run(self) -> None:
