@@ -230,6 +230,26 @@ flow_node_pass() {
   return "$status"
 }
 
+# flow_tree PID: PID and every process below it (read from /proc: no procps in slim images).
+flow_tree() {
+  local stat line pid ppid
+  local -a children=() queue=("$1")
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"$stat"; } 2>/dev/null || continue
+    pid=${stat#/proc/} pid=${pid%/stat}
+    line=${line##*) }           # after the command name, which may hold spaces
+    ppid=${line#* } ppid=${ppid%% *}
+    flow_is_count "$ppid" && children[ppid]+=" $pid"
+  done
+  while [ "${#queue[@]}" -gt 0 ]; do
+    pid=${queue[0]}
+    queue=("${queue[@]:1}")
+    printf '%s\n' "$pid"
+    # shellcheck disable=SC2206  # a list of process ids
+    [ -z "${children[pid]:-}" ] || queue+=(${children[pid]})
+  done
+}
+
 # shellcheck disable=SC2329  # invoked through the traps of flow_node
 # A container's SIGTERM (SageMaker at MaxRuntime, then SIGKILL 120 s later; Kubernetes at the
 # Job's activeDeadlineSeconds or a drain, then SIGKILL after terminationGracePeriodSeconds) reaches
@@ -241,8 +261,9 @@ flow_on_signal() {
   if [ "$1" = TERM ] && [ "$FLOW_PASS" = train ] && [ -n "${JOBGEN_STOP_SIGNAL:-}" ] &&
     [ -n "$FLOW_PASS_PID" ]; then
     flow_say "received SIGTERM; asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL)"
-    kill -s "$JOBGEN_STOP_SIGNAL" -- "-$FLOW_PASS_PID" 2>/dev/null ||
-      kill -s "$JOBGEN_STOP_SIGNAL" "$FLOW_PASS_PID" 2>/dev/null
+    # To every process of the pass: torchrun starts its workers in sessions of their own.
+    # shellcheck disable=SC2046  # a list of process ids
+    kill -s "$JOBGEN_STOP_SIGNAL" $(flow_tree "$FLOW_PASS_PID") 2>/dev/null
     return 0
   fi
   flow_say "received SIG$1; stopping the running pass"
