@@ -218,6 +218,15 @@ def test_a_step_counts_only_with_every_nodes_part(tmp_path: Path) -> None:
     assert checkpoints.newest_complete(restored) is None
 
 
+def test_a_seal_lists_hidden_files_but_no_temporaries_or_seals(tmp_path: Path) -> None:
+    directory = checkpoints.prepare_save_dir(tmp_path, 2)
+    (directory / ".metadata").write_bytes(b"abc")        # torch.distributed.checkpoint's
+    (directory / "__1_0.distcp").write_bytes(b"abcd")
+    (directory / ".state.pt.tmp").write_bytes(b"x")      # a writer still at work elsewhere
+    (directory / checkpoints.seal_name(0)).write_text("{}")
+    assert checkpoints.seal_node(tmp_path, 2, 1) == {".metadata": 3, "__1_0.distcp": 4}
+
+
 def test_each_node_prunes_its_own_disk_by_its_seals(tmp_path: Path) -> None:
     disks = [tmp_path / "algo-1", tmp_path / "algo-2"]
     for step in (3, 6, 9):

@@ -160,9 +160,9 @@ class CheckpointSync:
         self.s3.delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{relative}")
 
 
-def _sagemaker_spec() -> Any:
+def _sagemaker_spec(compile_mode: Any = "auto") -> Any:
     return api.job_spec(RECIPE, 2, site="sagemaker", backend="sagemaker", smoke=True,
-                        run_name=f"ck-{uuid.uuid4().hex[:8]}")
+                        run_name=f"ck-{uuid.uuid4().hex[:8]}", compile_mode=compile_mode)
 
 
 @pytest.mark.moto
@@ -212,7 +212,7 @@ def test_sagemaker_retry_resumes_every_instance_from_a_step_all_of_them_hold(
 def test_sagemaker_time_limit_saves_before_the_kill_and_the_next_job_resumes(
         aws: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     monkeypatch.chdir(tmp_path)
-    spec = _sagemaker_spec()
+    spec = _sagemaker_spec("never")   # the compile pass is the retry test's
     local_runner.place_payload(spec)
     sync = CheckpointSync(aws, spec)
     ckpts = f"{spec.run_name}/train/checkpoints"
@@ -243,7 +243,7 @@ def test_eks_deadline_saves_before_the_kill_and_the_restarted_pods_resume(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     spec = api.job_spec(RECIPE, 2, site="sagemaker", backend="eks", smoke=True,
-                        run_name="deadline")
+                        run_name="deadline", compile_mode="never")
     local_runner.place_payload(spec)
     grace = declaration("eks").stop_grace_s   # the pods' terminationGracePeriodSeconds
     first = Containers(spec, "job", tmp_path, JOBGEN_SMOKE_STEP_DELAY="0.3").start()

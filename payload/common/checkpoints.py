@@ -107,11 +107,13 @@ def _complete(directory: Path, step: int, info: dict[str, Any] | None) -> bool:
 def seal_node(root: Path, step: int, node: int) -> dict[str, int]:
     """Record this node's part of ``step``: every file under the step directory on this node's
     disk (on a shared file system, everyone's, which is as true), once all of its ranks wrote.
-    Hidden files (a writer's temporaries) and seals are not part of a checkpoint."""
+    Seals and a writer's temporaries (``*.tmp*``) are not part of a checkpoint; hidden files are
+    (torch.distributed.checkpoint's ``.metadata``)."""
     directory = root / tag_for(step)
     files = {str(path.relative_to(directory)): path.stat().st_size
              for path in sorted(directory.rglob("*"))
-             if path.is_file() and not path.name.startswith((".", MARKER))}
+             if path.is_file() and not path.name.lstrip(".").startswith(MARKER)
+             and ".tmp" not in path.name}
     write_atomic(directory / seal_name(node),
                  json.dumps({"step": step, "node": node, "files": files}, sort_keys=True) + "\n")
     return files
