@@ -79,8 +79,9 @@ class Containers:
                     for proc in self.procs]
         except subprocess.TimeoutExpired:
             self.kill()
+            tails = "\n".join(self.text(i)[-2000:] for i in range(len(self.logs)))
             raise AssertionError(f"the containers did not end within {timeout} s:\n"
-                                 + "\n".join(self.text(i)[-2000:] for i in range(len(self.logs))))
+                                 + tails) from None
 
     def wait_for_step(self, step: int, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

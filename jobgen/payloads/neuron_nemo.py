@@ -119,6 +119,9 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # documents, and the one that builds the model as resuming.
         "exp_manager.resume_if_exists": False,
         "exp_manager.resume_ignore_no_checkpoint": False,
+        # No save in the compile pass: NeMo's XLACheckpointIO skips saving while graphs are
+        # extracted (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile), so NeMo's save
+        # graphs compile at its first real save; only the real trainer can do otherwise.
         "exp_manager.create_checkpoint_callback": train,
         "exp_manager.checkpoint_callback_params.save_last": train,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,

@@ -11,10 +11,12 @@ A directory counts only once its marker exists and, where the marker names the j
 every node's seal is there and every file a seal lists is there at its size. Nodes that share no
 file system (SageMaker's instances: each syncs its own folder to one S3 prefix, and a retry
 restores the whole prefix on every instance) each seal their own part, so a restore that lacks
-one instance's shards of a step never offers that step. Both the marker and ``latest`` are written to a
-temporary name and renamed into place, so a crash mid-save leaves either the old state or the new
-one, never a half-written marker that a resumed run would trust. The marker, not ``latest``, is the
-authority: ``latest`` is kept for DeepSpeed's own tools (zero_to_fp32.py reads it) and for humans.
+one instance's shards of a step never offers that step.
+
+Both the marker and ``latest`` are written to a temporary name and renamed into place, so a crash
+mid-save leaves either the old state or the new one, never a half-written marker that a resumed
+run would trust. The marker, not ``latest``, is the authority: ``latest`` is kept for DeepSpeed's
+own tools (zero_to_fp32.py reads it) and for humans.
 """
 from __future__ import annotations
 
