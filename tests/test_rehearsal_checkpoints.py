@@ -260,3 +260,29 @@ def test_eks_deadline_saves_before_the_kill_and_the_restarted_pods_resume(
     assert second.wait(timeout=300) == [0, 0], second.text(0)[-3000:]
     assert [e["step"] for e in second.events(0, "resume")] == [stopped["step"]]
     assert [e["step"] for e in second.events(0, "done")] == [STEPS]
+
+
+# --- what the rendered jobs say about stopping and the compile cache -----------------------------
+
+def test_sagemaker_and_eks_jobs_ask_the_trainers_to_save_on_sigterm() -> None:
+    from jobgen.backends.eks.manifests import manifests
+    request = training_job(api.job_spec("llama2-7b", 16, site="sagemaker", backend="sagemaker"))
+    assert request["Environment"]["JOBGEN_STOP_SIGNAL"] == "USR1"
+    job = manifests(api.job_spec("llama2-7b", 4, site="sagemaker", backend="eks"))[-1]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == declaration("eks").stop_grace_s
+    assert {"name": "JOBGEN_STOP_SIGNAL", "value": "USR1"} in pod["containers"][0]["env"]
+
+
+def test_a_sagemaker_compile_cache_outside_the_restored_folder_is_refused() -> None:
+    import dataclasses
+
+    from jobgen.errors import ConfigError
+    spec = api.job_spec("neox20b", 4, site="sagemaker", backend="sagemaker")
+    site = spec.site
+    assert site.sagemaker is not None
+    moved = dataclasses.replace(site, sagemaker=dataclasses.replace(
+        site.sagemaker, compile_cache="/opt/ml/compile-cache"))
+    with pytest.raises(ConfigError, match="sagemaker.compile_cache: /opt/ml/compile-cache is "
+                                          "outside /opt/ml/checkpoints"):
+        training_job(dataclasses.replace(spec, site=moved))
