@@ -161,9 +161,18 @@ class CheckpointSync:
         self.s3.delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{relative}")
 
 
+def _port() -> str:
+    """A free rendezvous port: rehearsals running side by side must not share the recipe's."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"job.master_port={s.getsockname()[1]}"
+
+
 def _sagemaker_spec(compile_mode: Any = "auto") -> Any:
     return api.job_spec(RECIPE, 2, site="sagemaker", backend="sagemaker", smoke=True,
-                        run_name=f"ck-{uuid.uuid4().hex[:8]}", compile_mode=compile_mode)
+                        run_name=f"ck-{uuid.uuid4().hex[:8]}", compile_mode=compile_mode,
+                        overrides=(_port(),))
 
 
 @pytest.mark.moto
@@ -243,8 +252,9 @@ def test_sagemaker_time_limit_saves_before_the_kill_and_the_next_job_resumes(
 def test_eks_deadline_saves_before_the_kill_and_the_restarted_pods_resume(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    spec = api.job_spec(RECIPE, 2, site="sagemaker", backend="eks", smoke=True,
-                        run_name="deadline", compile_mode="never")
+    # The default site: its run folder is relative (here), where the example site's is on FSx.
+    spec = api.job_spec(RECIPE, 2, backend="eks", smoke=True, run_name="deadline",
+                        compile_mode="never", overrides=(_port(),))
     local_runner.place_payload(spec)
     grace = declaration("eks").stop_grace_s   # the pods' terminationGracePeriodSeconds
     first = Containers(spec, "job", tmp_path, JOBGEN_SMOKE_STEP_DELAY="0.3").start()
