@@ -184,14 +184,16 @@ def compile_save(runner: Runner) -> None:
     the graphs a save traces are compiled with the rest and the first real save does not compile
     mid-run; it saves into COMPILE_SAVE beside the checkpoint folder, which the training pass
     never reads, and removes it (rank 0, and each node's leader on a disk of its own, after the
-    save's last barrier: nobody writes there any more)."""
+    save's last barrier: nobody writes there any more), with the folder around it if the save
+    made that: the compile pass leaves no trace."""
     import shutil
 
     scratch = Path(runner.ckpt_root).parent / COMPILE_SAVE
+    made = not scratch.parent.exists()
     runner.save(root=scratch)
     _, _, leader, own_disk = node_place()
     if runner.log.enabled or (own_disk and leader):
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(scratch.parent if made else scratch, ignore_errors=True)
 
 
 def agreed_newest(root: Path, rank: int) -> str | None:
