@@ -150,6 +150,9 @@ def build(spec: JobSpec) -> Launch:
         head = (f"--config-name={config}",)
         return head + tuple(f"{k}={hydra_value(v)}" for k, v in overrides(spec, which).items())
 
+    # No stop signal: NeMo's trainer has no save-and-stop on request (a Lightning callback in the
+    # real trainer could add one). At a time limit (Slurm's warning, a container's SIGTERM) it
+    # trains on until stopped and resumes from its last periodic checkpoint.
     return Launch(launcher="neuron_nemo/launch.sh", workdir=paths.nemo_dir,
                   program="megatron_gpt_pretraining.py", compile_wrapper="neuron_parallel_compile",
                   compile_args=args("compile"), train_args=args("train"))
