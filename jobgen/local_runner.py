@@ -125,6 +125,15 @@ def commands(spec: JobSpec, job_id: str,
     return node_commands(spec, job_id)
 
 
+def place_payload(spec: JobSpec) -> None:
+    """The payload the nodes run: the job's snapshot on the site's shared folder. A container
+    backend's nodes run the payload their emulated image holds, laid out by the rehearsal's
+    commands (`image_moves`), as a real image holds it."""
+    from . import backends, snapshot
+    if not backends.declaration(spec.backend).container:
+        snapshot.place(spec.site.snapshot_root, spec.payload_digest)
+
+
 def _first_end(procs: list[subprocess.Popen], any_failure: bool) -> int:
     """The job's status: the main node's, or (`any_failure`: the service ends the job when any
     node fails, as SageMaker does) the first node's that fails."""
@@ -143,14 +152,10 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
         grace_s: float = 30.0) -> int:
     """Start every node, stream their output with a node prefix, return the main node's status.
     When the main node ends, the others get `grace_s` to finish (Batch stops them too)."""
-    from . import snapshot
     job_id = job_id or f"local-{int(time.time())}"
-    # The payload the nodes run: the job's snapshot, or the one the emulated image holds (the
-    # rehearsal's commands lay the image out).
     from . import backends
     declared = backends.declaration(spec.backend)
-    if not declared.container:
-        snapshot.place(spec.site.snapshot_root, spec.payload_digest)
+    place_payload(spec)
     procs, pumps = [], []
     for index, (argv, env) in enumerate(commands(spec, job_id)):
         full_env = dict(os.environ)

@@ -138,7 +138,8 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_SETUP_ON="main" if declared.setup_on_main and shared else "",
         JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if declared.resolves_master else "",
         JOBGEN_ACTIVATE=(site.setup.activate or "") if not container else "",
-        # Only the sbatch script's controller forwards Slurm's time-limit warning.
+        # Where the stop request reaches the trainers: Slurm's time-limit warning, forwarded by
+        # the sbatch script's controller; a container's SIGTERM, turned into it by the flow.
         JOBGEN_STOP_SIGNAL=lau.stop_signal if declared.forwards_stop_signal else "",
         JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",

@@ -51,8 +51,11 @@ def test_sagemaker_renders_or_refuses_every_recipe(name: str) -> None:
     assert req["ResourceConfig"]["InstanceCount"] == nodes
     assert req["ResourceConfig"]["InstanceType"] == f"ml.{s.platform.name}"
     assert req["CheckpointConfig"] == {"S3Uri": f"s3://jobgen-example-bucket/checkpoints/"
-                                                f"{s.run_name}", "LocalPath": s.run_dir}
+                                                f"{s.run_name}",
+                                         "LocalPath": "/opt/ml/checkpoints"}
+    # The run and its compile cache are both in the folder SageMaker restores on a retry.
     assert s.run_dir.startswith("/opt/ml/checkpoints/")
+    assert req["Environment"]["JOBGEN_COMPILE_CACHE"].startswith("/opt/ml/checkpoints/")
     assert req["RetryStrategy"] == {"MaximumRetryAttempts": s.recipe.job.max_restarts}
     assert req["VpcConfig"]["Subnets"] == ["subnet-0123456789abcdef0"]
     channel = req["InputDataConfig"][0]

@@ -603,21 +603,27 @@ def test_stand_ins_do_not_leak_into_the_real_environment(stub_bin: StubBin, subm
 @pytest.mark.parametrize("work_dir", ["runs", "it's \\ ${HOME} runs"])
 def test_nemo_training_resumes_through_model_resume_from_checkpoint(
         run_job: Callable, submit: Path, work_dir: str) -> None:
-    """The documented NeMo resume: the newest checkpoint (two levels deep, rank folder taken off,
-    as exp_manager finds it) reaches the trainer as model.resume_from_checkpoint, which Hydra
-    reads back as exactly that path; without a checkpoint the override is absent."""
+    """The documented NeMo resume: the newest checkpoint (by the step in its name, held by all
+    32 tensor/pipeline-rank folders; the rank folder taken off) reaches the trainer as
+    model.resume_from_checkpoint, which Hydra reads back as exactly that path; without a
+    checkpoint the override is absent. Modification times do not decide (after a restore from
+    S3 they are download times), and a step one rank folder lacks is not offered."""
     proc, job = run_job("neox20b", site={"paths.work_dir": work_dir})
     assert proc.returncode == 0, proc.stderr
     assert not any(a.startswith("model.resume_from_checkpoint=") for a in job.calls[1]["argv"])
     assert overrides(job.calls[1])["exp_manager.resume_if_exists"] == "False"
     checkpoints = submit / work_dir / "neox20b-1n" / "nemo" / "checkpoints"
-    rank = checkpoints / "tp_rank_00_pp_rank_000"
-    older = rank / "megatron_neox--step=200-consumed_samples=51200.0.ckpt"
-    newest = rank / "megatron_neox--step=400-consumed_samples=102400.0-last.ckpt"
-    for i, path in enumerate((older, newest)):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    ranks = [checkpoints / f"tp_rank_{t:02d}_pp_rank_{p:03d}" for t in range(8) for p in range(4)]
+    older = "megatron_neox--step=200-consumed_samples=51200.0.ckpt"
+    newest = Path("megatron_neox--step=400-consumed_samples=102400.0-last.ckpt")
+    partial = "megatron_neox--step=600-consumed_samples=153600.0-last.ckpt"
+    for rank in ranks:
+        rank.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate((newest.name, older)):   # the older one downloaded last
+            (rank / name).write_text("")
+            os.utime(rank / name, (1_700_000_000 + i, 1_700_000_000 + i))
+    for rank in ranks[:-1]:                                # one rank's part never arrived
+        (rank / partial).write_text("")
     proc, job = run_job("neox20b", site={"paths.work_dir": work_dir})
     assert proc.returncode == 0, proc.stderr
     assert len(job.calls) == 1                     # compile skipped: the marker is there

@@ -180,6 +180,75 @@ def test_prune_keeps_newest_and_newer_debris(tmp_path: Path) -> None:
         checkpoints.prune(root, keep=0)
 
 
+def _instance_save(disks: list[Path], step: int, shard_bytes: int = 16) -> None:
+    """One sealed save of a two-node job whose nodes keep their own disks (SageMaker): each
+    node writes and seals its shard on its disk, node 0 writes the marker on its disk."""
+    for node, disk in enumerate(disks):
+        directory = checkpoints.prepare_save_dir(disk, step)
+        (directory / f"shard-{node}.pt").write_bytes(b"x" * shard_bytes)
+        checkpoints.seal_node(disk, step, node)
+    checkpoints.mark_complete(disks[0], step, {"consumed_samples": step * 8, "nodes": 2})
+
+
+def _restore(disks: list[Path], into: Path) -> None:
+    """What a retry finds on each instance: every instance's files, merged (the S3 prefix)."""
+    import shutil
+    for disk in disks:
+        shutil.copytree(disk, into, dirs_exist_ok=True)
+
+
+def test_a_step_counts_only_with_every_nodes_part(tmp_path: Path) -> None:
+    disks = [tmp_path / "algo-1", tmp_path / "algo-2"]
+    for step in (3, 6):
+        _instance_save(disks, step)
+    # Alone, neither disk holds a whole checkpoint: node 0's lacks node 1's part.
+    assert checkpoints.newest_complete(disks[0]) is None
+    assert checkpoints.newest_complete(disks[1]) is None
+    restored = tmp_path / "restored"
+    _restore(disks, restored)
+    newest = checkpoints.newest_complete(restored)
+    assert newest is not None and newest.step == 6 and newest.info["nodes"] == 2
+    # Node 1's shard of step 6 never arrived, or arrived cut short: step 3 is the newest.
+    (restored / "step_00000006" / "shard-1.pt").write_bytes(b"x")
+    assert [c.step for c in checkpoints.list_checkpoints(restored)[0]] == [3]
+    (restored / "step_00000006" / "shard-1.pt").unlink()
+    assert [c.step for c in checkpoints.list_checkpoints(restored)[0]] == [3]
+    # A seal that lists what is not there, or no seal at all, is no part either.
+    (restored / "step_00000003" / checkpoints.seal_name(1)).unlink()
+    assert checkpoints.newest_complete(restored) is None
+
+
+def test_a_seal_lists_hidden_files_but_no_temporaries_or_seals(tmp_path: Path) -> None:
+    directory = checkpoints.prepare_save_dir(tmp_path, 2)
+    (directory / ".metadata").write_bytes(b"abc")        # torch.distributed.checkpoint's
+    (directory / "__1_0.distcp").write_bytes(b"abcd")
+    (directory / ".state.pt.tmp").write_bytes(b"x")      # a writer still at work elsewhere
+    (directory / checkpoints.seal_name(0)).write_text("{}")
+    assert checkpoints.seal_node(tmp_path, 2, 1) == {".metadata": 3, "__1_0.distcp": 4}
+
+
+def test_each_node_prunes_its_own_disk_by_its_seals(tmp_path: Path) -> None:
+    disks = [tmp_path / "algo-1", tmp_path / "algo-2"]
+    for step in (3, 6, 9):
+        _instance_save(disks, step)
+    # Node 1's disk has no marker (node 0 writes it): judged by node 1's own seals.
+    assert checkpoints.prune(disks[1], keep=2) == []
+    removed = checkpoints.prune(disks[1], keep=2, node=1)
+    assert [p.name for p in removed] == ["step_00000003"]
+    assert [p.name for p in checkpoints.prune(disks[0], keep=2, node=0)] == ["step_00000003"]
+    for disk in disks:
+        assert sorted(p.name for p in disk.iterdir() if p.is_dir()) == [
+            "step_00000006", "step_00000009"]
+
+
+def test_node_place_reads_torchrun_and_the_flow() -> None:
+    env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "0", "GROUP_RANK": "1",
+           "JOBGEN_SHARED_FS": "0"}
+    assert loop.node_place(env) == (1, 2, True, True)
+    assert loop.node_place(dict(env, LOCAL_RANK="3", JOBGEN_SHARED_FS="1")) == (1, 2, False, False)
+    assert loop.node_place({}) == (0, 1, True, False)   # by hand: one shared folder
+
+
 def test_prepare_save_dir_clears_a_previous_attempt(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     old = make_checkpoint(root, 6)
@@ -301,14 +370,19 @@ class FakeRunner:
         self.out = io.StringIO()
         self.log = EventLog(0, stream=self.out)
         self.tensorboard = None
+        self.ckpt_root = Path("/nonexistent/run/checkpoints")
+        self.scratch_saves: list[tuple[int, Path]] = []
 
     def train_step(self) -> dict[str, Any]:
         self.step += 1
         self.consumed += 8
         return {"loss": 1.0 / self.step}
 
-    def save(self) -> None:
-        self.saves.append(self.step)
+    def save(self, root: Path | None = None) -> None:
+        if root is None:
+            self.saves.append(self.step)
+        else:
+            self.scratch_saves.append((self.step, root))
 
     def resume(self) -> None:
         self.step, self.consumed = self.resume_to, self.resume_to * 8
@@ -341,11 +415,13 @@ def test_run_steps_no_double_save_and_nothing_to_do() -> None:
     assert idle.saves == [] and idle.events("step") == []
 
 
-def test_compile_invocation_never_resumes_or_saves() -> None:
+def test_compile_invocation_never_resumes_and_saves_only_into_scratch() -> None:
     runner = FakeRunner(resume_to=6)
     loop.run_invocation(runner, invocation("compile"))
     assert [e["step"] for e in runner.events("step")] == [1, 2, 3]
+    # The save path runs once, at the last compile step, beside the checkpoint folder.
     assert runner.saves == []
+    assert runner.scratch_saves == [(3, Path("/nonexistent/run/compile-save"))]
     assert runner.events("done") == [
         {"event": "done", "phase": "compile", "step": 3, "consumed_samples": 24}]
 
@@ -566,3 +642,36 @@ def test_ranks_agree_on_the_step_when_one_hears_the_signal(tmp_path: Path) -> No
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     assert lines == ["rank 0 stopped after step 4 (heard: False)",
                      "rank 1 stopped after step 4 (heard: True)"]
+
+
+def _nemo_resume() -> Any:
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "payload" / "neuron_nemo" / "resume.py"
+    spec = importlib.util.spec_from_file_location("nemo_resume", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nemo_resumes_by_step_from_a_step_every_rank_folder_holds(tmp_path: Path,
+                                                                   capsys: Any) -> None:
+    resume = _nemo_resume()
+    name = "megatron_gpt--step={}-consumed_samples={}.0.ckpt"
+    # One model-parallel rank: no rank folder; the step in the name decides, not the listing.
+    for step in (90, 100, 1000):
+        (tmp_path / name.format(step, step * 8)).write_text("")
+    assert resume.choose(tmp_path, 1, 1) == tmp_path / name.format(1000, 8000)
+    # TP 2 x PP 2: step 300 is in three of the four rank folders only.
+    root = tmp_path / "tp"
+    folders = resume.rank_folders(2, 2)
+    assert folders[1] == "tp_rank_00_pp_rank_001"
+    for folder in folders:
+        (root / folder).mkdir(parents=True)
+        (root / folder / name.format(200, 1600)).write_text("")
+    for folder in folders[:-1]:
+        (root / folder / name.format(300, 2400)).write_text("")
+    assert resume.main([str(root), "model.tensor_model_parallel_size=2",
+                        "model.pipeline_model_parallel_size=2"]) == 0
+    assert capsys.readouterr().out.strip() == str(root / name.format(200, 1600))
+    assert resume.choose(tmp_path / "none", 2, 2) is None

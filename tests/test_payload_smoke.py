@@ -193,7 +193,11 @@ def test_compile_then_train_then_resume(family: str, tmp_path: Path) -> None:
 
     compiled = launch(common + ["--phase", "compile"], tmp_path)
     assert [e["step"] for e in events_of(compiled, "step")] == [1, 2, 3]
-    assert events_of(compiled, "checkpoint") == [] and not out.exists()
+    # The compile pass runs the save path once, into a scratch folder that it removes: nothing
+    # that the training pass would resume from.
+    assert events_of(compiled, "checkpoint") == []
+    assert [e["step"] for e in events_of(compiled, "compile_save")] == [3]
+    assert not out.exists()
 
     first = launch(common + ["--phase", "train", "--steps", "6"], tmp_path)
     steps = events_of(first, "step")
@@ -210,6 +214,10 @@ def test_compile_then_train_then_resume(family: str, tmp_path: Path) -> None:
     assert all(math.isfinite(e["loss"]) and e["grad_norm"] > 0 for e in resumed)
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
     assert ckpts == ["step_00000006", "step_00000009"]
+    # Sharded: rank 0's weights, each rank's slice of the optimizer state, the node's seal.
+    assert sorted(p.name for p in (out / "checkpoints" / ckpts[-1]).iterdir()) == [
+        "COMPLETE", "COMPLETE.node-00000", "optim-rank-00000.pt", "optim-rank-00001.pt",
+        "state.pt"]
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in logged if e["event"] == "step"] == list(range(1, 10))
 

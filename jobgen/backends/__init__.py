@@ -109,7 +109,10 @@ class Declaration:
     shared_fs: bool = True                # the nodes share the run folder's storage
     setup_on_main: bool = False           # the main node writes the job's files, once
     resolves_master: bool = False         # the flow finds the main node (slurm.master_resolver)
-    forwards_stop_signal: bool = False    # its controller forwards the time-limit warning
+    forwards_stop_signal: bool = False    # the trainers get the stop signal (save, stop):
+    #                                       Slurm's controller forwards its time-limit warning,
+    #                                       a container's flow turns the service's SIGTERM into it
+    stop_grace_s: int = 0                 # a container's seconds from SIGTERM to SIGKILL
     command: bool = False                 # it brings `jobgen NAME ...` (its package's cli.py)
     shellcheck: bool = False              # what it renders is a shell script shellcheck reads
     # The scheduler's words (upper case) -> State.

@@ -123,6 +123,9 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # documents, and the one that builds the model as resuming.
         "exp_manager.resume_if_exists": False,
         "exp_manager.resume_ignore_no_checkpoint": False,
+        # No save in the compile pass: NeMo's XLACheckpointIO skips saving while graphs are
+        # extracted (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile), so NeMo's save
+        # graphs compile at its first real save; only the real trainer can do otherwise.
         "exp_manager.create_checkpoint_callback": train,
         "exp_manager.checkpoint_callback_params.save_last": train,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
@@ -151,6 +154,9 @@ def build(spec: JobSpec) -> Launch:
         head = (f"--config-name={config}",)
         return head + tuple(f"{k}={hydra_value(v)}" for k, v in overrides(spec, which).items())
 
+    # No stop signal: NeMo's trainer has no save-and-stop on request (a Lightning callback in the
+    # real trainer could add one). At a time limit (Slurm's warning, a container's SIGTERM) it
+    # trains on until stopped and resumes from its last periodic checkpoint.
     return Launch(launcher="neuron_nemo/launch.sh", workdir=paths.nemo_dir,
                   program="megatron_gpt_pretraining.py", compile_wrapper="neuron_parallel_compile",
                   compile_args=args("compile"), train_args=args("train"))

@@ -3,13 +3,20 @@
 Layout under ``<output>/checkpoints``::
 
     step_00000006/            one directory per saved step (engine files inside)
-    step_00000006/COMPLETE    marker: JSON {"step", "consumed_samples", ...}; written last
+    step_00000006/COMPLETE.node-00001  each node's seal: the files its disk holds, with sizes
+    step_00000006/COMPLETE    marker: JSON {"step", "consumed_samples", "nodes", ...}; written last
     latest                    text: the tag of the newest complete checkpoint; written after it
 
-A directory counts only once its marker exists. Both the marker and ``latest`` are written to a
-temporary name and renamed into place, so a crash mid-save leaves either the old state or the new
-one, never a half-written marker that a resumed run would trust. The marker, not ``latest``, is the
-authority: ``latest`` is kept for DeepSpeed's own tools (zero_to_fp32.py reads it) and for humans.
+A directory counts only once its marker exists and, where the marker names the job's node count,
+every node's seal is there and every file a seal lists is there at its size. Nodes that share no
+file system (SageMaker's instances: each syncs its own folder to one S3 prefix, and a retry
+restores the whole prefix on every instance) each seal their own part, so a restore that lacks
+one instance's shards of a step never offers that step.
+
+Both the marker and ``latest`` are written to a temporary name and renamed into place, so a crash
+mid-save leaves either the old state or the new one, never a half-written marker that a resumed
+run would trust. The marker, not ``latest``, is the authority: ``latest`` is kept for DeepSpeed's
+own tools (zero_to_fp32.py reads it) and for humans.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from typing import Any
 
 MARKER = "COMPLETE"
 LATEST = "latest"
+SEAL = MARKER + ".node-"   # + the node index, 5 digits
 _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -59,16 +67,64 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _read_marker(directory: Path) -> dict[str, Any] | None:
+def _read_marker(directory: Path, name: str = MARKER) -> dict[str, Any] | None:
     try:
-        info = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+        info = json.loads((directory / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
 
 
-def list_checkpoints(root: Path) -> tuple[list[Checkpoint], list[Path]]:
-    """Complete checkpoints (oldest first) and the step directories that lack a valid marker."""
+def seal_name(node: int) -> str:
+    return f"{SEAL}{node:05d}"
+
+
+def _holds(directory: Path, listed: Any) -> bool:
+    """Whether every file a seal lists is in ``directory`` at its recorded size."""
+    if not isinstance(listed, dict):
+        return False
+    for name, size in listed.items():
+        try:
+            if (directory / name).stat().st_size != size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def node_sealed(directory: Path, step: int, node: int) -> bool:
+    """Whether ``node``'s part of the step is all in ``directory`` (its seal and its files)."""
+    seal = _read_marker(directory, seal_name(node))
+    return seal is not None and seal.get("step") == step and _holds(directory, seal.get("files"))
+
+
+def _complete(directory: Path, step: int, info: dict[str, Any] | None) -> bool:
+    if info is None or info.get("step") != step:
+        return False
+    nodes = info.get("nodes")   # absent: written before seals per node (one shared folder)
+    return not isinstance(nodes, int) or all(node_sealed(directory, step, node)
+                                             for node in range(nodes))
+
+
+def seal_node(root: Path, step: int, node: int) -> dict[str, int]:
+    """Record this node's part of ``step``: every file under the step directory on this node's
+    disk (on a shared file system, everyone's, which is as true), once all of its ranks wrote.
+    Seals and a writer's temporaries (``*.tmp*``) are not part of a checkpoint; hidden files are
+    (torch.distributed.checkpoint's ``.metadata``)."""
+    directory = root / tag_for(step)
+    files = {str(path.relative_to(directory)): path.stat().st_size
+             for path in sorted(directory.rglob("*"))
+             if path.is_file() and not path.name.lstrip(".").startswith(MARKER)
+             and ".tmp" not in path.name}
+    write_atomic(directory / seal_name(node),
+                 json.dumps({"step": step, "node": node, "files": files}, sort_keys=True) + "\n")
+    return files
+
+
+def list_checkpoints(root: Path, node: int | None = None) -> tuple[list[Checkpoint], list[Path]]:
+    """Complete checkpoints (oldest first) and the step directories that lack a valid marker.
+    With ``node``: the steps whose part on this node is sealed (what a node that shares no file
+    system with the main node has of a checkpoint)."""
     complete: list[Checkpoint] = []
     incomplete: list[Path] = []
     if not root.is_dir():
@@ -77,11 +133,16 @@ def list_checkpoints(root: Path) -> tuple[list[Checkpoint], list[Path]]:
         step = step_of(entry.name)
         if step is None or not entry.is_dir():
             continue
-        info = _read_marker(entry)
-        if info is None or info.get("step") != step:
-            incomplete.append(entry)
+        if node is not None:
+            ok = node_sealed(entry, step, node)
+            info = {"step": step}
         else:
+            info = _read_marker(entry)
+            ok = _complete(entry, step, info)
+        if ok and info is not None:
             complete.append(Checkpoint(entry, step, info))
+        else:
+            incomplete.append(entry)
     complete.sort(key=lambda ckpt: ckpt.step)
     return complete, incomplete
 
@@ -115,13 +176,14 @@ def mark_complete(root: Path, step: int, info: dict[str, Any]) -> Checkpoint:
     return Checkpoint(directory, step, record)
 
 
-def prune(root: Path, keep: int) -> list[Path]:
+def prune(root: Path, keep: int, node: int | None = None) -> list[Path]:
     """Delete all but the newest ``keep`` complete checkpoints, and incomplete debris older
     than the newest complete one (an incomplete directory newer than that may be a save still in
-    progress elsewhere, so it is left alone). Returns the removed paths."""
+    progress elsewhere, so it is left alone). Returns the removed paths. With ``node``: on a
+    node's own disk, judged by that node's seals (see ``list_checkpoints``)."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
-    complete, incomplete = list_checkpoints(root)
+    complete, incomplete = list_checkpoints(root, node)
     doomed = [ckpt.path for ckpt in complete[:-keep]]
     if complete:
         newest = complete[-1].step

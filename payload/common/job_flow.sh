@@ -198,10 +198,12 @@ flow_wait_for_nodes() {
 # flow_node_pass PASS ARG...: this node's launcher for one pass, in a session of its own so that
 # a stop request (flow_on_signal) reaches torchrun and its workers too; returns its status.
 FLOW_PASS_PID=""
+FLOW_PASS=""
 FLOW_STOPPING=""
 flow_node_pass() {
   local pass=$1 status log before=0
   shift
+  FLOW_PASS=$pass
   log="$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$pass.log"
   [ -f "$log" ] && before=$(wc -c <"$log")
   if command -v setsid >/dev/null 2>&1; then
@@ -228,9 +230,42 @@ flow_node_pass() {
   return "$status"
 }
 
+# flow_tree PID: PID and every process below it (read from /proc: no procps in slim images).
+flow_tree() {
+  local stat line pid ppid
+  local -a children=() queue=("$1")
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"$stat"; } 2>/dev/null || continue
+    pid=${stat#/proc/} pid=${pid%/stat}
+    line=${line##*) }           # after the command name, which may hold spaces
+    ppid=${line#* } ppid=${ppid%% *}
+    flow_is_count "$ppid" && children[ppid]+=" $pid"
+  done
+  while [ "${#queue[@]}" -gt 0 ]; do
+    pid=${queue[0]}
+    queue=("${queue[@]:1}")
+    printf '%s\n' "$pid"
+    # shellcheck disable=SC2206  # a list of process ids
+    [ -z "${children[pid]:-}" ] || queue+=(${children[pid]})
+  done
+}
+
 # shellcheck disable=SC2329  # invoked through the traps of flow_node
+# A container's SIGTERM (SageMaker at MaxRuntime, then SIGKILL 120 s later; Kubernetes at the
+# Job's activeDeadlineSeconds or a drain, then SIGKILL after terminationGracePeriodSeconds) reaches
+# this shell only (PID 1). During training it becomes the trainers' stop request
+# (JOBGEN_STOP_SIGNAL, which everything else in the pass ignores): they save the step just
+# trained and stop, and the next attempt resumes from it. Otherwise the pass is stopped.
 flow_on_signal() {
   FLOW_STOPPING=$1
+  if [ "$1" = TERM ] && [ "$FLOW_PASS" = train ] && [ -n "${JOBGEN_STOP_SIGNAL:-}" ] &&
+    [ -n "$FLOW_PASS_PID" ]; then
+    flow_say "received SIGTERM; asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL)"
+    # To every process of the pass: torchrun starts its workers in sessions of their own.
+    # shellcheck disable=SC2046  # a list of process ids
+    kill -s "$JOBGEN_STOP_SIGNAL" $(flow_tree "$FLOW_PASS_PID") 2>/dev/null
+    return 0
+  fi
   flow_say "received SIG$1; stopping the running pass"
   if [ -n "$FLOW_PASS_PID" ]; then
     kill -TERM -- "-$FLOW_PASS_PID" 2>/dev/null || kill -TERM "$FLOW_PASS_PID" 2>/dev/null
@@ -330,6 +365,8 @@ flow_node() {
   : "${JOBGEN_NODE_RANK:?}" "${JOBGEN_NNODES:?}" "${JOBGEN_LOG_DIR:?}" "${MASTER_ADDR:?}"
   export JOBGEN_NODE_RANK JOBGEN_NNODES JOBGEN_LOG_DIR MASTER_ADDR
   local is_main=${JOBGEN_IS_MAIN:-0} shared=${JOBGEN_SHARED_FS:-0}
+  # The trainers' checkpoint sealing reads it (payload/common/loop.py node_place).
+  export JOBGEN_SHARED_FS=$shared
   mkdir -p "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK" "$JOBGEN_COMPILE_CACHE" || {
     flow_say "cannot create $JOBGEN_LOG_DIR and $JOBGEN_COMPILE_CACHE"
     return 1
@@ -408,7 +445,11 @@ flow_node() {
   flow_say "training pass on $JOBGEN_NNODES nodes"
   flow_node_pass train ${train_args[@]+"${train_args[@]}"}
   status=$?
-  if [ "$status" -eq 0 ] && [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
+  if [ "$status" -eq 0 ] && [ -n "$FLOW_STOPPING" ]; then
+    # Stopped by the service: not a finished job (an EKS pod that exits 0 is done for good).
+    flow_say "training pass saved and stopped on SIG$FLOW_STOPPING; exiting 143 so that the service counts this attempt as stopped"
+    status=143
+  elif [ "$status" -eq 0 ] && [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
     flow_say "training pass stopped on request after saving a checkpoint: $(cat "$JOBGEN_LOG_DIR/stopped.json" 2>/dev/null)"
   elif [ "$status" -eq 0 ]; then
     flow_say "training pass finished"

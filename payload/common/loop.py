@@ -21,12 +21,14 @@ class Runner(Protocol):
     consumed: int           # samples of the global stream consumed so far
     log: EventLog
     tensorboard: Any        # a SummaryWriter, or None
+    ckpt_root: Path         # its checkpoint folder (the training pass resumes from it)
 
     def train_step(self) -> dict[str, Any]:
         """Run one optimizer step, advance ``step``/``consumed``, return the event numbers."""
 
-    def save(self) -> None:
-        """Write a checkpoint of the current step (see ``sealed_save``)."""
+    def save(self, root: Path | None = None) -> None:
+        """Write a checkpoint of the current step (see ``sealed_save``) into its checkpoint
+        folder, or into ``root`` (the compile pass's scratch save: see ``compile_save``)."""
 
     def resume(self) -> None:
         """Load the newest complete checkpoint, if any (see ``agreed_newest``)."""
@@ -44,6 +46,7 @@ def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
     return max_steps if bound < 0 else min(max_steps, current + bound)
 
 
+COMPILE_SAVE = "compile-save"   # beside checkpoints/: where the compile pass saves, then removes
 STOP_SIGNAL_ENV = "JOBGEN_STOP_SIGNAL"   # set by the job where the trainer may be asked to stop
 STOPPED_FILE = "stopped.json"           # written by rank 0 in JOBGEN_LOG_DIR when it did
 
@@ -146,6 +149,8 @@ def run_invocation(runner: Runner, args: argparse.Namespace) -> None:
                          args.steps)
     stopped = run_steps(runner, phase=args.phase, target=target,
                         checkpoint_every=args.checkpoint_every, stop=stop)
+    if args.phase == "compile":
+        compile_save(runner)
     if stopped and stop is not None:
         runner.log.emit("stopped", phase=args.phase, step=runner.step,
                         consumed_samples=runner.consumed, signal=stop.name)
@@ -157,33 +162,85 @@ def run_invocation(runner: Runner, args: argparse.Namespace) -> None:
         runner.tensorboard.close()
 
 
+def node_place(env: Any = None) -> tuple[int, int, bool, bool]:
+    """(this node's index, the job's nodes, whether this process leads its node (local rank 0),
+    whether the node keeps its checkpoints on a disk of its own): torchrun's variables, and the
+    flow's JOBGEN_SHARED_FS (0 on SageMaker's instances; unset, as for a trainer started by hand:
+    one shared folder)."""
+    import os
+
+    from common.events import node_index
+
+    env = os.environ if env is None else env
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    per_node = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    leader = str(env.get("LOCAL_RANK", "0") or "0") == "0"
+    return (node_index(env), max(1, world // per_node), leader,
+            str(env.get("JOBGEN_SHARED_FS", "1")).strip() == "0")
+
+
+def compile_save(runner: Runner) -> None:
+    """The compile pass runs the save path once (as HLAT's compile pass saves at step 3), so that
+    the graphs a save traces are compiled with the rest and the first real save does not compile
+    mid-run; it saves into COMPILE_SAVE beside the checkpoint folder, which the training pass
+    never reads, and removes it (rank 0, and each node's leader on a disk of its own, after the
+    save's last barrier: nobody writes there any more), with the folder around it if the save
+    made that: the compile pass leaves no trace."""
+    import shutil
+
+    scratch = Path(runner.ckpt_root).parent / COMPILE_SAVE
+    made = not scratch.parent.exists()
+    runner.save(root=scratch)
+    _, _, leader, own_disk = node_place()
+    if runner.log.enabled or (own_disk and leader):
+        shutil.rmtree(scratch.parent if made else scratch, ignore_errors=True)
+
+
 def agreed_newest(root: Path, rank: int) -> str | None:
-    """Tag of the newest complete checkpoint as rank 0 sees it, shared with every rank (a lagging
-    network filesystem must not let ranks resume from different steps)."""
+    """Tag of the newest checkpoint that is complete as every reader sees it, shared with every
+    rank: rank 0 on one shared folder, each node's leader where nodes keep their own disks (after
+    a restore from S3 each holds what arrived). Ranks never resume from different steps, and a
+    lagging network filesystem or an upload that never arrived makes them agree on an older step
+    that all of them have, never a newer one that some lack. Chosen by step number, not by time."""
     import torch.distributed as dist
 
-    choice: list[str | None] = [None]
-    if rank == 0:
-        newest = checkpoints.newest_complete(root)
-        choice = [newest.tag if newest else None]
-    dist.broadcast_object_list(choice, src=0)
-    return choice[0]
+    _, _, leader, own_disk = node_place()
+    view: list[int] | None = None
+    if rank == 0 or (own_disk and leader):
+        view = [ckpt.step for ckpt in checkpoints.list_checkpoints(root)[0]]
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, view)
+    seen = [set(v) for v in views if v is not None]
+    common = set.intersection(*seen) if seen else set()
+    return checkpoints.tag_for(max(common)) if common else None
 
 
 def sealed_save(root: Path, step: int, state: dict[str, Any], rank: int, keep: int,
                 log: EventLog, write: Callable[[Path], None]) -> None:
-    """Save one checkpoint: rank 0 clears the directory, every rank runs ``write`` (which decides
-    who writes what), and rank 0 seals it with the marker only after all ranks are done."""
+    """Save one checkpoint: the directory is cleared (by rank 0, or by each node's leader on a
+    disk of its own), every rank runs ``write`` (which decides who writes what), each node's
+    leader seals its node's part, and rank 0 seals the whole with the marker, naming the node
+    count, only after all nodes are done. Each node's leader prunes its own disk."""
     import torch.distributed as dist
 
-    if rank == 0:
+    node, nodes, leader, own_disk = node_place()
+    if rank == 0 or (own_disk and leader):
         checkpoints.prepare_save_dir(root, step)
     dist.barrier()
     write(root / checkpoints.tag_for(step))
     dist.barrier()
+    if leader:
+        checkpoints.seal_node(root, step, node)
+    dist.barrier()
     if rank == 0:
-        sealed = checkpoints.mark_complete(root, step, state)
+        sealed = checkpoints.mark_complete(root, step, dict(state, nodes=nodes))
+        if root.name == COMPILE_SAVE:
+            log.emit("compile_save", step=step, path=str(sealed.path))
+        else:
+            log.emit("checkpoint", step=step, path=str(sealed.path))
+    if own_disk and leader:
+        checkpoints.prune(root, keep, node)   # this disk's steps, by this node's seals
+    elif rank == 0:
         checkpoints.prune(root, keep)
-        log.emit("checkpoint", step=step, path=str(sealed.path))
-    # Nobody races ahead (or exits) while rank 0 is still sealing and pruning.
+    # Nobody races ahead (or exits) while the leaders are still sealing and pruning.
     dist.barrier()

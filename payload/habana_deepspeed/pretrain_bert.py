@@ -254,7 +254,7 @@ class Trainer:
                       checkpoint=str(self.ckpt_root / tag),
                       global_batch_changed=client.get("global_batch_size") != self.global_batch)
 
-    def save(self) -> None:
+    def save(self, root: Path | None = None) -> None:
         state = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
                  "world_size": self.world, "global_batch_size": self.global_batch}
 
@@ -263,7 +263,7 @@ class Trainer:
             self.engine.save_checkpoint(str(directory.parent), tag=directory.name,
                                         client_state=state, save_latest=False)
 
-        sealed_save(self.ckpt_root, self.step, state, self.rank, self.args.keep_checkpoints,
+        sealed_save(root or self.ckpt_root, self.step, state, self.rank, self.args.keep_checkpoints,
                     self.log, write)
 
     def run(self) -> None:

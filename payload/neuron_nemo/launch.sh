@@ -8,33 +8,20 @@
 # model.resume_from_checkpoint=<checkpoint>. That is what builds the trainer as resuming
 # (NLPTrainer.is_resuming_from_checkpoint, which the model consults while it is built);
 # exp_manager's own resume_if_exists only points Lightning at the file afterwards. The checkpoint
-# is the newest *.ckpt under $JOBGEN_RUN_DIR/nemo/checkpoints (jobgen's exp_manager.explicit_log_dir
-# is $RUN_DIR/nemo), looked for as exp_manager does (newest by modification time, with a
-# tensor/pipeline-rank folder tp_rank_* or mp_rank_* taken off the path); exp_manager looks one
-# folder below checkpoints/, this also finds a checkpoint saved without a rank folder.
+# is chosen under $JOBGEN_RUN_DIR/nemo/checkpoints (jobgen's exp_manager.explicit_log_dir is
+# $RUN_DIR/nemo) by resume.py: the newest step that every tensor/pipeline-rank folder holds, by
+# the step in its name, not by modification time (after a restore from S3 that is download time,
+# and nodes could disagree).
 set -u
 # shellcheck source=../common/node_launch.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common/node_launch.sh"
 pass=${1:?usage: launch.sh compile|train HYDRA_OVERRIDE...}
 shift
 
-# newest_checkpoint DIR: prints the checkpoint path NeMo's resume expects, or nothing.
-newest_checkpoint() {
-  local dir=$1 newest parent
-  [ -d "$dir" ] || return 0
-  newest=$(find "$dir" -maxdepth 2 -name '*.ckpt' -printf '%T@ %p\n' 2>/dev/null |
-    sort -n | tail -n 1 | cut -d ' ' -f 2-)
-  [ -n "$newest" ] || return 0
-  parent=${newest%/*}
-  case ${parent##*/} in
-    *tp_rank_* | *mp_rank_*) newest=${parent%/*}/${newest##*/} ;;
-  esac
-  printf '%s\n' "$newest"
-}
-
 resume=()
 if [ "$pass" = train ]; then
-  checkpoint=$(newest_checkpoint "${JOBGEN_RUN_DIR:?}/nemo/checkpoints")
+  checkpoint=$(python3 "$(dirname "${BASH_SOURCE[0]}")/resume.py" \
+    "${JOBGEN_RUN_DIR:?}/nemo/checkpoints" "$@") || exit "$JOBGEN_CONFIG_ERROR"
   if [ -n "$checkpoint" ]; then
     node_say "resuming from $checkpoint"
     # As a quoted Hydra string that OmegaConf reads back unchanged (quotes, backslashes and

@@ -341,14 +341,24 @@ class LlamaRunner:
                            seconds=time.perf_counter() - started)
         return numbers
 
-    def save(self) -> None:
+    @property
+    def ckpt_root(self) -> Path:
+        """Its checkpoint folder (the compile pass has none: its scratch save goes beside)."""
+        return self.args.checkpoint_dir or self.args.output_dir / "checkpoints"
+
+    def save(self, root: Path | None = None) -> None:
+        # NxD seals and prunes its own checkpoints (its "done" marker, num_kept_ckpts): whether
+        # a restore on nodes without a shared file system holds every node's part is NxD's to
+        # decide, on the real trainer only; jobgen's flow gives it one shared folder (FSx).
+        directory = root or self.ckpt_root
         self.nxd.save_checkpoint(
-            str(self.args.checkpoint_dir), f"step_{self.step}", model=self.model,
+            str(directory), f"step_{self.step}", model=self.model,
             optimizer=self.optimizer, scheduler=None,
             user_content={"global_step": self.step, "consumed_samples": self.consumed},
             num_workers=CHECKPOINT_WORKERS, use_xser=True,
             num_kept_ckpts=self.args.keep_checkpoints)
-        self.log.emit("checkpoint", step=self.step, path=str(self.args.checkpoint_dir))
+        self.log.emit("checkpoint" if root is None else "compile_save", step=self.step,
+                      path=str(directory))
 
     def resume(self) -> None:
         """Continue from the newest complete checkpoint, as the example's ``--loading_step

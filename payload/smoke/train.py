@@ -66,6 +66,7 @@ from common.schedule import DECAY_SHAPES, learning_rate
 
 PROG = "smoke-train"
 STATE_FILE = "state.pt"
+SHARD_FILE = "optim-rank-{rank:05d}.pt"
 STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
 FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
 FAIL_NODE_ENV = "JOBGEN_SMOKE_FAIL_NODE"
@@ -330,30 +331,45 @@ class SmokeTrainer:
         tag = agreed_newest(self.ckpt_root, self.rank)
         if tag is None:
             return
-        state = self.torch.load(self.ckpt_root / tag / STATE_FILE, map_location="cpu",
-                                weights_only=False)
+        directory = self.ckpt_root / tag
+        state = self.torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizer = state["optimizer"]
+        if not optimizer["state"]:   # sharded: every rank of the saving job wrote its slice
+            for rank in range(int(state["world_size"])):
+                optimizer["state"].update(self.torch.load(
+                    directory / SHARD_FILE.format(rank=rank), map_location="cpu",
+                    weights_only=False))
+        self.optimizer.load_state_dict(optimizer)
         self.step, self.consumed = int(state["step"]), int(state["consumed_samples"])
         self.log.emit("resume", step=self.step, consumed_samples=self.consumed,
                       checkpoint=str(self.ckpt_root / tag),
                       global_batch_changed=state["global_batch_size"] != self.global_batch)
 
-    def save(self) -> None:
+    def _save_file(self, value: Any, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        self.torch.save(value, tmp)
+        os.replace(tmp, path)
+
+    def save(self, root: Path | None = None) -> None:
         info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
                 "world_size": self.world, "global_batch_size": self.global_batch,
                 "family": self.args.family}
 
         def write(directory: Path) -> None:
-            if self.rank != 0:
-                return  # DDP replicas are identical: one copy is the checkpoint
-            state = dict(info, model=self.model.state_dict(),
-                         optimizer=self.optimizer.state_dict(), schedule=self.schedule_params())
-            tmp = directory / f".{STATE_FILE}.tmp"
-            self.torch.save(state, tmp)
-            os.replace(tmp, directory / STATE_FILE)
+            # Sharded as ZeRO-1 shards it (NxD's and DeepSpeed's optimizers): each rank writes
+            # its slice of the optimizer state, rank 0 the weights, so a checkpoint needs every
+            # node's part (on SageMaker, each instance's own files).
+            optimizer = self.optimizer.state_dict()
+            mine = {i: v for i, v in optimizer["state"].items() if i % self.world == self.rank}
+            self._save_file(mine, directory / SHARD_FILE.format(rank=self.rank))
+            if self.rank == 0:
+                state = dict(info, model=self.model.state_dict(),
+                             optimizer={"state": {}, "param_groups": optimizer["param_groups"]},
+                             schedule=self.schedule_params())
+                self._save_file(state, directory / STATE_FILE)
 
-        sealed_save(self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
+        sealed_save(root or self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
                     self.log, write)
 
     def run(self) -> None:

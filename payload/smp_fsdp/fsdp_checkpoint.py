@@ -64,8 +64,9 @@ def resume(trainer: Any) -> None:
                      global_batch_changed=found["global_batch_size"] != trainer.global_batch)
 
 
-def save(trainer: Any) -> None:
-    """Write the checkpoint of the current step, sealed across ranks (common.loop)."""
+def save(trainer: Any, root: Path | None = None) -> None:
+    """Write the checkpoint of the current step, sealed across ranks (common.loop), under the
+    run's checkpoints or `root` (the compile pass's scratch save)."""
     import torch.distributed.checkpoint as dcp
 
     info = {"step": trainer.step, "consumed_samples": trainer.consumed,
@@ -81,5 +82,5 @@ def save(trainer: Any) -> None:
         if trainer.rank == 0:
             (directory / INFO_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
 
-    sealed_save(trainer.ckpt_root, trainer.step, info, trainer.rank,
+    sealed_save(root or trainer.ckpt_root, trainer.step, info, trainer.rank,
                 trainer.args.keep_checkpoints, trainer.log, write)

@@ -278,8 +278,8 @@ class FsdpTrainer:
             numbers["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
         return numbers
 
-    def save(self) -> None:
-        fsdp_checkpoint.save(self)
+    def save(self, root: Path | None = None) -> None:
+        fsdp_checkpoint.save(self, root)
 
     def resume(self) -> None:
         fsdp_checkpoint.resume(self)

@@ -13,6 +13,10 @@ DECLARATION = Declaration(
     container=True,
     setup_on_main=True,   # where the pods share the claim (eks.shared_pvc)
     rehearses=True,
+    # At the Job's activeDeadlineSeconds (or a drain) each pod gets SIGTERM, then SIGKILL after
+    # the pod's terminationGracePeriodSeconds (rendered from this; Kubernetes' default, 30 s, is
+    # short for one save of a large model's shards to FSx): the flow asks the trainers to save.
+    forwards_stop_signal=True, stop_grace_s=300,
     watch=True,
     logs_per_node=True,
     extra="eks", sdk_modules=("kubernetes",),

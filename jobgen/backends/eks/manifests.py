@@ -30,6 +30,7 @@ from typing import Any, Optional
 from ... import images, node, payloads
 from ...errors import ConfigError
 from ...spec import JobSpec
+from . import DECLARATION
 
 # Exit statuses that end the Indexed Job at once: a bad node (the health gate), a configuration
 # error.
@@ -123,7 +124,9 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
         volumes.append({"name": "local-compile-cache", "hostPath": {
             "path": eks.local_cache_host_path, "type": "DirectoryOrCreate"}})
     pod: dict[str, Any] = {"restartPolicy": "OnFailure", "containers": [container],
-                           "volumes": volumes}
+                           "volumes": volumes,
+                           # SIGTERM -> the trainers save and stop (payload/common/job_flow.sh)
+                           "terminationGracePeriodSeconds": DECLARATION.stop_grace_s}
     if spec.rehearsal is None:
         # EFA registers memory with the NIC; the real job runs on its platform's nodes only.
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}

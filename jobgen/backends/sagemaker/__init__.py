@@ -15,6 +15,9 @@ DECLARATION = Declaration(
     shared_fs=False,
     rehearses=True,
     any_node_failure_ends=True,
+    # At MaxRuntimeInSeconds (and on StopTrainingJob) SageMaker sends SIGTERM, then SIGKILL
+    # 120 s later: the entrypoint's flow asks the trainers to save and stop.
+    forwards_stop_signal=True, stop_grace_s=120,
     watch=True,
     logs_per_node=True,
     options=frozenset({"endpoint_url", "region", "profile"}),

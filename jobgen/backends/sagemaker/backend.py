@@ -14,12 +14,10 @@ from ...plan import Plan, PlannedFile
 from ...site import SageMakerSite, Site
 from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
-from .request import job_name, training_job, validate  # noqa: F401  (validate: tests)
+from .request import CHECKPOINTS, job_name, training_job, validate  # noqa: F401  (tests)
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-# Where a SageMaker node keeps a run (synced to and restored from the site's S3 URI) and finds
-# its data channel.
-CHECKPOINTS = "/opt/ml/checkpoints"
+# Where a SageMaker node finds its data channel.
 DATA = "/opt/ml/input/data/train"
 DONE = ("Completed", "Failed", "Stopped")
 def node_site(site: Site) -> Site:

@@ -25,6 +25,10 @@ from ...recipe import time_limit_seconds
 from ...spec import JobSpec
 
 MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30
+# CheckpointConfig's LocalPath: where a node keeps the run and its compile cache, synced to the
+# run's S3 URI while the job runs and restored from it on every instance of a retry or a
+# resubmitted run (so neither its checkpoints nor its compiled graphs are lost).
+CHECKPOINTS = "/opt/ml/checkpoints"
 # SageMaker's model-parallel library v2 runs on these GPU instance types only.
 SMP_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
 # Loss and gradient norm from the payloads' step events, as SageMaker metrics.
@@ -186,6 +190,10 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
         if not getattr(sm, key):
             raise ConfigError(f"site {site.name}: sagemaker.{key} is required")
     assert sm.role_arn and sm.checkpoint_s3_uri and sm.output_s3_uri
+    if not sm.compile_cache.startswith(CHECKPOINTS + "/"):
+        raise ConfigError(f"site {site.name}: sagemaker.compile_cache: {sm.compile_cache} is "
+                          f"outside {CHECKPOINTS} (the checkpoint folder SageMaker restores), "
+                          f"so every retry would compile again: set it under {CHECKPOINTS}/")
     lau = payloads.for_spec(spec, "sagemaker")
     contract = node.contract(spec, lau, "sagemaker", rdzv_timeout_s=sm.rendezvous_timeout_s)
     env = node.environment(spec, lau, contract)
@@ -209,7 +217,7 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
                            "VolumeSizeInGB": sm.volume_size_gb},
         "StoppingCondition": {"MaxRuntimeInSeconds": _time_limit_s(spec)},
         "CheckpointConfig": {"S3Uri": sm.checkpoint_s3_uri.rstrip("/") + "/" + spec.run_name,
-                             "LocalPath": spec.run_dir},
+                             "LocalPath": CHECKPOINTS},
         "Environment": env,
         "EnableNetworkIsolation": False,
         "Tags": [{"Key": "jobgen:recipe", "Value": recipe.name},
