@@ -267,7 +267,7 @@ else
         # (pytest-xdist, as the fast tier), then those that do (the Slurm cluster, moto,
         # DeepSpeed, the slow ones), one at a time. Both must pass.
         python -m pytest -q -n "$(nproc)" -m "$FAST_TIER" || rc=$?
-        python -m pytest -q -m "not ($FAST_TIER)" || { later=$?; ((rc)) || rc=$later; }
+        python -m pytest -q --durations=30 -m "not ($FAST_TIER)" || { later=$?; ((rc)) || rc=$later; }
     fi
 fi
 end_phase
