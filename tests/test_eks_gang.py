@@ -100,6 +100,11 @@ FAKE = """#!/usr/bin/env bash
 case $1:${FAKE_TRAIN:-ok} in
   compile:*) echo 0 >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/compile.status"; exit 0 ;;
   train:hang) exec sleep 300 ;;   # a trainer that waits in a collective for a dead peer
+  # A trainer that saves and stops on the stop request, as jobgen's do (the flow ignores that
+  # signal, and a bash started with it ignored cannot trap it: Python can).
+  train:stoppable) exec python3 -c 'import signal, sys, time
+signal.signal(getattr(signal, "SIG" + sys.argv[1]), lambda *_: sys.exit(0))
+time.sleep(300)' "$JOBGEN_STOP_SIGNAL" ;;
   train:fail) sleep 1; exit 3 ;;
   *) exit 0 ;;
 esac
@@ -220,7 +225,7 @@ def test_pods_stopping_on_sigterm_are_not_killed_by_the_gang(
     _, pods = _pods(tmp_path, monkeypatch)
     fake = tmp_path / "fake-launch.sh"
     fake.write_text(FAKE)
-    procs = _gang(pods, [{"FAKE_TRAIN": "hang"}] * 2, tmp_path, str(fake))
+    procs = _gang(pods, [{"FAKE_TRAIN": "stoppable"}] * 2, tmp_path, str(fake))
     try:
         deadline = time.monotonic() + 120
         while not all("training pass on 2 nodes" in (tmp_path / f"pod-{i}.log").read_text()

@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Running as a script: make ``payload/`` importable for ``common``.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# ``payload/`` importable for ``common``, and this folder for the program's own modules (a
+# script has its folder on the path already; a caller that imports this file does not).
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import fsdp_checkpoint
 import fsdp_model as sharding
