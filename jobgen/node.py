@@ -10,6 +10,7 @@ are added on the node by the executor; they are listed in ``NODE_FACTS``.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import fields
 from typing import Literal, Optional
 
@@ -105,6 +106,8 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
     declared = backends.declaration(executor)
     container = declared.container
     shared = declared.shared_fs if shared is None else shared
+    if declared.stop_grace_s and not lau.stop_signal:
+        _warn_no_stop(spec, executor, declared.stop_grace_s)
     return NodeContract(
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),
@@ -145,6 +148,30 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
         JOBGEN_HEALTH=_health(spec),
     )
+
+
+_SAID: set[str] = set()
+
+
+def say_once(note: str) -> None:
+    """A note on stderr, once per process (`jobgen check` renders hundreds of jobs)."""
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note, file=sys.stderr)
+
+
+def _warn_no_stop(spec: JobSpec, executor: str, grace_s: int) -> None:
+    """A trainer that cannot save on request (NeMo's) loses what it trained since its last
+    periodic checkpoint when a container service ends the job at its time limit: only the
+    recipe can make that smaller, so the render says so once."""
+    every = spec.recipe.checkpoint.every_steps
+    lost = (f"up to checkpoint.every_steps={every} steps" if every
+            else f"up to checkpoint.every_seconds={spec.recipe.checkpoint.every_seconds} s "
+                 "of training")
+    say_once(f"note: {spec.source}: the {spec.recipe.payload} trainer cannot save on a stop "
+             f"request; at a {executor} time limit it is killed {grace_s} s after SIGTERM and "
+             f"resumes from its last periodic checkpoint ({lost} are lost): lower "
+             "checkpoint.every_steps to lose fewer")
 
 
 def _image_trainer_files(spec: JobSpec) -> tuple[str, ...]:

@@ -24,7 +24,6 @@ container in place, within restarts times the pods. Every pod resumes from the n
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any, Optional
 
 from ... import images, node, payloads
@@ -234,11 +233,4 @@ def render_yaml(docs: list[dict[str, Any]]) -> str:
     return "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=100) for doc in docs)
 
 
-_SAID: set[str] = set()
-
-
-def _say_once(note: str) -> None:
-    """A note on stderr, once per process (`jobgen check` renders hundreds of manifests)."""
-    if note not in _SAID:
-        _SAID.add(note)
-        print(note, file=sys.stderr)
+_say_once = node.say_once
