@@ -460,8 +460,13 @@ def test_check_covers_the_backend(jobgen: Jobgen, backend: str) -> None:
 # --- rehearsals on CPU ------------------------------------------------------------------------
 
 def _rehearse(jobgen_proc: Any, tmp_path: Path, backend: str) -> str:
+    import socket
+    with socket.socket() as sock:   # rehearsals may run side by side: not the recipe's port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     proc = jobgen_proc("run", "llama2-7b", "--backend", backend, "--smoke", "--nodes", "2",
-                       "--run-name", f"rh-{backend}", cwd=tmp_path)
+                       "--run-name", f"rh-{backend}", "--set", f"job.master_port={port}",
+                       cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

@@ -172,7 +172,7 @@ def test_installed_jobgen_renders_every_backend(tool: Tool) -> None:
     definition = json.loads(tool("render", "bert1.5b", "--backend", "batch").stdout)
     assert definition["type"] == "multinode" and definition["nodeProperties"]["numNodes"] == 16
     assert definition["nodeProperties"]["nodeRangeProperties"][0]["container"]["image"] \
-        .endswith(":" + digest.group(1)[:16])
+        .endswith(":dl1-deepspeed-" + digest.group(1)[:16])   # images.yaml's name, payload id
     request = json.loads(tool("render", "llama2-7b", "--backend", "sagemaker",
                               "--nodes", "16").stdout)
     assert request["ResourceConfig"]["InstanceCount"] == 16

@@ -7,8 +7,9 @@
 #                reused when its stamp matches (hash of setup.cfg & co. and of the install steps)
 #   3. lint      ruff, mypy and shellcheck; a failure fails the run, but the tests still run
 #   4. services  a 4-node local Slurm cluster (slurm-up.sh) and moto's server (moto-up.sh)
-#   5. pytest    `python -m pytest -q` plus this script's arguments (none: the fast tier's tests
-#                on every core, then the others one at a time), with JOBGEN_TEST_SLURM=1,
+#   5. pytest    `python -m pytest -q` plus this script's arguments (none: the tests that use no
+#                service on every core, then the Slurm and moto ones one at a time), with
+#                JOBGEN_TEST_SLURM=1,
 #                JOBGEN_TEST_MOTO_URL and JOBGEN_REQUIRE_ALL=1 (missing components fail, not skip)
 #   6. teardown  always (trap on EXIT): moto and Slurm are stopped
 #
@@ -263,11 +264,12 @@ else
     if (($#)); then
         python -m pytest -q "$@" || rc=$?
     else
-        # The whole suite in two runs: the tests that use no service, on every core
-        # (pytest-xdist, as the fast tier), then those that do (the Slurm cluster, moto,
-        # DeepSpeed, the slow ones), one at a time. Both must pass.
-        python -m pytest -q -n "$(nproc)" -m "$FAST_TIER" || rc=$?
-        python -m pytest -q --durations=30 -m "not ($FAST_TIER)" || { later=$?; ((rc)) || rc=$later; }
+        # The whole suite in two runs: the tests that use neither the Slurm cluster nor moto's
+        # server (the fast tier, DeepSpeed and the other slow rehearsals, each on ports of its
+        # own) on every core with pytest-xdist, then those that do, one at a time (they share
+        # the cluster's nodes and the endpoint's state). Both must pass.
+        python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" || rc=$?
+        python -m pytest -q --durations=20 -m "slurm or moto" || { later=$?; ((rc)) || rc=$later; }
     fi
 fi
 end_phase
