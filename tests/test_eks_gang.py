@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, local_runner, snapshot
+from jobgen import api, local_runner, node, snapshot
 from jobgen.backends.eks import manifests as eks
 from jobgen.errors import ConfigError
 from jobgen.platforms import PLATFORMS
@@ -65,7 +65,7 @@ def test_without_a_shared_claim_there_is_no_gang_and_render_says_so(
         write_site: Any, capsys: pytest.CaptureFixture[str]) -> None:
     site = write_site("sagemaker", delete=["eks.shared_pvc"])
     s = api.job_spec("neox20b", 4, site=str(site), backend="eks")
-    eks._SAID.clear()
+    node._SAID.clear()   # notes are said once per process
     job = eks.manifests(s)[-1]
     assert "eks.shared_pvc is not set" in capsys.readouterr().err
     env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
