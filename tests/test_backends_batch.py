@@ -170,3 +170,28 @@ def test_smoke_job_runs_on_the_sites_cpu_instance(write_site: Callable) -> None:
     with pytest.raises(JobgenError, match=r"batch\.smoke: no CPU instance type for --smoke"):
         batch.job_definition(api.job_spec("bert1.5b", 2, site=str(no_cpu), backend="batch",
                                           smoke=True))
+
+
+@pytest.mark.parametrize("work_dir, volume, shared", [
+    ("/mnt/efs/jobgen/runs", "/mnt/efs", True),      # the dl1-batch site: runs on EFS
+    ("/mnt/efs", "/mnt/efs/", True),
+    ("/mnt/efs2/runs", "/mnt/efs", False),           # a neighbour's name is not inside
+    ("/scratch/runs", "/mnt/efs", False),            # each container's own disk
+    ("jobgen-runs", "/mnt/efs", False),              # relative: inside the container's root
+    ("/mnt/efs/../scratch/runs", "/mnt/efs", False),
+])
+def test_nodes_share_the_run_folder_only_where_it_is_on_the_shared_volume(
+        write_site: Callable, work_dir: str, volume: str, shared: bool) -> None:
+    """The job definition tells each node whether its peers see the same run folder: then rank 0
+    alone clears, seals and prunes a checkpoint (each node's leader doing it on one shared folder
+    would remove the others' shards mid-save), and the main node waits for every node's compile
+    pass before it writes the cache marker."""
+    site = write_site("dl1-batch", {"paths.work_dir": work_dir, "batch.shared_volume": volume})
+    spec = api.job_spec("bert1.5b", 2, site=str(site), backend="batch")
+    env = {e["name"]: e["value"] for e in container(json.loads(api.plan(spec).text))["environment"]}
+    assert env.get("JOBGEN_SHARED_FS", "") == ("1" if shared else "")
+    # No shared volume at all: each node's disk is its own.
+    site = write_site("dl1-batch", {"paths.work_dir": work_dir}, delete=["batch.shared_volume"])
+    spec = api.job_spec("bert1.5b", 2, site=str(site), backend="batch")
+    env = {e["name"]: e["value"] for e in container(json.loads(api.plan(spec).text))["environment"]}
+    assert "JOBGEN_SHARED_FS" not in env

@@ -546,6 +546,13 @@ def _importable(*names: str) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in names)
 
 
+# The two nodes of these jobs run in one folder of this machine: they share the run folder, as
+# the nodes of a site whose work_dir is on its batch.shared_volume do (there the job definition
+# says so: backend.run_folder_shared). Left at the local site's value (each node on a disk of its
+# own), each node's leader would clear and prune the other's checkpoints as if they were its own.
+SHARED: dict[str, str | None] = {"JOBGEN_SHARED_FS": "1"}
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Both nodes run the smoke job definition once (compile pass, then training to the end)."""
@@ -559,7 +566,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("batch-job")
     port = free_port()
     runs = run_nodes(root, defn.command[1:],
-                     [node_env(defn, 0, port=port), node_env(defn, 1, port=port)],
+                     [node_env(defn, i, port=port, extra=SHARED) for i in (0, 1)],
                      timeout=300, tag="first")
     return {"root": root, "defn": defn, "runs": runs, "port": port}
 
@@ -612,7 +619,8 @@ def test_second_job_skips_the_compile_pass_and_resumes(trained: dict[str, Any]) 
     assert [r.returncode for r in trained["runs"]] == [0, 0], show(trained["runs"])
     port = free_port()
     runs = run_nodes(root, defn.command[1:],
-                     [node_env(defn, i, port=port, job_id="job-2") for i in (0, 1)],
+                     [node_env(defn, i, port=port, job_id="job-2", extra=SHARED)
+                      for i in (0, 1)],
                      timeout=240, tag="second")
     assert [r.returncode for r in runs] == [0, 0], show(runs)
     max_steps = int(defn.train_args[defn.train_args.index("--max-steps") + 1])
@@ -636,7 +644,7 @@ def test_failing_passes_end_the_job_with_a_failure(trained: dict[str, Any]) -> N
     root, defn = trained["root"], trained["defn"]
     assert [r.returncode for r in trained["runs"]] == [0, 0], show(trained["runs"])
     shutil.rmtree(root / defn.env["JOBGEN_RUN_DIR"] / "smoke-data")
-    no_prepare: dict[str, str | None] = {"JOBGEN_PREPARE_JSON": None}
+    no_prepare: dict[str, str | None] = dict(SHARED, JOBGEN_PREPARE_JSON=None)
 
     port = free_port()
     runs = run_nodes(root, defn.command[1:],

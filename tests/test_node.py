@@ -94,7 +94,7 @@ def test_every_executor_gives_the_nodes_the_same_job(recipe: str, nodes: int,
     # Restarts are the scheduler's business on Slurm and submitit, Batch's retry strategy there.
     assert envs["slurm"]["JOBGEN_MAX_RESTARTS"] == envs["submitit"]["JOBGEN_MAX_RESTARTS"]
     assert "JOBGEN_MAX_RESTARTS" not in envs["batch"]
-    # Batch nodes do not share a folder; the others do.
+    # Batch nodes of the local site (no shared volume) do not share a folder; the others do.
     assert "JOBGEN_SHARED_FS" not in envs["batch"]
     assert {envs[e]["JOBGEN_SHARED_FS"] for e in ("slurm", "submitit", "local")} == {"1"}
 

@@ -112,8 +112,11 @@ export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$job_id/attempt-$attempt"
 say "job $job_id attempt $attempt: node $node_index of $num_nodes (torchrun node rank $node_rank), $role, port $MASTER_PORT, rendezvous timeout ${JOBGEN_RDZV_TIMEOUT:-torch default} s, logs in $JOBGEN_LOG_DIR"
 
 # ---- the two passes ---------------------------------------------------------------------------
-# On every node: files and prepare (node filesystems are separate on Batch), the compile pass
+# On every node: files and prepare (each container has its own root), the compile pass
 # unless the marker says it is done (the main node writes the marker), then the training pass.
-export JOBGEN_IS_MAIN=$is_main JOBGEN_SETUP_ON=every JOBGEN_SHARED_FS=0
+# JOBGEN_SHARED_FS comes from the job definition: 1 where the site's run folder is on the volume
+# every node mounts (one rank then seals each checkpoint), else each node keeps its own disk.
+[ "${JOBGEN_SHARED_FS:-}" = 1 ] || JOBGEN_SHARED_FS=0
+export JOBGEN_IS_MAIN=$is_main JOBGEN_SETUP_ON=every JOBGEN_SHARED_FS
 flow_node "$@"
 exit "$?"

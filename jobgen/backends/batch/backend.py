@@ -7,6 +7,7 @@ in the AWS_BATCH_* variables, and the main node's exit status ends the job.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from typing import Any, Optional
 
@@ -47,9 +48,23 @@ def node_environment(spec: JobSpec, lau: payloads.Launch) -> list[dict[str, str]
     the platform's and the recipe's environment (also used by `jobgen run` on this machine)."""
     site = spec.site
     timeout = site.batch.rendezvous_timeout_s if site.batch else DEFAULT_RDZV_TIMEOUT_S
-    contract = node.contract(spec, lau, "batch", rdzv_timeout_s=timeout)
+    contract = node.contract(spec, lau, "batch", rdzv_timeout_s=timeout,
+                             shared=run_folder_shared(site))
     env = node.environment(spec, lau, contract)
     return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def run_folder_shared(site: Site) -> bool:
+    """Whether a Batch job's nodes share its run folder: the site's work_dir lies on the shared
+    volume every node mounts (EFS, FSx). Then one rank prepares, seals and prunes each checkpoint
+    and the main node waits for the others' compile passes; otherwise each node keeps its own
+    disk (the container's) and its leader does that for its own part."""
+    volume = site.batch.shared_volume if site.batch else None
+    if not volume:
+        return False
+    work = posixpath.normpath(site.paths.work_dir)
+    volume = posixpath.normpath(volume)
+    return work.startswith("/") and (work == volume or work.startswith(volume.rstrip("/") + "/"))
 
 
 def efa_devices(spec: JobSpec) -> tuple[str, ...]:
