@@ -8,11 +8,13 @@ rate, then `jobgen report` on it, holding `jobgen plan`'s failure model to the m
 What is injected, each where a real cluster would see it:
 - an unhealthy node at start: node 1 of the first allocation fails the health gate
   (JOBGEN_SMOKE_UNHEALTHY_NODE=1); the job requeues itself without that host;
-- killed nodes: from the first training step on, failures arrive at random (exponential gaps,
-  mean --kill-every s, by default --minutes x 30 and at least 120, seeded); at each, one node's
-  training processes (the trainer, or its torchrun launcher while it starts) are SIGKILLed; a
-  failure that falls while the job waits for its next allocation strikes when that allocation
-  starts (as plan's model has it: a failure during a restart starts the restart over);
+- killed nodes: the first at a drawn time early in training (10-20 % of --minutes after the
+  first training step, so that every rehearsal restarts at least once), then at random
+  (exponential gaps, mean --kill-every s, by default --minutes x 30 and at least 120, seeded);
+  at each, one node's training processes (the trainer, or its torchrun launcher while it
+  starts) are SIGKILLed; a failure that falls while the job waits for its next allocation
+  strikes when that allocation starts (as plan's model has it: a failure during a restart
+  starts the restart over);
 - a time limit: once, about half-way, the batch script gets Slurm's time-limit warning (USR1, as
   `#SBATCH --signal=B:USR1@N` delivers it): the trainers save and stop and the job requeues.
 
@@ -29,6 +31,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -103,8 +106,8 @@ def job_state(job: str) -> str:
 
 def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Random,
            timeout: float) -> list[dict[str, Any]]:
-    """Kills (exponential gaps of `mean` seconds) and one time-limit warning while the job
-    runs; returns what was injected."""
+    """Kills (the first early in training, then exponential gaps of `mean` seconds) and one
+    time-limit warning while the job runs; returns what was injected."""
     injected: list[dict[str, Any]] = []
     clock: Optional[float] = None       # starts with the first training step
     next_kill = limit_at = 0.0
@@ -118,7 +121,10 @@ def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Ran
         if clock is None:
             if training(run_dir):
                 clock = now
-                next_kill = now + rng.expovariate(1 / mean)
+                # The first kill comes early in training, at a drawn time, so that every
+                # rehearsal restarts at least once (an exponential first gap of the mean would
+                # often fall after a short rehearsal's end); the others at exponential gaps.
+                next_kill = now + rng.uniform(0.1, 0.2) * minutes * 60
                 limit_at = now + minutes * 60 * 0.3
         elif not limit_sent and now >= limit_at and now < next_kill - 5 and training(run_dir):
             subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=False)
@@ -188,7 +194,9 @@ def main() -> int:
     rng = random.Random(args.seed)
     name = f"chaos-{int(time.time())}"
     env = job_env(workdir, step_delay)
-    port = 20000 + rng.randrange(20000)
+    with socket.socket() as sock:   # a port nobody holds now (tests run beside it)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     started = time.time()
     submitted = subprocess.run(
         [*JOBGEN, "submit", "pythia6.9b", "--nodes", str(NODES), "--smoke", "--run-name", name,

@@ -150,19 +150,29 @@ venv_install() {
         vpip install -q "torch==$TORCH_VERSION" setuptools wheel ninja
     timed "deepspeed's dependencies" \
         vpip install -q hjson msgpack numpy psutil py-cpuinfo pydantic einops tqdm packaging
+    local ds_pid="" ds_wheels=""
     if ds_ok; then
         echo "[run] venv: DeepSpeed with the prebuilt shm op is already installed"
     else
-        # Build DeepSpeed's CPU shm-comm op now (about 2 min) rather than JIT at each test run.
+        # Build DeepSpeed's CPU shm-comm op now (about 3 min) rather than JIT at each test run,
+        # as a wheel in the background while the rest installs (nothing below needs DeepSpeed).
         # --no-build-isolation: the build sees our torch (an isolated build would fetch another);
-        # --no-cache-dir: don't reuse a cached wheel built without the op; --force-reinstall:
-        # rebuild even if a DeepSpeed without the op is installed.
+        # --no-cache-dir: don't reuse a cached wheel built without the op.
+        ds_wheels=$(mktemp -d /tmp/jobgen-ci-deepspeed.XXXXXX)
         DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 timed "$DEEPSPEED_SPEC (building the shm op)" \
-            vpip install -q --no-build-isolation --no-cache-dir --no-deps --force-reinstall "$DEEPSPEED_SPEC"
-        ds_ok || { echo "[run] ERROR: DeepSpeed's shm op is not prebuilt" >&2; return 1; }
+            vpip wheel -q --no-build-isolation --no-cache-dir --no-deps -w "$ds_wheels" "$DEEPSPEED_SPEC" &
+        ds_pid=$!
     fi
     timed "transformers h5py" vpip install -q transformers h5py
     timed "-e .[test]" vpip install -q -e '.[test]'
+    if [[ -n $ds_pid ]]; then
+        wait "$ds_pid" || { echo "[run] ERROR: DeepSpeed's wheel did not build" >&2; return 1; }
+        # --force-reinstall: replace a DeepSpeed without the op if one is installed.
+        timed "deepspeed (the wheel built above)" \
+            vpip install -q --no-deps --force-reinstall "$ds_wheels"/deepspeed-*.whl
+        rm -rf "$ds_wheels"
+        ds_ok || { echo "[run] ERROR: DeepSpeed's shm op is not prebuilt" >&2; return 1; }
+    fi
     unset PIP_CONSTRAINT
     # torch 1.13.1's own torchrun parser (neuronx-nemo-megatron's pin), which
     # tests/test_upstream_torchrun.py runs: the smallest 1.13.1 wheel on PyPI (macOS arm64,
@@ -264,12 +274,21 @@ else
     if (($#)); then
         python -m pytest -q "$@" || rc=$?
     else
-        # The whole suite in two runs: the tests that use neither the Slurm cluster nor moto's
-        # server (the fast tier, DeepSpeed and the other slow rehearsals, each on ports of its
-        # own) on every core with pytest-xdist, then those that do, one at a time (they share
-        # the cluster's nodes and the endpoint's state). Both must pass.
-        python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" || rc=$?
-        python -m pytest -q --durations=20 -m "slurm or moto" || { later=$?; ((rc)) || rc=$later; }
+        # The whole suite in two runs side by side: the tests that use the Slurm cluster or
+        # moto's server one at a time (they share the cluster's nodes and the endpoint's state;
+        # most of their time is spent waiting on Slurm), and beside them the tests that use
+        # neither (the fast tier, DeepSpeed and the other slow rehearsals, each on ports of its
+        # own) on every core with pytest-xdist; its output is printed once it ends. Both must
+        # pass.
+        part1_log=$(mktemp /tmp/jobgen-ci-part1.XXXXXX)
+        python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
+            >"$part1_log" 2>&1 &
+        part1=$!
+        python -m pytest -q --durations=20 -m "slurm or moto" || rc=$?
+        wait "$part1" || { later=$?; ((rc)) || rc=$later; }
+        printf '\n[run] ----- the tests that use no service (run beside the above) -----\n'
+        cat "$part1_log"
+        rm -f "$part1_log"
     fi
 fi
 end_phase
