@@ -7,9 +7,9 @@
 #                reused when its stamp matches (hash of setup.cfg & co. and of the install steps)
 #   3. lint      ruff, mypy and shellcheck; a failure fails the run, but the tests still run
 #   4. services  a 4-node local Slurm cluster (slurm-up.sh) and moto's server (moto-up.sh)
-#   5. pytest    `python -m pytest -q` plus this script's arguments (none: the tests that use no
-#                service on every core, then the Slurm and moto ones one at a time), with
-#                JOBGEN_TEST_SLURM=1,
+#   5. pytest    `python -m pytest -q` plus this script's arguments (none: the Slurm and moto
+#                tests one at a time, and beside them, at a lower CPU priority, the tests that
+#                use no service on every core), with JOBGEN_TEST_SLURM=1,
 #                JOBGEN_TEST_MOTO_URL and JOBGEN_REQUIRE_ALL=1 (missing components fail, not skip)
 #   6. teardown  always (trap on EXIT): moto and Slurm are stopped
 #
@@ -276,12 +276,13 @@ else
     else
         # The whole suite in two runs side by side: the tests that use the Slurm cluster or
         # moto's server one at a time (they share the cluster's nodes and the endpoint's state;
-        # most of their time is spent waiting on Slurm), and beside them the tests that use
-        # neither (the fast tier, DeepSpeed and the other slow rehearsals, each on ports of its
-        # own) on every core with pytest-xdist; its output is printed once it ends. Both must
-        # pass.
+        # much of their time is spent waiting on Slurm), and beside them, at a lower CPU
+        # priority (nice 10), the tests that use neither (the fast tier, DeepSpeed and the other
+        # slow rehearsals, each on ports of its own) on every core with pytest-xdist: they take
+        # the CPU the Slurm jobs leave idle, and never slow those down much. Its output is
+        # printed once it ends. Both must pass.
         part1_log=$(mktemp /tmp/jobgen-ci-part1.XXXXXX)
-        python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
+        nice -n 10 python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
             >"$part1_log" 2>&1 &
         part1=$!
         python -m pytest -q --durations=20 -m "slurm or moto" || rc=$?
