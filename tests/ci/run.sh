@@ -7,9 +7,9 @@
 #                reused when its stamp matches (hash of setup.cfg & co. and of the install steps)
 #   3. lint      ruff, mypy and shellcheck; a failure fails the run, but the tests still run
 #   4. services  a 4-node local Slurm cluster (slurm-up.sh) and moto's server (moto-up.sh)
-#   5. pytest    `python -m pytest -q` plus this script's arguments (none: the Slurm and moto
-#                tests one at a time, and beside them, at a lower CPU priority, the tests that
-#                use no service on every core), with JOBGEN_TEST_SLURM=1,
+#   5. pytest    `python -m pytest -q` plus this script's arguments (none: side by side, the
+#                Slurm tests one at a time, the moto tests one at a time, and the others on
+#                every core), with JOBGEN_TEST_SLURM=1,
 #                JOBGEN_TEST_MOTO_URL and JOBGEN_REQUIRE_ALL=1 (missing components fail, not skip)
 #   6. teardown  always (trap on EXIT): moto and Slurm are stopped
 #
@@ -274,21 +274,26 @@ else
     if (($#)); then
         python -m pytest -q "$@" || rc=$?
     else
-        # The whole suite in two runs side by side: the tests that use the Slurm cluster or
-        # moto's server one at a time (they share the cluster's nodes and the endpoint's state;
-        # much of their time is spent waiting on Slurm), and beside them, at a lower CPU
-        # priority (nice 10), the tests that use neither (the fast tier, DeepSpeed and the other
-        # slow rehearsals, each on ports of its own) on every core with pytest-xdist: they take
-        # the CPU the Slurm jobs leave idle, and never slow those down much. Its output is
-        # printed once it ends. Both must pass.
+        # The whole suite in three runs side by side: the Slurm tests one at a time (they share
+        # the cluster's nodes; much of their time is spent waiting on Slurm); the moto tests one
+        # at a time (they share the endpoint's state); and the tests that use neither (the fast
+        # tier, DeepSpeed and the other slow rehearsals, each on ports of its own) on every core
+        # with pytest-xdist. The last two print their output once they end. All must pass.
         part1_log=$(mktemp /tmp/jobgen-ci-part1.XXXXXX)
-        nice -n 10 python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
+        moto_log=$(mktemp /tmp/jobgen-ci-moto.XXXXXX)
+        python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
             >"$part1_log" 2>&1 &
         part1=$!
-        python -m pytest -q --durations=20 -m "slurm or moto" || rc=$?
+        python -m pytest -q --durations=10 -m "moto and not slurm" >"$moto_log" 2>&1 &
+        moto=$!
+        python -m pytest -q --durations=20 -m "slurm" || rc=$?
+        wait "$moto" || { later=$?; ((rc)) || rc=$later; }
         wait "$part1" || { later=$?; ((rc)) || rc=$later; }
-        printf '\n[run] ----- the tests that use no service (run beside the above) -----\n'
+        printf '\n[run] ----- the moto tests (run beside the above) -----\n'
+        cat "$moto_log"
+        printf '\n[run] ----- the tests that use neither Slurm nor moto (run beside the above) -----\n'
         cat "$part1_log"
+        rm -f "$moto_log"
         rm -f "$part1_log"
     fi
 fi
