@@ -81,17 +81,31 @@ def processes(job: str, node: int) -> dict[str, list[int]]:
     return found
 
 
-def training(run_dir: Path) -> bool:
-    """Whether the newest allocation has logged a training step (not just started its
-    trainers, which may still be importing torch or loading the checkpoint)."""
+def newest_allocation(run_dir: Path) -> tuple[int, bool]:
+    """The newest allocation's restart number (-1 before the first) and whether it has logged
+    a training step (not just started its trainers, which may still be importing torch or
+    loading the checkpoint)."""
     logs = sorted(run_dir.glob("logs/*/restart-*/node-0/train.log"),
                   key=lambda p: int(p.parent.parent.name.split("-")[1]))
     if not logs:
-        return False
+        return -1, False
+    number = int(logs[-1].parent.parent.name.split("-")[1])
     try:
-        return '"event": "step", "phase": "train"' in logs[-1].read_text(errors="replace")
+        return number, '"event": "step", "phase": "train"' in logs[-1].read_text(
+            errors="replace")
     except OSError:
-        return False
+        return number, False
+
+
+def after_kill(newest: tuple[int, bool], killed_in: int) -> bool:
+    """Whether the newest allocation is one that trains and came after the last kill."""
+    number, trains = newest
+    return trains and number > killed_in
+
+
+def training(run_dir: Path) -> bool:
+    """Whether the newest allocation has logged a training step."""
+    return newest_allocation(run_dir)[1]
 
 
 def job_state(job: str) -> str:
@@ -112,6 +126,7 @@ def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Ran
     clock: Optional[float] = None       # starts with the first training step
     next_kill = limit_at = 0.0
     limit_sent = False
+    killed_in = -1                      # the newest allocation a kill struck
     ended = time.time() + timeout
     while time.time() < ended:
         state = job_state(job)
@@ -126,7 +141,10 @@ def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Ran
                 # often fall after a short rehearsal's end); the others at exponential gaps.
                 next_kill = now + rng.uniform(0.1, 0.2) * minutes * 60
                 limit_at = now + minutes * 60 * 0.3
-        elif not limit_sent and now >= limit_at and now < next_kill - 5 and training(run_dir):
+        elif (not limit_sent and now >= limit_at and now < next_kill - 5
+              and after_kill(newest_allocation(run_dir), killed_in)):
+            # Only to an allocation that trains after the last kill: until the requeued one
+            # logs its first step, the newest log is the killed allocation's.
             subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=False)
             injected.append({"what": "time-limit", "time": now})
             limit_sent = True
@@ -142,6 +160,7 @@ def inject(job: str, run_dir: Path, minutes: float, mean: float, rng: random.Ran
                         pass
                 injected.append({"what": "kill", "time": now, "node": node,
                                  "during": "training" if procs["trainer"] else "start-up"})
+                killed_in = max(killed_in, newest_allocation(run_dir)[0])
                 next_kill = now + rng.expovariate(1 / mean)
         time.sleep(0.3)
     subprocess.run(["scancel", job], check=False)
