@@ -71,7 +71,10 @@ def rehearsal(recipe: Recipe) -> Rehearsal:
         num_heads=SMOKE["num_heads"], intermediate_size=SMOKE["intermediate_size"],
         seq_length=SMOKE["seq_length"], vocab_size=SMOKE["vocab_size"],
         micro_batch_size=SMOKE["micro_batch_size"], max_steps=steps,
-        checkpoint_every=SMOKE["checkpoint_every"],
+        # Every 4 steps, or more often where the recipe asks for fewer than 4 (the chaos
+        # rehearsal saves every step: a failure then loses at most one).
+        checkpoint_every=min(SMOKE["checkpoint_every"],
+                             recipe.checkpoint.every_steps or SMOKE["checkpoint_every"]),
         keep_checkpoints=min(recipe.checkpoint.keep, 3),
         lr=0.001 if bert else 0.003, min_lr=0.0 if bert else 0.0003,
         warmup_steps=round(0.1 * steps) if bert else 2,

@@ -15,6 +15,11 @@ from test_slurm_e2e import ROOT, cluster, job_env, show_figures  # noqa: F401
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 MINUTES = 1.5      # the full rehearsal's 10 minutes, scaled down for CI's budget
+# One kill: on this scale a restart (40 s and more on a loaded 2-core machine) is as long as
+# the training, and a second kill, often striking a restart, makes one run's measurement scatter
+# by several points around the model's expectation (benchmarks/chaos_scatter.py: about 1 run in
+# 10 beyond 3 points with 2-minute mean gaps, none in 4,000 with one kill).
+KILLS = 1
 
 
 def test_chaos_rehearsal_holds_plan_to_the_measurement(cluster: int,  # noqa: F811
@@ -23,8 +28,8 @@ def test_chaos_rehearsal_holds_plan_to_the_measurement(cluster: int,  # noqa: F8
     figures = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "chaos_rehearsal.py"), "--minutes",
-         str(MINUTES), "--seed", "2", "--workdir", str(tmp_path / "run"), "--json",
-         str(figures), "--html", str(tmp_path / "report.html")],
+         str(MINUTES), "--seed", "2", "--kills", str(KILLS), "--workdir", str(tmp_path / "run"),
+         "--json", str(figures), "--html", str(tmp_path / "report.html")],
         env=job_env(), capture_output=True, text=True, timeout=900, check=False)
     assert figures.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(figures.read_text())

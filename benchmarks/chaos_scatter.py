@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""How far one chaos rehearsal may fall from plan's model by chance alone.
+
+benchmarks/chaos_rehearsal.py compares one run's measured effective utilisation with plan's
+failure model (an expectation) for the run's own figures. This draws that run many times: the
+same process (a first kill early in training, then exponential gaps; a failure during a restart
+starts it over; a checkpoint every `--interval` seconds of training), the same estimates the
+report makes (failures per second at risk, the mean of the restarts no failure cut short), the
+same model and the same fixed costs around it, and prints how the difference is spread.
+
+    python benchmarks/chaos_scatter.py                       # CI's short rehearsal, 1 kill
+    python benchmarks/chaos_scatter.py --kills 0 --kill-every 120 --restart 40
+
+No cluster needed; a few seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobgen.planning import failures as model  # noqa: E402
+
+
+def one_run(rng: random.Random, a: argparse.Namespace) -> tuple[float, int, list[float]]:
+    """(seconds from the first training step to the end, failures, uncut restart lengths)."""
+    t = saved = 0.0
+    failures, restarts = 0, []
+    kills_left = a.kills if a.kills > 0 else math.inf
+    next_kill = rng.uniform(*a.first_kill)
+    restarting_since: Optional[float] = None
+
+    def strike() -> None:
+        nonlocal failures, kills_left, next_kill
+        failures += 1
+        kills_left -= 1
+        next_kill = t + rng.expovariate(1 / a.kill_every) if kills_left > 0 else math.inf
+    while True:
+        if restarting_since is None:                    # train to the next save
+            goal = min(saved + a.interval, a.work)
+            took = goal - saved + a.write
+            if t + took <= next_kill:
+                t, saved = t + took, goal
+                if saved >= a.work - 1e-9:
+                    return t, failures, restarts
+                continue
+            t = next_kill
+            strike()
+            restarting_since = t
+        restart = rng.uniform(0.8, 1.2) * a.restart
+        if t + restart <= next_kill:
+            t += restart
+            restarts.append(t - restarting_since)
+            restarting_since = None
+        else:                                           # the restart starts over
+            t = next_kill
+            strike()
+            restarting_since = t
+
+
+def difference(rng: random.Random, a: argparse.Namespace) -> tuple[float, int]:
+    """(measured minus predicted utilisation in points, failures) for one drawn run."""
+    risk, failures, restarts = one_run(rng, a)
+    measured = a.work / (a.fixed + risk)
+    restart = statistics.fmean(restarts) if restarts else a.restart
+    wall = (model.expected_wall(a.work, a.interval, a.write, restart, risk / failures)
+            if failures else a.work)
+    return 100 * (measured - a.work / (a.fixed + wall)), failures
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", type=float, default=36.0, help="seconds of training (CI: 24 x 1.5)")
+    p.add_argument("--interval", type=float, default=1.5, help="seconds of training per save")
+    p.add_argument("--write", type=float, default=0.1, help="seconds per checkpoint write")
+    p.add_argument("--restart", type=float, default=40.0,
+                   help="seconds from a failure to training again (drawn +-20 %%)")
+    p.add_argument("--fixed", type=float, default=140.0,
+                   help="seconds the model leaves out (first start-up, time-limit stop, idle)")
+    p.add_argument("--first-kill", type=float, nargs=2, default=(9.0, 18.0),
+                   help="the first kill's window, seconds after the first training step")
+    p.add_argument("--kill-every", type=float, default=120.0, help="mean gap after the first")
+    p.add_argument("--kills", type=int, default=1, help="at most this many (0: no limit)")
+    p.add_argument("--runs", type=int, default=4000)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    if not (a.work > 0 and a.interval > 0 and a.write >= 0 and a.restart > 0 and a.fixed >= 0
+            and a.kill_every > 0 and a.kills >= 0 and 0 <= a.first_kill[0] <= a.first_kill[1]
+            and 0 < a.runs <= 1_000_000):
+        p.error("every figure finite and in its range (times > 0, --runs 1 to 1,000,000)")
+    rng = random.Random(a.seed)
+    drawn = [difference(rng, a) for _ in range(a.runs)]
+    diffs = sorted(d for d, _ in drawn)
+    beyond = sum(abs(d) > 3 for d in diffs)
+    print(f"{a.runs} drawn rehearsals: work {a.work:g} s, a save every {a.interval:g} s, "
+          f"restart {a.restart:g} s, first kill {a.first_kill[0]:g}-{a.first_kill[1]:g} s, "
+          f"then every {a.kill_every:g} s on average, "
+          f"{'no limit' if a.kills == 0 else f'{a.kills} at most'}")
+    print(f"  failures per run: mean {statistics.fmean(n for _, n in drawn):.2f}, "
+          f"most {max(n for _, n in drawn)}")
+    print(f"  measured - model, points: mean {statistics.fmean(diffs):+.2f}, "
+          f"sd {statistics.pstdev(diffs):.2f}, 1st..99th percentile "
+          f"{diffs[len(diffs) // 100]:+.2f}..{diffs[-1 - len(diffs) // 100]:+.2f}")
+    print(f"  beyond 3 points: {beyond} of {a.runs} ({100 * beyond / a.runs:.1f} %)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
