@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen import api
+from jobgen import api, payloads
 from jobgen import recipe as recipes
 from jobgen import site as sites
 from jobgen.errors import ConfigError, RuleError
@@ -83,6 +83,14 @@ def test_smoke_runs_one_worker_per_node_but_is_refused_where_the_real_job_is() -
     error = spec_error("pythia6.9b", 64, smoke=True)
     assert isinstance(error, RuleError)
     assert str(error) == spec_error("pythia6.9b", 64).args[0]
+
+
+def test_the_rehearsal_saves_every_4_steps_or_as_often_as_the_recipe_asks() -> None:
+    assert spec("pythia6.9b", 2, smoke=True).rehearsal.checkpoint_every == 4   # recipe: 500
+    often = spec("pythia6.9b", 2, "checkpoint.every_steps=1", smoke=True)
+    assert often.rehearsal.checkpoint_every == 1
+    args = list(payloads.for_spec(often).train_args)
+    assert args[args.index("--checkpoint-every") + 1] == "1"
 
 
 def test_spec_is_frozen_and_compares_by_content() -> None:
