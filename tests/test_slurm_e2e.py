@@ -511,12 +511,31 @@ def failing_job(cluster: int, tmp_path_factory: pytest.TempPathFactory) -> Job:
 
 
 def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -> None:
+    """A trainer killed mid-interval: Slurm requeues the job, which skips the compile pass and
+    resumes from the newest complete checkpoint. The job's script points at the payload snapshot
+    placed when it was rendered: the payload jobgen was installed with (here a copy of the
+    project, through JOBGEN_HOME) is edited while the job trains, and the requeue still runs the
+    snapshot. A job rendered after the edit gets a snapshot of its own."""
+    from jobgen import snapshot
+    project = tmp_path / "project"
+    for part in ("recipes", "templates", "payload", "env"):
+        shutil.copytree(ROOT / part, project / part,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # 0.3 s per step: the training pass takes about 7 s, time enough to kill it between the
     # checkpoints at 12 and 16.
-    job = render_into_sbatch(tmp_path, "pythia6.9b", run_name=unique("kill"), port=free_port(),
-                             env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"), label="kill")
+    env = job_env(JOBGEN_HOME=str(project), JOBGEN_SMOKE_STEP_DELAY="0.3")
+    submit_dir = tmp_path / "submit"
+    submit_dir.mkdir()
+    job = render_into_sbatch(submit_dir, "pythia6.9b", run_name=unique("kill"), port=free_port(),
+                             env=env, label="kill")
+    digest = snapshot.digest(project / "payload")
+    placed = submit_dir / "jobgen-runs" / ".jobgen" / "payload" / digest[:16]
+    assert (placed / snapshot.MARKER).read_text().strip() == digest
 
     before = wait_mid_interval(job)
+    launcher = project / "payload" / "smoke" / "launch.sh"
+    launcher.write_text(launcher.read_text().replace(
+        "\n", '\necho "EDITED PAYLOAD RAN" >&2; exit 3\n', 1))
     pids = trainer_pids(job, node=1)
     assert len(pids) == 1, explain(job, f"node 1's trainer processes: {pids}")
     killed_at = time.time()
@@ -561,53 +580,11 @@ def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -
     wait_until(job, lambda: not trainer_pids(job, 0) and not trainer_pids(job, 1),
                "the trainers to exit", 30)
 
-    first_step = [e for e in train_again if e["event"] == "step"][0]
-    FIGURES["kill -> requeue -> resume (process kill)"] = (
-        f"killed node 1's trainer after checkpoint {before[-1]} (at step {ran[-1]}), "
-        f"resumed from {newest}, lost {lost} step(s); kill -> PENDING "
-        f"{released_at - killed_at:.1f} s, kill -> resume event "
-        f"{event_time(resume[0]) - killed_at:.1f} s, kill -> first training step "
-        f"{event_time(first_step) - killed_at:.1f} s")
-
-
-def test_a_requeued_job_runs_the_payload_it_was_submitted_with(cluster: int,
-                                                               tmp_path: Path) -> None:
-    """The job's script points at the payload snapshot placed when it was rendered. Editing the
-    payload jobgen was installed with (here a copy of the project, through JOBGEN_HOME) while
-    the job trains changes nothing for it: the requeue after a killed trainer runs the snapshot
-    and finishes. A job rendered after the edit gets a snapshot of its own."""
-    from jobgen import snapshot
-    project = tmp_path / "project"
-    for part in ("recipes", "templates", "payload", "env"):
-        shutil.copytree(ROOT / part, project / part,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    env = job_env(JOBGEN_HOME=str(project), JOBGEN_SMOKE_STEP_DELAY="0.3")
-    submit_dir = tmp_path / "submit"
-    submit_dir.mkdir()
-    job = render_into_sbatch(submit_dir, "pythia6.9b", run_name=unique("snapshot"),
-                             port=free_port(), env=env, label="snapshot")
-    digest = snapshot.digest(project / "payload")
-    placed = submit_dir / "jobgen-runs" / ".jobgen" / "payload" / digest[:16]
-    assert (placed / snapshot.MARKER).read_text().strip() == digest
-
-    before = wait_mid_interval(job)
-    launcher = project / "payload" / "smoke" / "launch.sh"
-    text = launcher.read_text()
-    launcher.write_text(text.replace("\n", '\necho "EDITED PAYLOAD RAN" >&2; exit 3\n', 1))
-    pids = trainer_pids(job, node=1)
-    assert len(pids) == 1, explain(job, f"node 1's trainer processes: {pids}")
-    os.kill(pids[0], signal.SIGKILL)
-    release_when_pending(job)
-    fields = wait_finished(job)
-    assert_state(job, fields, "COMPLETED")
-    assert fields.get("Restarts") == "1", explain(job, f"Restarts={fields.get('Restarts')}")
-    logs = job.output() + "".join(p.read_text(errors="replace")
-                                  for p in job.run_dir.glob("logs/*/*/*/*.log"))
+    # The requeue ran the snapshot, never the edited payload, and left the snapshot as it was.
+    logs = out + "".join(p.read_text(errors="replace")
+                         for p in job.run_dir.glob("logs/*/*/*/*.log"))
     assert "EDITED PAYLOAD RAN" not in logs
-    resumed = only(job.events(1, "train"), "resume")
-    assert [e["step"] for e in resumed] and resumed[0]["step"] >= before[-1]
-    assert snapshot.digest(placed) == digest            # the snapshot itself is untouched
-
+    assert snapshot.digest(placed) == digest
     # Rendered now, the same recipe runs the edited payload, from a snapshot of its own.
     render = subprocess.run([str(JOBGEN_EXE), "render", "pythia6.9b", "--nodes", "2", "--smoke"],
                             cwd=submit_dir, env=env, capture_output=True, text=True,
@@ -617,6 +594,14 @@ def test_a_requeued_job_runs_the_payload_it_was_submitted_with(cluster: int,
     assert f"JOBGEN_PAYLOAD_DIR=jobgen-runs/.jobgen/payload/{edited[:16]}\n" in render.stdout
     assert (placed.parent / edited[:16] / "smoke" / "launch.sh").read_text() == \
         launcher.read_text()
+
+    first_step = [e for e in train_again if e["event"] == "step"][0]
+    FIGURES["kill -> requeue -> resume (process kill)"] = (
+        f"killed node 1's trainer after checkpoint {before[-1]} (at step {ran[-1]}), "
+        f"resumed from {newest}, lost {lost} step(s); kill -> PENDING "
+        f"{released_at - killed_at:.1f} s, kill -> resume event "
+        f"{event_time(resume[0]) - killed_at:.1f} s, kill -> first training step "
+        f"{event_time(first_step) - killed_at:.1f} s")
 
 
 def check_passes_train_only(job: Job, restart: int) -> tuple[list[dict[str, Any]],
