@@ -575,6 +575,48 @@ def test_stop_request_on_a_checkpoint_step_saves_once(usr1_restored: Any) -> Non
     assert runner.saves == [3, 6]
 
 
+def test_a_request_made_while_the_trainer_started_is_read_from_its_record(
+        usr1_restored: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time-limit warning reached the trainer while it was still importing torch, with USR1
+    ignored as the flow's shells leave it (CI saw it: the trainer then trained 9 steps into the
+    requeue). The flow wrote the warning down before it signalled: the trainer stops before its
+    first step, saves nothing new (it resumed at 6) and tells the controller."""
+    import signal
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.kill(os.getpid(), signal.SIGUSR1)              # lost: nothing listens yet
+    (tmp_path / "time-limit").write_text("1795700000 60\n")
+    monkeypatch.setenv("JOBGEN_STOP_SIGNAL", "USR1")
+    monkeypatch.setenv("JOBGEN_LOG_DIR", str(tmp_path))
+    runner = FakeRunner(resume_to=6)
+    loop.run_invocation(runner, invocation("train"))
+    assert runner.events("step") == [] and runner.saves == [] and runner.events("done") == []
+    assert [e["step"] for e in runner.events("stopped")] == [6]
+    assert json.loads((tmp_path / "stopped.json").read_text()) == {"step": 6, "signal": "USR1"}
+
+
+@pytest.mark.parametrize("written,node,asked", [
+    ("time-limit", "1", True),                     # the job's warning: every node's
+    ("node-1/stop-requested", "1", True),          # this node's SIGTERM, forwarded
+    ("node-0/stop-requested", "1", False),         # another node's: not this trainer's
+    (None, "1", False),
+])
+def test_which_records_are_a_stop_request(usr1_restored: Any, tmp_path: Path,
+                                          written: Any, node: str, asked: bool) -> None:
+    if written:
+        (tmp_path / written).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / written).write_text("")
+    stop = loop.StopRequest({"JOBGEN_STOP_SIGNAL": "USR1", "JOBGEN_LOG_DIR": str(tmp_path),
+                             "JOBGEN_NODE_RANK": node})
+    assert stop.requested is asked and stop.agreed() is asked
+    runner = FakeRunner()
+    assert loop.run_steps(runner, phase="train", target=4, checkpoint_every=3,
+                          stop=stop) is asked
+    assert runner.saves == ([] if asked else [3, 4])
+    # Without the stop variable the records mean nothing (a trainer that cannot stop).
+    assert not loop.StopRequest({"JOBGEN_LOG_DIR": str(tmp_path),
+                                 "JOBGEN_NODE_RANK": node}).requested
+
+
 def test_without_the_variable_the_signal_is_not_taken(usr1_restored: Any) -> None:
     import signal
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -264,6 +264,9 @@ def test_eks_deadline_saves_before_the_kill_and_the_restarted_pods_resume(
     (stopped,) = first.events(0, "stopped")
     run_dir = Path(first.commands[0][1]["JOBGEN_RUN_DIR"])
     assert _steps(run_dir / "train" / "checkpoints")[-1] == stopped["step"]
+    # Each node wrote its request down before signalling (a trainer still starting reads it).
+    assert sorted(p.parent.name for p in run_dir.glob("logs/*/*/node-*/stop-requested")) == \
+        ["node-0", "node-1"]
 
     # The pods again (the Job's next attempt): they resume from the step saved on SIGTERM.
     second = Containers(spec, "job", tmp_path, "restarted").start()

@@ -261,6 +261,9 @@ flow_on_signal() {
   if [ "$1" = TERM ] && [ "$FLOW_PASS" = train ] && [ -n "${JOBGEN_STOP_SIGNAL:-}" ] &&
     [ -n "$FLOW_PASS_PID" ]; then
     flow_say "received SIGTERM; asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL)"
+    # Written down first: a trainer still starting ignores the signal and reads this instead
+    # (payload/common/loop.py StopRequest).
+    : >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/stop-requested" 2>/dev/null || true
     # To every process of the pass: torchrun starts its workers in sessions of their own.
     # shellcheck disable=SC2046  # a list of process ids
     kill -s "$JOBGEN_STOP_SIGNAL" $(flow_tree "$FLOW_PASS_PID") 2>/dev/null
@@ -371,6 +374,8 @@ flow_node() {
     flow_say "cannot create $JOBGEN_LOG_DIR and $JOBGEN_COMPILE_CACHE"
     return 1
   }
+  # A stop request of an earlier attempt that shared this log folder is not this one's.
+  rm -f "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/stop-requested"
   trap 'flow_on_signal TERM' TERM
   trap 'flow_on_signal INT' INT
   # The time-limit stop request (JOBGEN_STOP_SIGNAL, USR1) reaches every process of a Slurm job

@@ -49,6 +49,21 @@ def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
 COMPILE_SAVE = "compile-save"   # beside checkpoints/: where the compile pass saves, then removes
 STOP_SIGNAL_ENV = "JOBGEN_STOP_SIGNAL"   # set by the job where the trainer may be asked to stop
 STOPPED_FILE = "stopped.json"           # written by rank 0 in JOBGEN_LOG_DIR when it did
+# What the flow writes in JOBGEN_LOG_DIR before it sends the stop signal (job_flow.sh): the
+# Slurm controller's time-limit record, and a node's own request (its SIGTERM, forwarded).
+TIME_LIMIT_FILE = "time-limit"
+NODE_STOP_FILE = "stop-requested"       # in node-<JOBGEN_NODE_RANK>/
+
+
+def stop_files(env: Any) -> list[Path]:
+    folder = str(env.get("JOBGEN_LOG_DIR", "") or "")
+    if not folder:
+        return []
+    node = str(env.get("JOBGEN_NODE_RANK", "") or "")
+    files = [Path(folder) / TIME_LIMIT_FILE]
+    if node.isdigit():
+        files.append(Path(folder) / f"node-{node}" / NODE_STOP_FILE)
+    return files
 
 
 class StopRequest:
@@ -56,7 +71,12 @@ class StopRequest:
     (USR1: the Slurm job's controller forwards its time-limit warning to every process of the
     job step). Ranks get the signal at slightly different moments, so they agree at every step
     boundary, with one all-reduce of a flag over a CPU (gloo) group that never enters the
-    accelerator's graphs: every rank then saves the same step and stops."""
+    accelerator's graphs: every rank then saves the same step and stops.
+
+    A request made while the trainer was still starting (importing torch, loading a checkpoint:
+    tens of seconds on a loaded node) found the signal ignored, as the flow's shells leave it;
+    the flow writes each request down before it signals (stop_files), so the trainer reads the
+    record once its handler is in place, and the training loop asks before its first step."""
 
     def __init__(self, env: Any = None) -> None:
         import os
@@ -73,6 +93,9 @@ class StopRequest:
             if not isinstance(signum, signal.Signals):
                 raise ValueError(f"{STOP_SIGNAL_ENV}={self.name!r} is not a signal name")
             signal.signal(signum, self._handler)
+            # After the handler: a request sent from now on is caught; one sent before was
+            # written down first.
+            self.requested = any(p.is_file() for p in stop_files(env))
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.requested = True
@@ -103,7 +126,9 @@ def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int,
     saved_at = runner.step
     stopped = False
     before_step = getattr(runner, "before_step", None)
-    while runner.step < target:
+    if train and stop is not None and runner.step < target and stop.agreed():
+        stopped = True      # asked before the first step: nothing new to train or save
+    while not stopped and runner.step < target:
         if before_step is not None:
             before_step()   # a rehearsal's injected fault, before the node says it started
         runner.log.beat(phase, runner.step + 1)

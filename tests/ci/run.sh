@@ -49,6 +49,8 @@ PHASE_T0=""
 TIMINGS=()
 LINT_RC=0
 SERVICES_TOUCHED=0
+BACKGROUND=()   # pytest runs started beside the foreground one: stopped if the script ends first
+TEMPS=()        # their logs: removed however the script ends
 
 say() { printf '\n[run] ===== %s =====\n' "$*"; }
 since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
@@ -70,6 +72,10 @@ on_exit() {
     set +e
     # The phase that was running when we got here did not finish.
     [[ -n $PHASE ]] && PHASE="$PHASE(!)"
+    local pid
+    for pid in "${BACKGROUND[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for pid in "${BACKGROUND[@]}"; do wait "$pid" 2>/dev/null; done
+    ((${#TEMPS[@]})) && rm -f "${TEMPS[@]}"
     if ((SERVICES_TOUCHED)); then
         phase teardown
         local what
@@ -281,20 +287,21 @@ else
         # with pytest-xdist. The last two print their output once they end. All must pass.
         part1_log=$(mktemp /tmp/jobgen-ci-part1.XXXXXX)
         moto_log=$(mktemp /tmp/jobgen-ci-moto.XXXXXX)
+        TEMPS+=("$part1_log" "$moto_log")
         python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
             >"$part1_log" 2>&1 &
         part1=$!
         python -m pytest -q --durations=10 -m "moto and not slurm" >"$moto_log" 2>&1 &
         moto=$!
+        BACKGROUND+=("$part1" "$moto")
         python -m pytest -q --durations=20 -m "slurm" || rc=$?
         wait "$moto" || { later=$?; ((rc)) || rc=$later; }
         wait "$part1" || { later=$?; ((rc)) || rc=$later; }
+        BACKGROUND=()
         printf '\n[run] ----- the moto tests (run beside the above) -----\n'
         cat "$moto_log"
         printf '\n[run] ----- the tests that use neither Slurm nor moto (run beside the above) -----\n'
         cat "$part1_log"
-        rm -f "$moto_log"
-        rm -f "$part1_log"
     fi
 fi
 end_phase
