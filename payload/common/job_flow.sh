@@ -455,7 +455,7 @@ flow_node() {
     flow_say "training pass saved and stopped on SIG$FLOW_STOPPING; exiting 143 so that the service counts this attempt as stopped"
     status=143
   elif [ "$status" -eq 0 ] && [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
-    flow_say "training pass stopped on request after saving a checkpoint: $(cat "$JOBGEN_LOG_DIR/stopped.json" 2>/dev/null)"
+    flow_say "training pass stopped on request, its last step saved (or none trained): $(cat "$JOBGEN_LOG_DIR/stopped.json" 2>/dev/null)"
   elif [ "$status" -eq 0 ]; then
     flow_say "training pass finished"
   else
@@ -667,7 +667,7 @@ flow_slurm_job() {
     if [ "$status" -eq 124 ]; then
       flow_say "the job step is still running close to the time limit; requeueing now"
     elif [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; then
-      flow_say "the trainers saved and stopped: $(cat "$JOBGEN_LOG_DIR/stopped.json")"
+      flow_say "the trainers stopped on request, their last step saved: $(cat "$JOBGEN_LOG_DIR/stopped.json")"
     fi
     flow_say "requeueing for the time limit (allocation $((allocation + 1)); not counted against the ${JOBGEN_MAX_RESTARTS:-0} restarts for failures)"
     printf '%s\n' "$((timed_out + 1))" >"$limits_file" || flow_say "cannot record the time-limit requeue in $limits_file"
