@@ -219,3 +219,31 @@ def test_a_hostile_host_name_does_not_reach_the_terminal(tmp_path: Path,
     assert main(["report", "--run-dir", str(run), "--no-sacct"]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "n3\\x1b[2J, after step 10" in out
+
+
+def test_a_time_limit_stop_before_the_first_step_is_counted_once(tmp_path: Path) -> None:
+    """The warning came while the trainers started (they stopped at step 0, nothing trained):
+    everything before the first training step is a fixed cost already, so plan's figure for a
+    run without failures must equal the measurement (it was counted twice: 13.6 % vs 27.1 %)."""
+    run = tmp_path / "jobgen-runs" / "early-stop"
+    job = run / "logs" / "9"
+    a0 = job / "restart-0"
+    _log(a0 / "node-0" / "train.log", [{"event": "start", "phase": "train", "t": T0 + 20},
+                                       {"event": "stopped", "phase": "train", "step": 0,
+                                        "signal": "USR1", "t": T0 + 30}])
+    (a0 / "stopped.json").write_text('{"step": 0, "signal": "USR1"}\n')
+    (a0 / "time-limit").write_text(f"{int(T0 + 15)} 60\n")
+    for node, host in ((0, "n1"), (1, "n2")):
+        _node(a0, node, host, (T0 + 1, T0 + 3), (0, T0 + 32))
+    a1, s1 = job / "restart-1", T0 + 50
+    steps, end = _steps(1, 12, s1 + 10)
+    _log(a1 / "node-0" / "train.log", [{"event": "start", "phase": "train", "t": s1 + 5},
+                                       *steps, {"event": "done", "phase": "train", "step": 12,
+                                                "t": end + 1}])
+    for node, host in ((0, "n1"), (1, "n2")):
+        _node(a1, node, host, (s1 + 1, s1 + 3), (0, end + 2))
+    made = report.make(None, run, use_sacct=False)
+    assert [x.ending for x in made.timeline.allocations] == ["stopped", "done"]
+    a = made.account
+    assert a.cluster.failures == 0 and a.cluster.stops == 1
+    assert a.predicted == pytest.approx(a.utilisation, abs=0.005)

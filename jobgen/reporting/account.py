@@ -143,7 +143,8 @@ def _fixed(t: Timeline, segs: list[Segment]) -> float:
     startups = [a.training_at - a.start for a in started[1:]]   # type: ignore[operator]
     typical = statistics.fmean(startups) if startups else fixed
     for a in allocs:
-        if a.ending == "stopped":
+        # A stop before the first training step is within `fixed` already.
+        if a.ending == "stopped" and a.index >= first.index:
             stop = next((s.start for s in segs if s.allocation == a.index and s.kind == "stop"),
                         a.end)
             gap = sum(s.end - s.start for s in segs if s.kind == "gap" and
