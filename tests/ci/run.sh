@@ -73,7 +73,9 @@ on_exit() {
     # The phase that was running when we got here did not finish.
     [[ -n $PHASE ]] && PHASE="$PHASE(!)"
     local pid
-    for pid in "${BACKGROUND[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    # Each run leads a process group of its own (setsid): its xdist workers and the commands
+    # its tests started stop with it.
+    for pid in "${BACKGROUND[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null; done
     for pid in "${BACKGROUND[@]}"; do wait "$pid" 2>/dev/null; done
     ((${#TEMPS[@]})) && rm -f "${TEMPS[@]}"
     if ((SERVICES_TOUCHED)); then
@@ -288,13 +290,17 @@ else
         part1_log=$(mktemp /tmp/jobgen-ci-part1.XXXXXX)
         moto_log=$(mktemp /tmp/jobgen-ci-moto.XXXXXX)
         TEMPS+=("$part1_log" "$moto_log")
-        python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
+        setsid python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
             >"$part1_log" 2>&1 &
         part1=$!
-        python -m pytest -q --durations=10 -m "moto and not slurm" >"$moto_log" 2>&1 &
+        setsid python -m pytest -q --durations=10 -m "moto and not slurm" >"$moto_log" 2>&1 &
         moto=$!
-        BACKGROUND+=("$part1" "$moto")
-        python -m pytest -q --durations=20 -m "slurm" || rc=$?
+        # The Slurm run too is waited for, not run in the foreground: a signal to this script
+        # then runs its trap at once (bash holds traps until a foreground command ends).
+        setsid python -m pytest -q --durations=20 -m "slurm" &
+        slurm=$!
+        BACKGROUND+=("$part1" "$moto" "$slurm")
+        wait "$slurm" || rc=$?
         wait "$moto" || { later=$?; ((rc)) || rc=$later; }
         wait "$part1" || { later=$?; ((rc)) || rc=$later; }
         BACKGROUND=()
