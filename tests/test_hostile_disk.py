@@ -691,8 +691,31 @@ def test_watch_of_a_run_whose_files_are_not_files_ends(tmp_path: Path, kind: str
     make(kind, run / "train" / "metrics.jsonl", tmp_path / "outside")
     summary = command.watch_recorded(run, Rules(), as_json=True)
     assert summary.alerts == []
+    # Said once, in the summary: the file was there and was not read.
+    assert summary.notes == [f"{run / 'train' / 'metrics.jsonl'}: not a regular file; not read"]
     for line in capsys.readouterr().out.splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+
+
+def test_watch_counts_the_lines_it_skipped(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    from jobgen.watching.detectors import Rules
+    run = tmp_path / "run"
+    (run / "train").mkdir(parents=True)
+    good = {"event": "step", "phase": "train", "step": 1, "loss": 2.0,
+            "time": "2026-11-26T10:00:00+00:00"}
+    (run / "train" / "metrics.jsonl").write_text("\n".join([
+        json.dumps(good),
+        '{"event": "step", "step": 2, "loss": ' + "9" * (readers.MAX_LINE + 10),  # too long
+        '{"event": "step", "step": 3, "lo',                                        # cut short
+        '{"event": "step", "step": ' + "[" * 100_000,                              # too deep
+        json.dumps({**good, "step": 4})]) + "\n")
+    summary = command.watch_recorded(run, Rules(), as_json=True)
+    assert summary.last_step == 4
+    assert summary.notes == [f"3 line(s) of the run's logs skipped (over {readers.MAX_LINE} "
+                             "bytes, or events that are not JSON objects)"]
+    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert last["type"] == "summary" and last["notes"] == summary.notes
 
 
 @pytest.mark.parametrize("kind", SPECIAL + LINKS)

@@ -48,5 +48,5 @@ def read(run_dir: Path) -> Curves:
             out.marks.append({"kind": "rollback", "step": steps[0], "time": None,
                               "message": f"checkpoints {steps[0]}..{steps[-1]} set aside "
                                          f"({folder.name}); resumed before them", "host": None})
-    out.notes = tuple(reader.notes)
+    out.notes = tuple(reader.notes + reader.skipped_notes())
     return out

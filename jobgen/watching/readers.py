@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -49,11 +51,17 @@ class LineReader:
         self.offset = 0
         self.partial = b""
         self.grew_at: Optional[float] = None
-        self.skipped = 0                     # lines over MAX_LINE, dropped
+        self.skipped = 0           # lines over MAX_LINE, or events that are not JSON objects
+        self.not_regular = False   # the path is there but not a regular file: never read
 
     def read(self, now: float) -> list[str]:
         data = read_from(self.path, self.offset)
         if not data:
+            if not self.not_regular:
+                try:
+                    self.not_regular = not stat.S_ISREG(os.lstat(self.path).st_mode)
+                except OSError:
+                    pass           # not there (yet)
             return []
         self.offset += len(data)
         self.grew_at = now
@@ -93,8 +101,10 @@ def observation(event: dict[str, Any], source: str, restart: int,
                                                        "signal", "global_batch_size")})
 
 
-def parse_lines(lines: list[str], source: str, restart: int,
-                node: Optional[int] = None) -> list[Observation]:
+def parse_lines(lines: list[str], source: str, restart: int, node: Optional[int] = None,
+                tally: Optional[LineReader] = None) -> list[Observation]:
+    """Our payloads' events among `lines`; an event line that is not a JSON object is skipped
+    and counted in `tally`'s `skipped`."""
     out = []
     for line in lines:
         line = line.strip()
@@ -103,11 +113,14 @@ def parse_lines(lines: list[str], source: str, restart: int,
         try:
             event = json.loads(line)
         except (ValueError, RecursionError):    # cut short, or nested past the stack
+            event = None
+        if not isinstance(event, dict):
+            if tally is not None:
+                tally.skipped += 1
             continue
-        if isinstance(event, dict):
-            found = observation(event, source, restart, node)
-            if found is not None:
-                out.append(found)
+        found = observation(event, source, restart, node)
+        if found is not None:
+            out.append(found)
     return out
 
 
@@ -176,6 +189,17 @@ class RunReader:
         self.json_seen = False
         self.notes: list[str] = []
 
+    def skipped_notes(self) -> list[str]:
+        """What was left unread, said once at the end: lines skipped, files that are not
+        regular files."""
+        readers = [r for a in self.allocations for r in a.logs.values()]
+        readers += [self.metrics] if self.metrics is not None else []
+        lines = sum(r.skipped for r in readers)
+        notes = [f"{lines} line(s) of the run's logs skipped (over {MAX_LINE} bytes, or events "
+                 "that are not JSON objects)"] if lines else []
+        return notes + [f"{r.path}: not a regular file; not read" for r in readers
+                        if r.not_regular]
+
     # --- discovery ------------------------------------------------------------------------------
 
     def _job_folders(self) -> list[Path]:
@@ -213,7 +237,7 @@ class RunReader:
                     reader = alloc.logs[node] = LineReader(alloc.folder / f"node-{node}" /
                                                            "train.log")
                 lines = reader.read(now)
-                found = parse_lines(lines, "events", alloc.index, node)
+                found = parse_lines(lines, "events", alloc.index, node, reader)
                 # Rank 0 speaks for the job from node 0; every node speaks for itself in beats.
                 out += [o for o in found if o.kind == "beat" or node == 0]
         if not self.allocations:
@@ -232,7 +256,8 @@ class RunReader:
                 return []
             self.metrics = LineReader(path)
         out = []
-        for found in parse_lines(self.metrics.read(now), "events", max(self.metrics_restart, 0)):
+        for found in parse_lines(self.metrics.read(now), "events", max(self.metrics_restart, 0),
+                                 tally=self.metrics):
             if found.kind == "start":   # each invocation of the training pass starts with one
                 self.metrics_restart += 1
                 found = _with_restart(found, self.metrics_restart)

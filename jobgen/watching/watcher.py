@@ -145,7 +145,7 @@ class Watch:
         s.steps_lost = self.detectors.steps_lost
         s.allocations = len(self.reader.allocations) or (self.detectors.restart + 1)
         s.last_step = self.status.step
-        s.notes = list(self.reader.notes)
+        s.notes = list(self.reader.notes) + self.reader.skipped_notes()
         self.view.summary(s)
         return s
 
