@@ -100,15 +100,48 @@ def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None]) -> None:
         emit(prefix + line.rstrip("\n"))
 
 
+def _tree(pid: int) -> list[int]:
+    """`pid`'s descendants, from /proc (empty where there is none): torchrun starts its workers
+    in sessions of their own, so the node's process group does not hold them."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += children.get(child, [])
+    return out
+
+
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the node's process group, then SIGKILL what is still there after `grace_s`."""
+    """SIGTERM the node's process group (its flow stops its passes), then SIGKILL what is still
+    there after `grace_s`: the group and every descendant, in whatever session."""
     if proc.poll() is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
+        tree = _tree(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         proc.wait()
     except ProcessLookupError:
         pass
