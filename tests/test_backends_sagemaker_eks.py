@@ -307,7 +307,7 @@ def test_stream_reader_counts_restarts_and_speaks_for_rank_zero() -> None:
                        "time": "2023-11-14T22:13:24.000+00:00"})
     batches = [{0: first, 1: [beat, json.dumps({"event": "step", "step": 9,
                                                 "time": "2023-11-14T22:13:24.000+00:00"})]},
-               {0: again}, {}]
+               {0: [*again, '{"event": "step", "step": 5, "lo']}, {}]
     reader = StreamReader(lambda: batches.pop(0), Path("."), clock=lambda: 100.0)
     seen = reader.read()
     assert [(o.kind, o.step, o.restart) for o in seen if o.kind != "beat"] == \
@@ -316,6 +316,9 @@ def test_stream_reader_counts_restarts_and_speaks_for_rank_zero() -> None:
     assert [(o.kind, o.step, o.restart) for o in reader.read()] == \
         [("start", 0, 1), ("step", 3, 1), ("step", 4, 1)]
     assert reader.read() == [] and reader.silence(130.0) == {0: 30.0, 1: 30.0}
+    # The line cut short is counted, and said once at the end (watch's summary).
+    assert reader.skipped_notes() == ["1 line(s) of the nodes' logs skipped (events that are "
+                                      "not JSON objects)"]
     # A pod's log re-read whole: only the complete lines not seen yet.
     assert lines_after("a\nb\nc", 0) == (["a", "b"], 2)
     assert lines_after("a\nb\nc\nd\n", 2) == (["c", "d"], 4)

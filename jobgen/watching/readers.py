@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from .. import fsio
 from ..errors import JobgenError
@@ -101,8 +101,12 @@ def observation(event: dict[str, Any], source: str, restart: int,
                                                        "signal", "global_batch_size")})
 
 
+class Tally(Protocol):
+    skipped: int
+
+
 def parse_lines(lines: list[str], source: str, restart: int, node: Optional[int] = None,
-                tally: Optional[LineReader] = None) -> list[Observation]:
+                tally: Optional[Tally] = None) -> list[Observation]:
     """Our payloads' events among `lines`; an event line that is not a JSON object is skipped
     and counted in `tally`'s `skipped`."""
     out = []

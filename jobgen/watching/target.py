@@ -34,6 +34,11 @@ class StreamReader:
     restart: int = 0
     started: bool = False
     grew: dict[int, float] = field(default_factory=dict)
+    skipped: int = 0               # event lines that are not JSON objects
+
+    def skipped_notes(self) -> list[str]:
+        return [f"{self.skipped} line(s) of the nodes' logs skipped (events that are not JSON "
+                "objects)"] if self.skipped else []
 
     def read(self) -> list[Observation]:
         now = self.clock()
@@ -41,7 +46,7 @@ class StreamReader:
         for node, lines in sorted(self.fetch().items()):
             if lines:
                 self.grew[node] = now
-            for found in parse_lines(lines, "events", self.restart, node):
+            for found in parse_lines(lines, "events", self.restart, node, self):
                 if found.kind == "start" and node == 0 and found.phase == "train":
                     if self.started:
                         self.restart += 1
