@@ -20,11 +20,9 @@ import math
 import random
 import statistics
 import sys
-from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobgen.planning import failures as model  # noqa: E402
+from jobgen.planning import failures as model
 
 
 def one_run(rng: random.Random, a: argparse.Namespace) -> tuple[float, int, list[float]]:

@@ -263,6 +263,8 @@ flow_on_signal() {
     flow_say "received SIGTERM; asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL)"
     # Written down first: a trainer still starting ignores the signal and reads this instead
     # (payload/common/loop.py StopRequest).
+    # (Replaced, never written through: whatever stands there goes first.)
+    rm -f "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/stop-requested" 2>/dev/null
     : >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/stop-requested" 2>/dev/null || true
     # To every process of the pass: torchrun starts its workers in sessions of their own.
     # shellcheck disable=SC2046  # a list of process ids
