@@ -181,11 +181,12 @@ def jobgen_proc() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the installed console script in a subprocess (the user's exact path, exit status
     and stderr, including whatever a traceback would print)."""
     def run(*args: str, cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None,
-            input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+            input: Optional[str] = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
         full_env = dict(os.environ)
         full_env.update(env or {})
         return subprocess.run([str(JOBGEN_EXE), *args], capture_output=True, text=True,
-                              cwd=cwd, env=full_env, input=input, timeout=120, check=False)
+                              cwd=cwd, env=full_env, input=input, timeout=timeout, check=False)
 
     return run
 

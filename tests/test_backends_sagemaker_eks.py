@@ -464,6 +464,11 @@ def test_check_covers_the_backend(jobgen: Jobgen, backend: str) -> None:
 
 # --- rehearsals on CPU ------------------------------------------------------------------------
 
+# A whole rehearsal (both passes, 4 trainer processes) took 111 s in a full run here and over
+# 120 s in CI, where three test runs share two cores: the limit is there to end a hang only.
+REHEARSAL_TIMEOUT_S = 600
+
+
 def _rehearse(jobgen_proc: Any, tmp_path: Path, backend: str) -> str:
     import socket
     with socket.socket() as sock:   # rehearsals may run side by side: not the recipe's port
@@ -471,7 +476,7 @@ def _rehearse(jobgen_proc: Any, tmp_path: Path, backend: str) -> str:
         port = sock.getsockname()[1]
     proc = jobgen_proc("run", "llama2-7b", "--backend", backend, "--smoke", "--nodes", "2",
                        "--run-name", f"rh-{backend}", "--set", f"job.master_port={port}",
-                       cwd=tmp_path)
+                       cwd=tmp_path, timeout=REHEARSAL_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

@@ -8,7 +8,8 @@ into `sbatch`, trains a tiny model of the recipe's family on CPU, one process pe
 - a job that keeps failing gives up after job.max_restarts;
 - a second submission of the same spec finds the compile-cache marker and skips compiling;
 - the CLI: submit, status, logs, cancel, --chain (afterok; a failed compile job cancels the
-  training job) and --wait; --via submitit and the submitit Python API; `jobgen run`.
+  training job) and --wait; --via submitit and the submitit Python API (`jobgen run`, the same
+  job without Slurm, is tests/test_local_run.py's: it runs beside these, not on the cluster).
 
 Every job gets its own submission folder, run name and rendezvous port: the emulated nodes share
 one network namespace (and two recipes share a default port). Two 2-node jobs run at once where
@@ -852,7 +853,10 @@ def test_cli_chain_and_wait(cluster: int, tmp_path: Path) -> None:
 
 def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """`jobgen submit --via submitit` and `submitit_runner.submit(spec)`, both jobs at once."""
+    """`jobgen submit --via submitit` and `submitit_runner.submit(spec)`, both jobs at once. The
+    CLI's job also rehearses kill -> requeue -> resume as the sbatch script's does: a trainer
+    killed mid-interval, the main node's flow requeues (restart 1 of 10), the second run skips
+    the compile pass and resumes from the newest complete checkpoint."""
     from jobgen import api
     from jobgen.backends.submitit import runner as submitit_runner
 
@@ -863,7 +867,8 @@ def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
     cli_port, api_port = free_port(), free_port()
     started = time.time()
     proc = run_cli(cli_dir, "submit", "pythia6.9b", "--nodes", "2", "--smoke", "--via",
-                   "submitit", "--run-name", cli_run, "--set", f"job.master_port={cli_port}")
+                   "submitit", "--run-name", cli_run, "--set", f"job.master_port={cli_port}",
+                   env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"))
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"\d+\n", proc.stdout), f"submit printed {proc.stdout!r}"
     cli_job = Job(proc.stdout.strip(), cli_dir, cli_run, cli_port, started, "submitit cli")
@@ -882,13 +887,24 @@ def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
     api_job = Job(str(submitted.job_id), api_dir, api_run, api_port, time.time(), "submitit api")
     SUBMITTED.append(api_job.job_id)
 
-    assert_state(cli_job, wait_finished(cli_job), "COMPLETED")
+    # The CLI's job: a trainer killed once a checkpoint is behind it and more steps are trained.
+    before = wait_mid_interval(cli_job)
+    pids = trainer_pids(cli_job, node=1)
+    assert len(pids) == 1, explain(cli_job, f"node 1's trainer processes: {pids}")
+    os.kill(pids[0], signal.SIGKILL)
+    release_when_pending(cli_job)
+    newest = complete_checkpoints(cli_job.run_dir)[-1]
+    assert before[-1] <= newest <= before[-1] + EVERY
+
     wait_until(api_job, submitted.done, "the submitit job to be done", JOB_TIMEOUT, poll=1.0)
     results = submitted.results()
     assert [(r["node"], r["nodes"], r["status"]) for r in results] == [(0, 2, 0), (1, 2, 0)], \
         explain(api_job, f"results {results}")
     assert all(r["compiled"] for r in results)
     assert_state(api_job, wait_finished(api_job), "COMPLETED")
+    fields = wait_finished(cli_job)
+    assert_state(cli_job, fields, "COMPLETED")
+    assert fields.get("Restarts") == "1", explain(cli_job, f"Restarts={fields.get('Restarts')}")
 
     for job in (cli_job, api_job):
         folder = job.run_dir / "submitit"
@@ -899,75 +915,19 @@ def test_submitit_cli_and_api(cluster: int, tmp_path: Path,
         assert steps_of(events, "compile") == [1, 2, 3], explain(job, "compile steps")
         events = read_events((logs / "node-0" / "train.log").read_text())
         assert [e["world_size"] for e in only(events, "start")] == [NODES]
-        assert steps_of(events, "train") == list(range(1, MAX_STEPS + 1)), explain(job, "steps")
         assert (logs / "node-1" / "train.log").is_file()
         assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
-
-
-def test_submitit_killed_trainer_requeues_and_resumes(cluster: int, tmp_path: Path) -> None:
-    """The same kill -> requeue -> resume rehearsal as the sbatch script's, through submitit:
-    the main node's flow requeues (restart 1 of 10) and the second run resumes."""
-    run_name, port = unique("submitit-kill"), free_port()
-    started = time.time()
-    proc = run_cli(tmp_path, "submit", "pythia6.9b", "--nodes", "2", "--smoke", "--via",
-                   "submitit", "--run-name", run_name, "--set", f"job.master_port={port}",
-                   env=job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"))
-    assert proc.returncode == 0, proc.stderr
-    job = Job(proc.stdout.strip(), tmp_path, run_name, port, started, "submitit kill")
-    SUBMITTED.append(job.job_id)
-    before = wait_mid_interval(job)
-    pids = trainer_pids(job, node=1)
-    assert len(pids) == 1, explain(job, f"node 1's trainer processes: {pids}")
-    os.kill(pids[0], signal.SIGKILL)
-    release_when_pending(job)
-    newest = complete_checkpoints(job.run_dir)[-1]
-    assert before[-1] <= newest <= before[-1] + EVERY
-    fields = wait_finished(job)
-    assert_state(job, fields, "COMPLETED")
-    assert fields.get("Restarts") == "1", explain(job, f"Restarts={fields.get('Restarts')}")
-    # The second run: no compile pass (the marker), training resumes from `newest`.
-    assert not job.node_log(1, 0, "compile").exists()
-    train_again = job.events(1, "train")
-    assert [e["step"] for e in only(train_again, "resume")] == [newest], explain(job, "resume")
+        if job is api_job:
+            assert steps_of(events, "train") == list(range(1, MAX_STEPS + 1)), \
+                explain(job, "steps")
+    # The CLI job's second run: no compile pass (the marker), training resumes from `newest`.
+    assert not cli_job.node_log(1, 0, "compile").exists()
+    train_again = cli_job.events(1, "train")
+    assert [e["step"] for e in only(train_again, "resume")] == [newest], \
+        explain(cli_job, "resume")
     assert steps_of(train_again, "train") == list(range(newest + 1, MAX_STEPS + 1))
-    assert complete_checkpoints(job.run_dir)[-1] == MAX_STEPS
     FIGURES["kill -> requeue -> resume through submitit"] = (
         f"resumed from {newest}; {time.time() - started:.1f} s from submission to the end")
-
-
-# --- 7. jobgen run: the job on this machine, no Slurm -------------------------------------------
-
-def test_jobgen_run_without_slurm(tmp_path: Path) -> None:
-    require = Require()
-    for module in ("torch", "transformers", "deepspeed", "h5py"):
-        require(importlib.util.find_spec(module), f"{module} is not installed in this venv")
-    run_name = unique("local")
-    started = time.time()
-    proc = run_cli(tmp_path, "run", "bert1.5b", "--nodes", "2", "--smoke", "--run-name",
-                   run_name, "--set", f"job.master_port={free_port()}", timeout=JOB_TIMEOUT)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, _tail(output, 80)
-    by_node: dict[int, list[str]] = {0: [], 1: []}
-    for line in proc.stdout.splitlines():
-        match = re.match(r"\[node (\d)\] (.*)", line)
-        if match:
-            by_node[int(match.group(1))].append(match.group(2))
-    events = read_events("\n".join(by_node[0]))
-    assert steps_of(events, "compile") == [1, 2, 3], _tail(output, 80)
-    assert steps_of(events, "train") == list(range(1, MAX_STEPS + 1)), _tail(output, 80)
-    assert [e["world_size"] for e in only(events, "start")] == [NODES, NODES]
-    for node in (0, 1):
-        assert f"jobgen[node {node}]: train pass ended with status 0" in by_node[node]
-    assert complete_checkpoints(tmp_path / "jobgen-runs" / run_name)[-1] == MAX_STEPS
-    # Recorded like a submission: `jobgen runs` lists it, `status` reads what its nodes wrote.
-    listed = json.loads(run_cli(tmp_path, "runs", "--json").stdout)
-    mine = [r for r in listed if r["name"] == run_name]
-    assert [(r["backend"], r["state"]) for r in mine] == [("local", "COMPLETED")], listed
-    status = json.loads(run_cli(tmp_path, "status", run_name, "--json").stdout)
-    assert status["state"] == "COMPLETED" and status["nodes"] == {"0": "0 train",
-                                                                  "1": "0 train"}
-    FIGURES["jobgen run bert1.5b --nodes 2 --smoke (no Slurm)"] = \
-        f"{time.time() - started:.1f} s"
 
 
 # --- 5. the time limit: warned, saved, requeued (not a failure), resumed ------------------------
