@@ -138,30 +138,23 @@ def _shellcheck(rows: list[Row]) -> Optional[str]:
     return None
 
 
-def _cluster_nodes() -> Optional[int]:
-    """The node count of the cluster whose controller answers, or None."""
-    if not shutil.which("sbatch") or not shutil.which("sinfo"):
-        return None
+def _test_only(rows: list[Row], report: Report, partition: Optional[str]) -> None:
+    """`sbatch --test-only` for each rendered script that fits the partition its jobs go to (the
+    site's slurm.partition, else the default one): nodes in other partitions do not count."""
+    from .backends.slurm.client import partition_size
+    from .errors import RemoteError
     try:
-        proc = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True,
-                              timeout=10, check=False)
-    except subprocess.TimeoutExpired:
-        return None
-    counts = [int(x) for x in re.findall(r"\d+", proc.stdout)] if proc.returncode == 0 else []
-    return sum(counts) or None
-
-
-def _test_only(rows: list[Row], report: Report) -> None:
-    total = _cluster_nodes()
-    if total is None:
-        report.problems.append("sbatch --test-only: no Slurm controller answered (sbatch and "
-                               "sinfo on PATH, a controller up), so nothing was tested")
+        if shutil.which("sbatch") is None:
+            raise RemoteError("sbatch not found: is this a Slurm login node?")
+        name, size = partition_size(partition)
+    except (RemoteError, ConfigError) as exc:
+        report.problems.append(f"sbatch --test-only: {exc}; nothing was tested")
         return
     for row in rows:
         if row.script is None or row.status != "ok":
             continue
-        if row.nodes > total:
-            row.detail = f"not sent to sbatch --test-only (cluster has {total} nodes)"
+        if row.nodes > size:
+            row.detail = f"not sent to sbatch --test-only (partition {name} has {size} nodes)"
             continue
         proc = subprocess.run(["sbatch", "--test-only"], input=row.script, capture_output=True,
                               text=True, timeout=30, check=False, env=dict(os.environ))
@@ -170,7 +163,7 @@ def _test_only(rows: list[Row], report: Report) -> None:
             row.detail = "sbatch --test-only: " + proc.stderr.strip().splitlines()[-1][:200]
         else:
             row.detail = "sbatch --test-only accepted"
-    report.notes.append(f"sbatch --test-only: checked against a cluster of {total} nodes")
+    report.notes.append(f"sbatch --test-only: checked against partition {name} ({size} nodes)")
 
 
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
@@ -211,5 +204,5 @@ def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
     else:
         report.notes.append("shellcheck: skipped (--no-shellcheck)")
     if test_only:
-        _test_only(report.rows, report)
+        _test_only(report.rows, report, profile.slurm.partition)
     return report

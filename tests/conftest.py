@@ -148,11 +148,18 @@ def slurm_cluster(require: Require) -> int:
     sinfo, sbatch = shutil.which("sinfo"), shutil.which("sbatch")
     require(sinfo and sbatch, "Slurm client commands (sinfo, sbatch) are not installed")
     assert sinfo is not None
-    proc = subprocess.run([sinfo, "-h", "-o", "%D"], capture_output=True, text=True, timeout=30,
-                          check=False)
+    proc = subprocess.run([sinfo, "-h", "-o", "%P %D"], capture_output=True, text=True,
+                          timeout=30, check=False)
     require(proc.returncode == 0 and proc.stdout.strip(),
             f"no Slurm controller answers: {proc.stderr.strip()}")
-    return sum(int(n) for n in proc.stdout.split())
+    return default_partition_nodes(proc.stdout)
+
+
+def default_partition_nodes(sinfo_out: str) -> int:
+    """The node count of the default partition (`debug*`) in `sinfo -h -o "%P %D"` (a line per
+    partition and node state); tests/ci/slurm-up.sh's partition `side` is not counted."""
+    return sum(int(count) for name, count in (line.split() for line in sinfo_out.splitlines())
+               if name.endswith("*"))
 
 
 # --- the command line ----------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def test_submit_refuses_an_unknown_partition(slurm_cluster: int, tmp_path: Path,
     proc = submit_proc(tmp_path, "neox20b", "--nodes", "2", "--smoke", "--site", str(site))
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2, "", "error: site local: slurm.partition: sinfo shows no partition 'nosuch' "
-               "(partitions: debug)\n")
+               "(partitions: debug, side)\n")
 
 
 # --- one command tree: submit/status/logs/cancel --backend, aliases, --json ---------------------

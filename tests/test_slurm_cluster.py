@@ -53,11 +53,12 @@ def test_check_against_the_cluster(slurm_cluster: int) -> None:
                           env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert f"sbatch --test-only: checked against a cluster of {slurm_cluster} nodes" in lines
+    # Partition debug (the default) only: partition side's nodes are not where the jobs go.
+    assert f"sbatch --test-only: checked against partition debug ({slurm_cluster} nodes)" in lines
     accepted = [line for line in lines if line.endswith("sbatch --test-only accepted")]
     too_big = [line for line in lines
-               if line.endswith(f"not sent to sbatch --test-only (cluster has {slurm_cluster} "
-                                "nodes)")]
+               if line.endswith("not sent to sbatch --test-only (partition debug has "
+                                f"{slurm_cluster} nodes)")]
     assert accepted and too_big
     for line in accepted:
         assert int(line.split()[1]) <= slurm_cluster

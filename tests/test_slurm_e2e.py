@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
-from conftest import Require
+from conftest import Require, default_partition_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "payload") not in sys.path:
@@ -75,11 +75,11 @@ def cluster() -> int:
             "set JOBGEN_TEST_SLURM=1 with the local cluster up (bash tests/ci/slurm-up.sh)")
     for exe in ("sinfo", "sbatch", "scontrol", "squeue", "scancel", "sacct"):
         require(shutil.which(exe), f"Slurm's {exe} is not installed")
-    proc = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True,
+    proc = subprocess.run(["sinfo", "-h", "-o", "%P %D"], capture_output=True, text=True,
                           timeout=30, check=False)
     require(proc.returncode == 0 and proc.stdout.strip(),
             f"no Slurm controller answers: {proc.stderr.strip()}")
-    nodes = sum(int(n) for n in proc.stdout.split())
+    nodes = default_partition_nodes(proc.stdout)
     require(nodes >= NODES, f"the cluster has {nodes} node(s); these tests need {NODES}")
     for module in ("torch", "transformers", "deepspeed", "h5py", "submitit"):
         require(importlib.util.find_spec(module), f"{module} is not installed in this venv")
@@ -948,6 +948,16 @@ def limited_site(cwd: Path) -> Path:
     return site
 
 
+def side_partition() -> list[str]:
+    """`--partition side` where the cluster has tests/ci/slurm-up.sh's partition of that name
+    (nodes no other test uses: a full run runs the slurm_side tests beside the others), else
+    nothing (the default partition, shared with the other tests)."""
+    proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                          timeout=30, check=False)
+    return ["--partition", "side"] if "side" in proc.stdout.split() else []
+
+
+@pytest.mark.slurm_side
 def test_time_limit_requeues_and_the_run_finishes_across_allocations(cluster: int,
                                                                       tmp_path: Path) -> None:
     """A 2-minute time limit and 2.5 s per step: 24 steps need several allocations. At each
@@ -957,7 +967,7 @@ def test_time_limit_requeues_and_the_run_finishes_across_allocations(cluster: in
         tmp_path, "pythia6.9b", run_name=unique("limit"), port=free_port(),
         env=job_env(JOBGEN_SMOKE_STEP_DELAY="2.5"), label="time limit",
         render_args=["--time", str(TIME_LIMIT_MIN), "--site", str(limited_site(tmp_path)),
-                     "--set", "job.max_restarts=0"])
+                     "--set", "job.max_restarts=0", *side_partition()])
     fields = wait_finished(job, timeout=900)
     assert_state(job, fields, "COMPLETED")
     out = job.output()
@@ -1059,7 +1069,7 @@ def test_more_nodes_than_the_partition_holds_is_refused(cluster: int, tmp_path: 
     proc = run_cli(tmp_path, "submit", "llama2-7b", "--nodes", "2", "--smoke",
                    "--partition", "nosuch")
     assert proc.returncode == 2
-    assert "sinfo shows no partition 'nosuch' (partitions: debug)" in proc.stderr
+    assert "sinfo shows no partition 'nosuch' (partitions: debug, side)" in proc.stderr
 
 
 def test_per_job_overrides_reach_slurm(cluster: int, tmp_path: Path) -> None:

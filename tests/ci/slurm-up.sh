@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Bring up a real local Slurm cluster of NODES emulated nodes (n1..nN, one `slurmd -N nX` each) on
 # this host, from nothing and without systemd. Run as root on Debian 12 (slurm-wlm 22.05).
+# The NODES form partition `debug` (the default); SIDE more nodes after them form partition `side`,
+# where a test that mostly waits (the time-limit rehearsal: two-minute allocations) runs beside
+# the others without taking their nodes.
 #
-#   [NODES=4] [CPUS=2] [ACCOUNTING=dbd|none] [SLURM_CI_DIR=/var/tmp/jobgen-slurm] bash tests/ci/slurm-up.sh
+#   [NODES=4] [SIDE=2] [CPUS=2] [ACCOUNTING=dbd|none] [SLURM_CI_DIR=/var/tmp/jobgen-slurm] bash tests/ci/slurm-up.sh
 #
 # Idempotent: if the cluster is already up with the same configuration it says so and exits 0; if
 # daemons are stale or half up, or the configuration changed, it stops ours (slurm-down.sh) and
@@ -15,6 +18,7 @@
 set -euo pipefail
 
 NODES=${NODES:-4}
+SIDE=${SIDE:-2}                          # nodes of partition `side` (0: none)
 CPUS=${CPUS:-2}                          # per emulated node; may exceed the real cores (config_overrides)
 MEM_MB=${MEM_MB:-2000}                   # RealMemory per emulated node
 ACCOUNTING=${ACCOUNTING:-dbd}            # dbd: slurmdbd + MariaDB (real sacct); none: jobcomp file only
@@ -61,6 +65,8 @@ tail_logs() {
 
 [[ $EUID -eq 0 ]] || die "must run as root (installs packages, starts system daemons)"
 [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive integer, got '$NODES'"
+[[ $SIDE =~ ^[0-9]+$ ]] || die "SIDE must be a number of nodes (0 or more), got '$SIDE'"
+TOTAL=$((NODES + SIDE))
 [[ $CPUS =~ ^[1-9][0-9]*$ ]] || die "CPUS must be a positive integer, got '$CPUS'"
 case $ACCOUNTING in dbd | none) ;; *) die "ACCOUNTING must be dbd or none, got '$ACCOUNTING'" ;; esac
 
@@ -106,7 +112,7 @@ t_install=$(since "$t_start")
 HOST=$(uname -n)
 HOST=${HOST%%.*}
 names=""
-for ((i = 1; i <= NODES; i++)); do names+=" n$i"; done
+for ((i = 1; i <= TOTAL; i++)); do names+=" n$i"; done
 if ! grep -v -- "$MARK" /etc/hosts | grep -wF -- "$HOST" >/dev/null; then names+=" $HOST"; fi
 hosts_line="127.0.0.1$names $MARK"
 if ! grep -qxF -- "$hosts_line" /etc/hosts; then
@@ -127,7 +133,12 @@ else
     acct_lines="AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none"
 fi
-last_port=$((SLURMD_PORT_BASE + NODES))
+last_port=$((SLURMD_PORT_BASE + TOTAL))
+partitions="PartitionName=debug Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
+if ((SIDE)); then
+    partitions+="
+PartitionName=side Nodes=n[$((NODES + 1))-$TOTAL] Default=NO MaxTime=INFINITE State=UP"
+fi
 slurm_conf="$MARK: written by tests/ci/slurm-up.sh, rewritten on every bring-up
 ClusterName=$CLUSTER_NAME
 SlurmctldHost=$HOST(127.0.0.1)
@@ -162,8 +173,8 @@ DependencyParameters=kill_invalid_depend
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOG/jobcomp.txt
 $acct_lines
-NodeName=n[1-$NODES] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((SLURMD_PORT_BASE + 1))-$last_port] CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+NodeName=n[1-$TOTAL] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((SLURMD_PORT_BASE + 1))-$last_port] CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+$partitions"
 
 slurmdbd_conf="$MARK: written by tests/ci/slurm-up.sh
 AuthType=auth/munge
@@ -199,7 +210,7 @@ all_alive() {
     munge_ok || return 1
     alive "$RUN/slurmctld.pid" slurmctld || return 1
     local i
-    for ((i = 1; i <= NODES; i++)); do alive "$RUN/slurmd-n$i.pid" slurmd || return 1; done
+    for ((i = 1; i <= TOTAL; i++)); do alive "$RUN/slurmd-n$i.pid" slurmd || return 1; done
     if [[ $ACCOUNTING == dbd ]]; then
         alive "$RUN/slurmdbd.pid" slurmdbd || return 1
         alive "$DB_DIR/mysqld.pid" mariadbd || return 1
@@ -209,7 +220,7 @@ all_alive() {
     for f in "$RUN"/slurmd-*.pid; do
         [[ -e $f ]] || continue
         i=${f##*/slurmd-n}; i=${i%.pid}
-        [[ $i =~ ^[0-9]+$ ]] && ((i <= NODES)) || return 1
+        [[ $i =~ ^[0-9]+$ ]] && ((i <= TOTAL)) || return 1
     done
     if [[ $ACCOUNTING == none ]] && alive "$RUN/slurmdbd.pid" slurmdbd; then return 1; fi
     return 0
@@ -218,11 +229,11 @@ all_alive() {
 nodes_up() {
     local want=$1 states
     states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
-    [[ $(grep -cE " ($want)\$" <<<"$states") -eq $NODES ]]
+    [[ $(grep -cE " ($want)\$" <<<"$states") -eq $TOTAL ]]
 }
 
 if ((conf_same)) && all_alive && nodes_up 'idle|mix|alloc|comp'; then
-    log "already up: $NODES nodes, accounting=$ACCOUNTING, state in $SLURM_CI_DIR"
+    log "already up: $NODES nodes (partition debug) + $SIDE (partition side), accounting=$ACCOUNTING, state in $SLURM_CI_DIR"
     sinfo -N
     exit 0
 fi
@@ -236,7 +247,7 @@ fi
 
 t_daemons=$EPOCHREALTIME
 mkdir -p "$RUN" "$LOG" "$SPOOL/ctld" "$CONF_DIR"
-for ((i = 1; i <= NODES; i++)); do mkdir -p "$SPOOL/n$i"; done
+for ((i = 1; i <= TOTAL; i++)); do mkdir -p "$SPOOL/n$i"; done
 
 # Slurm state and accounting DB must go together: if the controller's state is gone (first start,
 # or someone deleted it) job IDs restart at 1, so an older accounting DB and jobcomp file would
@@ -324,7 +335,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 t_slurmd=$(date +%s)
 slurmctld
-for ((i = 1; i <= NODES; i++)); do slurmd -N "n$i"; done
+for ((i = 1; i <= TOTAL; i++)); do slurmd -N "n$i"; done
 
 # slurmctld restores node states from StateSaveLocation, so a node can read "idle" before (or
 # without) its slurmd registering: also require every node's SlurmdStartTime to be from now.
@@ -333,7 +344,7 @@ nodes_registered() {
     while read -r t; do
         (($(date -d "$t" +%s 2>/dev/null || echo 0) >= t_slurmd - 1)) && n=$((n + 1))
     done < <(scontrol -o show node 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
-    ((n == NODES))
+    ((n == TOTAL))
 }
 
 # Wait until every node is registered and idle. Nodes that an earlier run left DOWN or DRAINED
@@ -369,5 +380,5 @@ if [[ $ACCOUNTING == dbd ]]; then
 fi
 
 sinfo -N
-log "up: $NODES nodes x $CPUS CPUs, accounting=$ACCOUNTING, state in $SLURM_CI_DIR"
+log "up: $NODES nodes (partition debug) + $SIDE (partition side) x $CPUS CPUs, accounting=$ACCOUNTING, state in $SLURM_CI_DIR"
 log "timing: install ${t_install} s, daemons $(since "$t_daemons") s, total $(since "$t_start") s"
