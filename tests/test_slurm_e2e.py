@@ -1,5 +1,6 @@
-"""End to end on the real local Slurm cluster (tests/ci/slurm-up.sh: emulated nodes n1..n4,
-partition debug, 2 CPUs each) with the smoke rehearsal: the script `jobgen render` prints, piped
+"""End to end on the real local Slurm cluster (tests/ci/slurm-up.sh: emulated nodes n1..n4 in
+partition debug, the default, and n5..n6 in partition side, where the time-limit rehearsal runs;
+2 CPUs each) with the smoke rehearsal: the script `jobgen render` prints, piped
 into `sbatch`, trains a tiny model of the recipe's family on CPU, one process per node.
 
 - every recipe: compile pass (3 steps) then training pass (24 steps, checkpoints) on 2 nodes;
@@ -8,8 +9,8 @@ into `sbatch`, trains a tiny model of the recipe's family on CPU, one process pe
 - a job that keeps failing gives up after job.max_restarts;
 - a second submission of the same spec finds the compile-cache marker and skips compiling;
 - the CLI: submit, status, logs, cancel, --chain (afterok; a failed compile job cancels the
-  training job) and --wait; --via submitit and the submitit Python API (`jobgen run`, the same
-  job without Slurm, is tests/test_local_run.py's: it runs beside these, not on the cluster).
+  training job) and --wait; --via submitit and the submitit Python API (`jobgen run`, a job
+  without Slurm, is rehearsed from the installed wheel in tests/test_tool_install.py).
 
 Every job gets its own submission folder, run name and rendezvous port: the emulated nodes share
 one network namespace (and two recipes share a default port). Two 2-node jobs run at once where
@@ -949,15 +950,14 @@ def limited_site(cwd: Path) -> Path:
 
 
 def side_partition() -> list[str]:
-    """`--partition side` where the cluster has tests/ci/slurm-up.sh's partition of that name
-    (nodes no other test uses: a full run runs the slurm_side tests beside the others), else
-    nothing (the default partition, shared with the other tests)."""
+    """`--partition side` where the cluster has tests/ci/slurm-up.sh's partition of that name (a
+    job in a partition that is not the default one: its size is that partition's), else
+    nothing."""
     proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
                           timeout=30, check=False)
     return ["--partition", "side"] if "side" in proc.stdout.split() else []
 
 
-@pytest.mark.slurm_side
 def test_time_limit_requeues_and_the_run_finishes_across_allocations(cluster: int,
                                                                       tmp_path: Path) -> None:
     """A 2-minute time limit and 2.5 s per step: 24 steps need several allocations. At each

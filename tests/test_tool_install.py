@@ -241,12 +241,18 @@ def test_pipx_installs_the_wheel_as_a_tool(dist: dict[str, Path], tmp_path: Path
 
 
 def test_a_local_rehearsal_from_the_wheel_trains(wheel_installed: Path, tmp_path: Path) -> None:
-    """`jobgen run --smoke` from the installed tool: the emulated nodes run the snapshot placed
-    under the run folders of the current folder, and train to the end."""
+    """`jobgen run --smoke` from the installed tool, BERT 1.5B (DeepSpeed ZeRO-1 on CPU) on two
+    emulated nodes: they run the snapshot placed under the run folders of the current folder,
+    compile 3 steps and train to the end, and the run is recorded like a submission (`runs`
+    lists it, `status` reads what its nodes wrote)."""
     import random
+    if str(ROOT / "payload") not in sys.path:
+        sys.path.insert(0, str(ROOT / "payload"))
+    from common.events import read_events  # the test reads the events as the checkout parses
+
     tool = runner(wheel_installed, tmp_path)
     work: Path = tool.work  # type: ignore[attr-defined]
-    proc = tool("run", "neox20b", "--nodes", "2", "--smoke", "--run-name", "wheel-local",
+    proc = tool("run", "bert1.5b", "--nodes", "2", "--smoke", "--run-name", "wheel-local",
                 "--set", f"job.master_port={random.randint(34000, 35000)}", check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     run_dir = work / "jobgen-runs" / "wheel-local"
@@ -254,3 +260,20 @@ def test_a_local_rehearsal_from_the_wheel_trains(wheel_installed: Path, tmp_path
     (snapshot,) = (work / "jobgen-runs" / ".jobgen" / "payload").iterdir()
     assert (snapshot / ".jobgen-digest").is_file()
     assert not checkout_paths(proc.stdout)
+    by_node: dict[int, list[str]] = {0: [], 1: []}
+    for line in proc.stdout.splitlines():
+        found = re.match(r"\[node (\d)\] (.*)", line)
+        if found:
+            by_node[int(found.group(1))].append(found.group(2))
+    events = read_events("\n".join(by_node[0]))
+    steps = {phase: [e["step"] for e in events if e["event"] == "step" and e["phase"] == phase]
+             for phase in ("compile", "train")}
+    assert steps == {"compile": [1, 2, 3], "train": list(range(1, 25))}, proc.stdout[-3000:]
+    assert [e["world_size"] for e in events if e["event"] == "start"] == [2, 2]
+    for node in (0, 1):
+        assert f"jobgen[node {node}]: train pass ended with status 0" in by_node[node]
+    mine = [r for r in json.loads(tool("runs", "--json").stdout) if r["name"] == "wheel-local"]
+    assert [(r["backend"], r["state"]) for r in mine] == [("local", "COMPLETED")], mine
+    status = json.loads(tool("status", "wheel-local", "--json").stdout)
+    assert status["state"] == "COMPLETED"
+    assert status["nodes"] == {"0": "0 train", "1": "0 train"}

@@ -9,9 +9,8 @@
 #   4. services  a local Slurm cluster (slurm-up.sh: 4 nodes in partition debug, 2 in partition
 #                side) and moto's server (moto-up.sh)
 #   5. pytest    `python -m pytest -q` plus this script's arguments (none: side by side, the
-#                Slurm tests one at a time, the Slurm test that mostly waits on its own nodes,
-#                the moto tests one at a time, and the others on every core), with
-#                JOBGEN_TEST_SLURM=1,
+#                Slurm tests one at a time, the moto tests one at a time, and the others on
+#                every core), with JOBGEN_TEST_SLURM=1,
 #                JOBGEN_TEST_MOTO_URL and JOBGEN_REQUIRE_ALL=1 (missing components fail, not skip)
 #   6. teardown  always (trap on EXIT): moto and Slurm are stopped
 #
@@ -284,37 +283,31 @@ else
     if (($#)); then
         python -m pytest -q "$@" || rc=$?
     else
-        # The whole suite in four runs side by side: the Slurm tests one at a time (they share
-        # the cluster's nodes; much of their time is spent waiting on Slurm); the Slurm test that
-        # mostly sleeps (two-minute time limits) on partition side's nodes; the moto tests one
+        # The whole suite in three runs side by side: the Slurm tests one at a time (they share
+        # the cluster's nodes; much of their time is spent waiting on Slurm); the moto tests one
         # at a time (they share the endpoint's state); and the tests that use neither (the fast
         # tier, DeepSpeed and the other slow rehearsals, each on ports of its own) on every core
-        # with pytest-xdist. The last three print their output once they end. All must pass.
-        # The cores are busy for all but the last minutes: what shortens the run is less work,
-        # or a test that mostly sleeps taken off the Slurm run's path.
+        # with pytest-xdist. The last two print their output once they end. All must pass.
+        # The two cores are busy until the last minutes: only less work shortens the run (a
+        # fourth run beside these, for the time-limit test that mostly sleeps, made it no
+        # shorter: the rest slowed down as much).
         part1_log=$(mktemp /tmp/jobgen-ci-part1.XXXXXX)
         moto_log=$(mktemp /tmp/jobgen-ci-moto.XXXXXX)
-        side_log=$(mktemp /tmp/jobgen-ci-side.XXXXXX)
-        TEMPS+=("$part1_log" "$moto_log" "$side_log")
+        TEMPS+=("$part1_log" "$moto_log")
         setsid python -m pytest -q -n "$(nproc)" --durations=15 -m "not slurm and not moto" \
             >"$part1_log" 2>&1 &
         part1=$!
         setsid python -m pytest -q --durations=10 -m "moto and not slurm" >"$moto_log" 2>&1 &
         moto=$!
-        setsid python -m pytest -q --durations=5 -m "slurm_side" >"$side_log" 2>&1 &
-        side=$!
         # The Slurm run too is waited for, not run in the foreground: a signal to this script
         # then runs its trap at once (bash holds traps until a foreground command ends).
-        setsid python -m pytest -q --durations=20 -m "slurm and not slurm_side" &
+        setsid python -m pytest -q --durations=20 -m "slurm" &
         slurm=$!
-        BACKGROUND+=("$part1" "$moto" "$side" "$slurm")
+        BACKGROUND+=("$part1" "$moto" "$slurm")
         wait "$slurm" || rc=$?
-        for pid in "$side" "$moto" "$part1"; do
-            wait "$pid" || { later=$?; ((rc)) || rc=$later; }
-        done
+        wait "$moto" || { later=$?; ((rc)) || rc=$later; }
+        wait "$part1" || { later=$?; ((rc)) || rc=$later; }
         BACKGROUND=()
-        printf '\n[run] ----- the Slurm test on partition side (run beside the above) -----\n'
-        cat "$side_log"
         printf '\n[run] ----- the moto tests (run beside the above) -----\n'
         cat "$moto_log"
         printf '\n[run] ----- the tests that use neither Slurm nor moto (run beside the above) -----\n'

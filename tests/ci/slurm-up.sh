@@ -2,8 +2,8 @@
 # Bring up a real local Slurm cluster of NODES emulated nodes (n1..nN, one `slurmd -N nX` each) on
 # this host, from nothing and without systemd. Run as root on Debian 12 (slurm-wlm 22.05).
 # The NODES form partition `debug` (the default); SIDE more nodes after them form partition `side`,
-# where a test that mostly waits (the time-limit rehearsal: two-minute allocations) runs beside
-# the others without taking their nodes.
+# so that jobs and checks meet a cluster of several partitions, as real ones are (the time-limit
+# rehearsal runs there).
 #
 #   [NODES=4] [SIDE=2] [CPUS=2] [ACCOUNTING=dbd|none] [SLURM_CI_DIR=/var/tmp/jobgen-slurm] bash tests/ci/slurm-up.sh
 #
