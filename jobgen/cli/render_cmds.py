@@ -117,7 +117,7 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
 @click.option("--recipe", "recipes", multiple=True, help="Only these recipes (repeatable).")
 @click.option("--test-only", is_flag=True,
               help="Also ask the Slurm controller with `sbatch --test-only` (node counts the "
-                   "cluster can hold).")
+                   "site's partition can hold: slurm.partition, else the default one).")
 @click.option("--no-shellcheck", is_flag=True,
               help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
