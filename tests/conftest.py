@@ -155,6 +155,13 @@ def slurm_cluster(require: Require) -> int:
     return default_partition_nodes(proc.stdout)
 
 
+def cluster_partitions() -> str:
+    """The cluster's partitions as jobgen lists them in its errors ("debug, side")."""
+    proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                          timeout=30, check=True)
+    return ", ".join(sorted({name.rstrip("*") for name in proc.stdout.split()}))
+
+
 def default_partition_nodes(sinfo_out: str) -> int:
     """The node count of the default partition (`debug*`) in `sinfo -h -o "%P %D"` (a line per
     partition and node state); tests/ci/slurm-up.sh's partition `side` is not counted."""
