@@ -18,7 +18,7 @@ from typing import Optional
 
 from . import api, payloads
 from . import recipe as recipe_module
-from .errors import ConfigError, JobgenError, RuleError
+from .errors import ConfigError, JobgenError, RemoteError, RuleError
 from .record import record
 from .spec import Backend
 
@@ -142,7 +142,6 @@ def _test_only(rows: list[Row], report: Report, partition: Optional[str]) -> Non
     """`sbatch --test-only` for each rendered script that fits the partition its jobs go to (the
     site's slurm.partition, else the default one): nodes in other partitions do not count."""
     from .backends.slurm.client import partition_size
-    from .errors import RemoteError
     try:
         if shutil.which("sbatch") is None:
             raise RemoteError("sbatch not found: is this a Slurm login node?")

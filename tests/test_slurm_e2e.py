@@ -953,9 +953,7 @@ def side_partition() -> list[str]:
     """`--partition side` where the cluster has tests/ci/slurm-up.sh's partition of that name (a
     job in a partition that is not the default one: its size is that partition's), else
     nothing."""
-    proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
-                          timeout=30, check=False)
-    return ["--partition", "side"] if "side" in proc.stdout.split() else []
+    return ["--partition", "side"] if "side" in cluster_partitions().split(", ") else []
 
 
 def test_time_limit_requeues_and_the_run_finishes_across_allocations(cluster: int,
