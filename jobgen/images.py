@@ -8,6 +8,7 @@ is the image's name and the payload id."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import re
 from functools import lru_cache
@@ -43,6 +44,10 @@ class ImageSpec(Protocol):
 FILE = "env/containers/images.yaml"
 # A path inside an image: absolute, no spaces or colons (the node's flow splits lists on ':').
 PATH_RE = re.compile(r"/[A-Za-z0-9._/-]+")
+# A pip requirement the build installs: one word (PACKAGES is split on spaces), nothing a shell
+# or a Dockerfile would read otherwise.
+PACKAGE_RE = re.compile(r"[A-Za-z0-9][^\s'\"`$\\;&|]*")
+VERSION_RE = re.compile(r"[0-9]+(\.[0-9]+)+")
 
 
 @record
@@ -59,7 +64,10 @@ class Image:
     dockerfile: str            # under env/containers/
     base: str                  # BASE_IMAGE; {region}: the site's region
     torch: str
+    python: str                # the base's Python (major.minor)
     sdk: str
+    packages: tuple[str, ...]  # pip requirements the image adds to its base
+    imports: tuple[str, ...]   # Python statements its build runs (the payload and trainer)
     build_args: dict[str, str] = dataclasses.field(default_factory=dict)
     checkout: Optional[Checkout] = None
     paths: dict[str, str] = dataclasses.field(default_factory=dict)   # site path key -> rel.
@@ -111,11 +119,37 @@ def declared() -> Declaration:
             paths += [(f"images.{image.name}.files", f) for f in image.trainer_files()]
         elif image.paths or image.files:
             raise ConfigError(f"{FILE}: images.{image.name}: paths and files need a checkout")
+        _check_additions(image)
     for key, value in paths:
         if not PATH_RE.fullmatch(value):
             raise ConfigError(f"{FILE}: {key}: {value!r} must be an absolute path of letters, "
                               "digits and ._-/")
     return out
+
+
+def _check_additions(image: Image) -> None:
+    where = f"{FILE}: images.{image.name}"
+    for key in ("torch", "python"):
+        if not VERSION_RE.fullmatch(getattr(image, key)):
+            raise ConfigError(f"{where}.{key}: {getattr(image, key)!r} is not a version")
+    for package in image.packages:
+        if not PACKAGE_RE.fullmatch(package):
+            raise ConfigError(f"{where}.packages: {package!r} must be one pip requirement "
+                              "without spaces or quotes")
+    if not image.imports or any("\n" in s or not s.strip() for s in image.imports):
+        raise ConfigError(f"{where}.imports: one or more one-line Python statements")
+
+
+def import_path(image: Image) -> str:
+    """What the build puts on PYTHONPATH to run `imports`: the trainer's payload folders, the
+    payload root, and the folders of the trainer's Python files in its checkout."""
+    decl = declared()
+    folders = [posixpath.join(decl.payload_dir, p) for p in decl.trainers[image.trainer]]
+    folders.append(decl.payload_dir)
+    for path in image.trainer_files():
+        if path.endswith(".py") and posixpath.dirname(path) not in folders:
+            folders.append(posixpath.dirname(path))
+    return ":".join(folders)
 
 
 def find(platform: str, trainer: str) -> Optional[Image]:
@@ -182,12 +216,16 @@ def base_image(image: Image, region: Optional[str]) -> str:
 
 
 def build_args(image: Image, region: Optional[str]) -> list[tuple[str, str]]:
-    """The image's build arguments, in order: its base, its own, where things go inside."""
+    """The image's build arguments, in order: its base (and the torch and Python it must
+    carry), its own, where things go inside, what it adds and what its build imports."""
     decl = declared()
-    out = [("BASE_IMAGE", base_image(image, region)), *image.build_args.items()]
+    out = [("BASE_IMAGE", base_image(image, region)), ("BASE_TORCH", image.torch),
+           ("BASE_PYTHON", image.python), *image.build_args.items()]
     if image.checkout is not None:
         out.append((image.checkout.arg, image.checkout.path))
     out.append(("JOBGEN_DIR", decl.jobgen_dir))
+    out += [("PACKAGES", " ".join(image.packages)), ("IMPORTS", json.dumps(list(image.imports))),
+            ("IMPORT_PATH", import_path(image))]
     return out
 
 

@@ -21,6 +21,13 @@ from .spec import JobSpec
 Executor = str   # a backend's name (jobgen.backends.names()): what runs the nodes
 Passes = Literal["both", "compile", "train"]
 
+# Every payload's process group: a collective that waits longer than this for a peer fails (the
+# timeout of init_process_group; payload/common/init.py reads it). torch's own default for gloo
+# and NCCL, and PyTorch Lightning's (NeMo), is the same 30 minutes; declared here so that every
+# trainer has it, whatever its framework's default. Long enough for the slowest step a rank may
+# wait through (a peer writing its part of a checkpoint, a first step compiling its graphs).
+COLLECTIVE_TIMEOUT_S = 1800
+
 # What the executor sets on each node, at run time.
 NODE_FACTS = {
     "MASTER_ADDR": "IPv4 address of the main node (torchrun's node rank 0)",
@@ -57,6 +64,8 @@ class NodeContract:
     JOBGEN_NODES: str                 # the node count the arguments were computed for
     JOBGEN_MAX_RESTARTS: str          # requeues allowed after a failure (recipe job.max_restarts)
     JOBGEN_RDZV_TIMEOUT: str          # seconds the nodes wait for each other, or "" (torch's)
+    JOBGEN_COLLECTIVE_TIMEOUT: str    # seconds a collective waits for a peer before it fails
+    JOBGEN_NODE_SILENCE: str          # Batch: seconds of a child's silence that end the attempt
     JOBGEN_SHARED_FS: str             # 1 where the nodes share the run and cache folders
     JOBGEN_SETUP_ON: str              # where files and prepare run: every | main | none
     JOBGEN_MASTER_RESOLVER: str       # nslookup | getent (Slurm: the first node's name -> IPv4)
@@ -89,7 +98,8 @@ def documentation() -> dict[str, str]:
 def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
              passes: Passes = "both", base: str = "",
              rdzv_timeout_s: Optional[int] = None,
-             shared: Optional[bool] = None) -> NodeContract:
+             shared: Optional[bool] = None,
+             node_silence_s: Optional[int] = None) -> NodeContract:
     """The job-wide variables for `spec` run by `executor`. `base` is prefixed to relative site
     paths where the executor resolves them on the submitting machine (submitit); `shared`:
     whether the nodes share storage, where the site decides it (default: as declared)."""
@@ -135,6 +145,8 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         # Containers are restarted by their service (retry strategy, backoff limit).
         JOBGEN_MAX_RESTARTS=str(recipe.job.max_restarts) if not container else "",
         JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
+        JOBGEN_COLLECTIVE_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
+        JOBGEN_NODE_SILENCE="" if node_silence_s is None else str(node_silence_s),
         JOBGEN_SHARED_FS="1" if shared else "",
         # submitit's nodes share the folder: the main node writes, the others' trainers start
         # once it has reached the rendezvous. Slurm's controller does it once itself.

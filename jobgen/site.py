@@ -67,6 +67,13 @@ class Setup:
     activate: Optional[str] = None  # a virtualenv's bin/activate, sourced before anything runs
 
 
+# The site's paths on the hosts that `jobgen submit` looks for before queueing a Slurm job
+# (jobgen/site_paths.py). The payload snapshots (paths.payload_dir) are placed from the
+# submitting host, so they cannot be only the nodes'.
+NodePathKey = Literal["setup.activate", "paths.nemo_dir", "paths.nxd_llama_dir",
+                      "paths.data_dir", "paths.work_dir", "paths.compile_cache"]
+
+
 @record
 class CpuInstance:
     """The CPU instance type that runs `--smoke` rehearsals on Batch (a site fact: it must be
@@ -153,6 +160,9 @@ class Site:
     slurm: SlurmSite
     paths: Paths
     setup: Setup = Setup()
+    # Site paths only the compute nodes have (a mount the submitting host lacks): the submit
+    # preflight does not look for them on the submitting host.
+    node_only_paths: Optional[tuple[NodePathKey, ...]] = None  # keys the preflight skips
     batch: Optional[BatchSite] = None
     sagemaker: Optional[SageMakerSite] = None
     eks: Optional[EksSite] = None

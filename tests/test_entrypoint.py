@@ -247,8 +247,10 @@ def show(runs: Sequence[NodeRun]) -> str:
 FAKE_LAUNCHER = r"""#!/usr/bin/env bash
 # Stand-in for payload/<payload>/launch.sh: records its pass, arguments and environment as one
 # JSON line in $FAKE_RECORD, then exits with $FAKE_EXIT_<PASS> (default 0). With FAKE_SLEEP it
-# first sleeps that long, recording a TERM it receives. With FAKE_BARRIER it first waits (20 s at
-# most) until all JOBGEN_NNODES nodes have reached the same pass, as torchrun's rendezvous does.
+# first sleeps that long, recording a TERM it receives. With FAKE_SAVE_ON=SIG its training pass
+# waits (60 s at most) for that signal, records whether it came, and exits 0 (saved, stopped).
+# With FAKE_BARRIER it first waits (20 s at most) until all JOBGEN_NNODES nodes have reached the
+# same pass, as torchrun's rendezvous does.
 pass=$1
 shift
 if [ -n "${FAKE_BARRIER:-}" ]; then
@@ -257,6 +259,23 @@ if [ -n "${FAKE_BARRIER:-}" ]; then
     [ "$(ls "$FAKE_BARRIER/$pass" | wc -l)" -ge "$JOBGEN_NNODES" ] && break
     sleep 0.1
   done
+fi
+if [ -n "${FAKE_SAVE_ON:-}" ] && [ "$pass" = train ]; then
+  # A trainer that saves on its stop signal: Python, since the flow's shells leave that signal
+  # ignored (bash cannot trap a signal ignored on entry; Python can).
+  exec python3 - "$pass" <<'EOF'
+import json, os, signal, sys, time
+got = []
+signal.signal(getattr(signal, "SIG" + os.environ["FAKE_SAVE_ON"]), lambda s, f: got.append(s))
+with open(os.environ["FAKE_RECORD"], "a", encoding="utf-8") as f:
+    f.write(json.dumps({"pass": sys.argv[1], "waiting": True}) + "\n")
+deadline = time.time() + 60
+while not got and time.time() < deadline:
+    time.sleep(0.1)
+with open(os.environ["FAKE_RECORD"], "a", encoding="utf-8") as f:
+    saved = os.environ["FAKE_SAVE_ON"] if got else None
+    f.write(json.dumps({"pass": sys.argv[1], "saved_on": saved}) + "\n")
+EOF
 fi
 if [ -n "${FAKE_SLEEP:-}" ]; then
   trap 'echo "{\"pass\": \"'"$pass"'\", \"signal\": \"TERM\"}" >> "$FAKE_RECORD"; exit 143' TERM
@@ -298,8 +317,9 @@ class Fake:
     def argv(self) -> list[str]:
         return ["fake/launch.sh", *self.defn.command[2:]]
 
-    def env(self, index: int, **extra: str | None) -> dict[str, str]:
-        env = node_env(self.defn, index, port=free_port(), payload=self.payload, extra=extra)
+    def env(self, index: int, port: int | None = None, **extra: str | None) -> dict[str, str]:
+        env = node_env(self.defn, index, port=port or free_port(), payload=self.payload,
+                       extra=extra)
         env["FAKE_RECORD"] = str(self.record)
         return env
 
@@ -351,6 +371,36 @@ def test_definition_carries_what_the_entrypoint_reads() -> None:
                  "JOBGEN_WORKDIR", "JOBGEN_PROGRAM", "JOBGEN_COMPILE_MODE",
                  "JOBGEN_COMPILE_CACHE", "JOBGEN_COMPILE_KEY", "JOBGEN_RDZV_TIMEOUT"):
         assert defn.env.get(name), name
+
+
+def test_every_payload_gets_the_declared_collective_timeout() -> None:
+    """The job declares one collective timeout (jobgen/node.py); every trainer's process group
+    is made with it, so that a collective whose peer is gone fails instead of waiting for the
+    job's time limit."""
+    import datetime
+    import re
+
+    from common.init import process_group_timeout
+    from common.runtime import PayloadError
+
+    from jobgen import node
+
+    assert smoke_definition().env["JOBGEN_COLLECTIVE_TIMEOUT"] == str(node.COLLECTIVE_TIMEOUT_S)
+    assert process_group_timeout({"JOBGEN_COLLECTIVE_TIMEOUT": "90"}) == \
+        datetime.timedelta(seconds=90)
+    assert process_group_timeout({}) == datetime.timedelta(seconds=node.COLLECTIVE_TIMEOUT_S)
+    with pytest.raises(PayloadError, match="JOBGEN_COLLECTIVE_TIMEOUT='0' is not a positive"):
+        process_group_timeout({"JOBGEN_COLLECTIVE_TIMEOUT": "0"})
+    calls = {}
+    for path in sorted(PAYLOAD.glob("*/*.py")):
+        if path.parent.name == "common":     # shared code; its docstrings name the calls
+            continue
+        for call in re.findall(r"(?:init_process_group|init_distributed)\((.*?)\)\n",
+                               path.read_text(), re.S):
+            calls.setdefault(path.parent.name, []).append(call)
+    assert sorted(calls) == ["habana_deepspeed", "neuronx_distributed", "smoke", "smp_fsdp"]
+    for payload, found in calls.items():
+        assert all("timeout=process_group_timeout()" in call for call in found), (payload, found)
 
 
 def test_two_nodes_split_arguments_and_run_both_passes(fake: Fake) -> None:
@@ -469,6 +519,117 @@ def test_terminate_stops_the_running_pass(fake: Fake) -> None:
     assert "training pass on" not in text
     assert f"{PREFIX0} compile pass failed with status 143; the training pass is skipped" in text
     assert f"{PREFIX0} received SIGTERM; stopping the running pass" in text
+
+
+def test_terminate_during_training_asks_the_trainers_to_save(fake: Fake) -> None:
+    """Batch's terminate or time-out: SIGTERM to the container's entrypoint (then SIGKILL 30 s
+    later). During training the entrypoint passes the trainers the signal they save on (the
+    definition's JOBGEN_STOP_SIGNAL), writes the request down first, and exits 143 once they
+    saved and stopped."""
+    assert fake.defn.env["JOBGEN_STOP_SIGNAL"] == "USR1"
+    out = fake.root / "save.out"
+    env = fake.env(0, FAKE_SAVE_ON="USR1", JOBGEN_COMPILE_MODE="never")
+    proc = start_node(fake.root, fake.argv, env, out)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and {"pass": "train", "waiting": True} not in \
+                fake.calls():
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    text = out.read_text()
+    assert proc.returncode == 143, text
+    assert {"pass": "train", "saved_on": "USR1"} in fake.calls(), text
+    assert (f"{PREFIX0} received SIGTERM; asking the trainers to save a checkpoint and stop "
+            "(SIGUSR1)") in text
+    logs = fake.root / fake.defn.env["JOBGEN_RUN_DIR"] / "logs" / "job-1" / "attempt-1"
+    assert (logs / "node-0" / "stop-requested").is_file()
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, in whatever session (torchrun's workers have their
+    own), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        queue.extend(children.get(current, []))
+    return found
+
+
+def signal_tree(pid: int, signum: int) -> None:
+    for each in process_tree(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(each, signum)
+
+
+def wait_for(path: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"no {text!r} in {path} after {timeout} s")
+
+
+@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_a_lost_child_ends_the_main_nodes_attempt(fake: Fake, how: str) -> None:
+    """A child node lost during training: its process tree killed (its container stopped: the
+    connection to the main node's watcher closes) or frozen (a host gone from the network: no
+    word, no reset). The main node stops its pass and exits 69, which the definition's retry
+    strategy retries, within JOBGEN_NODE_SILENCE seconds of the child's last word."""
+    from jobgen.backends.batch.backend import NODE_LOST_STATUS
+    silence = "3"
+    port = free_port()
+    envs = [fake.env(i, port, FAKE_SLEEP="120", JOBGEN_COMPILE_MODE="never",
+                     JOBGEN_NODE_SILENCE=silence) for i in (0, 1)]
+    outs = [fake.root / f"lost-{how}-{i}.out" for i in (0, 1)]
+    procs = [start_node(fake.root, fake.argv, env, out) for env, out in zip(envs, outs)]
+    try:
+        for out in outs:
+            wait_for(out, "training pass on 2 nodes")
+        wait_for(outs[0], "watching the other 1 node(s)")
+        time.sleep(float(silence))   # the child's first beats reach the watcher
+        signal_tree(procs[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        procs[0].wait(timeout=60)
+    finally:
+        signal_tree(procs[1].pid, signal.SIGKILL)
+        for proc in procs:
+            if proc.poll() is None:
+                _stop(proc)
+    text = outs[0].read_text()
+    assert procs[0].returncode == NODE_LOST_STATUS == 69, text
+    why = ("its connection to the main node closed without a goodbye" if how == "killed"
+           else f"(more than {silence} s): its host is unreachable")
+    assert why in text and f"{PREFIX0} node 1 is lost: " in text, text
+    assert f"{PREFIX0} stopping the train pass: its ranks cannot go on without node 1" in text
+    assert (f"{PREFIX0} node 1 was lost; this attempt ends with status 69, which the job's "
+            "retry strategy retries") in text
+    logs = fake.root / fake.defn.env["JOBGEN_RUN_DIR"] / "logs" / "job-1" / "attempt-1"
+    assert (logs / "node-lost").read_text().startswith("1 lost ")
+
+
+def test_children_that_finish_end_nothing(fake: Fake) -> None:
+    """A child that finishes says goodbye before its connection closes: the main node's own
+    status stands, and no node is called lost."""
+    barrier = str(fake.root.parent / "barrier")
+    port = free_port()
+    runs = fake.run(fake.env(0, port, FAKE_BARRIER=barrier, FAKE_SLEEP="3"),
+                    fake.env(1, port, FAKE_BARRIER=barrier))
+    assert [r.returncode for r in runs] == [0, 0], show(runs)
+    assert "watching the other 1 node(s)" in runs[0].output
+    assert "lost" not in runs[0].output, runs[0].output
 
 
 @pytest.mark.parametrize("change, message", [
@@ -722,3 +883,82 @@ def test_nodes_in_different_passes_do_not_train_together(tmp_path: Path, require
                for line in child.lines(PREFIX1)), child.output
     # Neither trainer started.
     assert not main.events() and not child.events()
+
+
+def _running(root: Path, argv: Sequence[str], envs: Sequence[Mapping[str, str]],
+             tag: str) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    outs = [root / f"{tag}-node{i}.out" for i in range(len(envs))]
+    return [start_node(root, argv, env, out) for env, out in zip(envs, outs)], outs
+
+
+def _wait_for_step(out: Path, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = out.read_bytes().decode("utf-8", "replace")
+        if any(s >= step for s in _steps(read_events(text), "train")):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"no training step {step} within {timeout} s:\n{out.read_text()[-6000:]}")
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_terminate_saves_and_a_lost_child_ends_the_next_attempt(
+        trained: dict[str, Any], tmp_path: Path) -> None:
+    """Both halves of a Batch job's end that the main node's exit alone does not give.
+
+    A terminate (or a time-out): Batch sends SIGTERM to every node's container; the trainers
+    save the step they agreed on and stop within the grace Batch gives (30 s), each node exits
+    143. The next attempt resumes there; then the child's whole process tree is killed mid-step,
+    as a lost host: the main node ends its attempt with status 69 (its retry strategy retries it)
+    instead of waiting in its collectives until the attempt's time-out (72 h on dl1)."""
+    from jobgen.backends.batch import DECLARATION
+    from jobgen.backends.batch.backend import NODE_LOST_STATUS, NODE_SILENCE_S
+
+    defn = trained["defn"]
+    train = list(defn.train_args)
+    train[train.index("--max-steps") + 1] = "2000"   # trains until it is stopped
+    argv = [defn.command[1], str(defn.compile_argc), *defn.compile_args, *train]
+    never: dict[str, str | None] = dict(SHARED, JOBGEN_COMPILE_MODE="never")
+    port = free_port()
+    procs, outs = _running(tmp_path, argv, [node_env(defn, i, port=port, job_id="job-5",
+                                                     extra=never) for i in (0, 1)], "terminate")
+    try:
+        _wait_for_step(outs[0], 3)
+        for proc in procs:                 # Batch stops every node's container
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=DECLARATION.stop_grace_s)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _stop(proc)
+    texts = [out.read_text() for out in outs]
+    assert [p.returncode for p in procs] == [143, 143], "\n".join(t[-4000:] for t in texts)
+    (stopped,) = [e for e in read_events(texts[0]) if e["event"] == "stopped"]
+    assert stopped["signal"] == "USR1"
+    run_dir = tmp_path / defn.env["JOBGEN_RUN_DIR"]
+    newest = checkpoints.newest_complete(run_dir / "train" / "checkpoints")
+    assert newest is not None and newest.step == stopped["step"]
+    for text, prefix in zip(texts, (PREFIX0, PREFIX1)):
+        assert (f"{prefix} received SIGTERM; asking the trainers to save a checkpoint and stop "
+                "(SIGUSR1)") in text
+
+    port = free_port()
+    procs, outs = _running(tmp_path, argv, [node_env(defn, i, port=port, job_id="job-5",
+                                                     attempt=2, extra=never) for i in (0, 1)],
+                           "lost")
+    try:
+        _wait_for_step(outs[0], stopped["step"] + 2)
+        signal_tree(procs[1].pid, signal.SIGKILL)   # the child's host is gone
+        procs[0].wait(timeout=NODE_SILENCE_S + 30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                signal_tree(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = outs[0].read_text()
+    assert procs[0].returncode == NODE_LOST_STATUS, text[-6000:]
+    assert [e["step"] for e in read_events(text) if e["event"] == "resume"] == [stopped["step"]]
+    assert f"{PREFIX0} node 1 is lost: " in text
+    assert f"{PREFIX0} node 1 was lost; this attempt ends with status 69" in text

@@ -4,6 +4,8 @@ follow it; a rehearsal whose image tree differs from the declaration fails as a 
 would."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
@@ -143,6 +145,10 @@ def test_image_context_prints_every_build_the_sites_recipes_need(tmp_path: Path)
         assert argv[argv.index("-t") + 1] == repo_tag
         assert f"docker push {repo_tag}" in proc.stdout
         assert argv[-1] == str(tmp_path / "ctx")
+        # What the image adds and imports, from the declaration (the Dockerfiles hold no copy).
+        assert given["PACKAGES"] == " ".join(image.packages)
+        assert json.loads(given["IMPORTS"]) == list(image.imports)
+        assert (given["BASE_TORCH"], given["BASE_PYTHON"]) == (image.torch, image.python)
     # SMP's base is in SageMaker's registry of the site's region, after a login to it.
     assert builds["p4d-smp"][builds["p4d-smp"].index("--build-arg") + 1].startswith(
         "BASE_IMAGE=658645717510.dkr.ecr.us-west-2.amazonaws.com/smdistributed-modelparallel:")
@@ -150,6 +156,111 @@ def test_image_context_prints_every_build_the_sites_recipes_need(tmp_path: Path)
             "--password-stdin 658645717510.dkr.ecr.us-west-2.amazonaws.com") in proc.stdout
     assert "TRAINER=nemo" in builds["trn1-nemo"] and "TRAINER=nxd" in builds["trn1-nxd"]
     assert ":1.13.1-neuronx" in " ".join(builds["trn1-nemo"])
+
+
+# --- what each image adds to its base, and what its build imports -------------------------------
+
+BUILD_CHECK = CONTAINERS / "build_check.py"
+
+
+def _instructions(dockerfile: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments left out."""
+    text = (CONTAINERS / dockerfile).read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return [i.strip() for i in re.sub(r"\\\n", " ", "\n".join(lines)).splitlines() if i.strip()]
+
+
+@pytest.mark.parametrize("name", sorted(images.declared().images))
+def test_the_dockerfile_installs_and_imports_what_the_declaration_says(name: str) -> None:
+    """The packages and the import statements come only from the build arguments image-context
+    passes: the Dockerfile takes them without a default, names none of the packages itself,
+    installs PACKAGES under the base's constraints and runs IMPORTS after the payload is in."""
+    image = images.declared().images[name]
+    steps = _instructions(image.dockerfile)
+    for arg in ("BASE_TORCH", "BASE_PYTHON", "PACKAGES", "IMPORTS", "IMPORT_PATH"):
+        assert f"ARG {arg}" in steps, arg                   # no default that could drift
+    body = " ".join(steps)
+    for package in image.packages:
+        project = re.match(r"[A-Za-z0-9._-]+", package)
+        assert project is not None and project.group(0).lower() not in body.lower(), package
+    runs = [s for s in steps if s.startswith("RUN ")]
+    base = next(i for i, s in enumerate(steps) if "jobgen-build-check.py base" in s)
+    install = next(i for i, s in enumerate(steps) if 'read -ra packages <<< "$PACKAGES"' in s)
+    assert '-c /tmp/keep.txt' in steps[install] and '"${packages[@]}"' in steps[install]
+    assert "jobgen-build-check.py constraints" in " ".join(steps[base:install + 1])
+    payload = next(i for i, s in enumerate(steps) if s.startswith("COPY payload/"))
+    imports = [i for i, s in enumerate(steps) if "jobgen-build-check.py imports" in s]
+    assert len(imports) == 1 and imports[0] > max(payload, install), runs
+    assert "COPY env/containers/build_check.py /tmp/jobgen-build-check.py" in steps
+    assert not any("py_compile" in s and "payload/" in s and "batch_setup" not in s
+                   for s in runs)
+
+
+def _build_check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("BASE_TORCH", "BASE_PYTHON", "IMPORTS", "IMPORT_PATH")}
+    return subprocess.run([sys.executable, str(BUILD_CHECK), *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_build_check_stops_on_another_base() -> None:
+    from importlib.metadata import version
+    torch = version("torch")
+    python = "%d.%d" % sys.version_info[:2]
+    ok = _build_check("base", BASE_TORCH=torch.split("+")[0], BASE_PYTHON=python)
+    assert ok.returncode == 0, ok.stderr
+    wrong = _build_check("base", BASE_TORCH="2.4.1", BASE_PYTHON=python)
+    assert wrong.returncode == 1
+    assert wrong.stderr == (f"image check: the base image has Python {python} and torch "
+                            f"{torch}; env/containers/images.yaml declares Python {python} "
+                            "and torch 2.4.1 for it\n")
+    unset = _build_check("base")
+    assert unset.returncode == 1 and "BASE_PYTHON is not set: build with the arguments" \
+        in unset.stderr
+    held = _build_check("constraints", "(torch|numpy)")
+    assert held.returncode == 0 and f"torch=={torch}" in held.stdout.splitlines()
+
+
+@pytest.mark.parametrize("name", sorted(images.declared().images))
+def test_the_declared_payload_imports_run_from_the_import_path(name: str) -> None:
+    """The declaration's statements that import only the payload's own modules run here, from
+    IMPORT_PATH with the image's payload folder put back at this checkout's: the path the build
+    passes reaches the modules it names. A statement that fails stops the check, named."""
+    image = images.declared().images[name]
+    args = dict(images.build_args(image, None))
+    payload = images.declared().payload_dir
+    path = args["IMPORT_PATH"].replace(payload, str(ROOT / "payload"))
+    local = [Path(p) for p in path.split(":")]
+    own = [s for s in image.imports if re.fullmatch(r"import [\w, ]+", s) and all(
+        any((d / f"{m.strip()}.py").is_file() for d in local) for m in s[7:].split(","))]
+    assert own, f"{name}: no statement imports the payload's own modules"
+    # One run (each imports torch): the payload's statements pass, then the bad one stops it.
+    run = _build_check("imports", IMPORTS=json.dumps([*own, "import jobgen_no_such_module"]),
+                       IMPORT_PATH=path)
+    assert run.returncode == 1
+    assert [f"image check: ok: {s}" for s in own] == run.stdout.splitlines(), run.stderr
+    assert run.stderr.splitlines()[-1] == (
+        "image check: 'import jobgen_no_such_module' failed: ModuleNotFoundError: No module "
+        "named 'jobgen_no_such_module'")
+
+
+def test_the_habana_image_keeps_its_bases_fabric_libraries() -> None:
+    """Habana's base builds libfabric with SynapseAI support and the HCCL OFI wrapper against
+    it (Setup_and_Install 1.16.0, dockerfiles/base/Dockerfile.ubuntu22.04): the image installs
+    neither again, puts nothing before them on the library path, and its build checks that the
+    wrapper loads the base's libfabric."""
+    steps = _instructions("habana.Dockerfile")
+    body = "\n".join(steps)
+    for gone in ("efa_installer", "aws-efa-installer", "hccl_ofi_wrapper.git", "INSTALL_EFA",
+                 "/opt/amazon/efa", "LD_LIBRARY_PATH"):
+        assert gone not in body, gone
+    check = next(s for s in steps if "libhccl_ofi_wrapper.so" in s)
+    assert check.startswith("RUN set -eu;")
+    assert "wrapper=/usr/lib/habanalabs/libhccl_ofi_wrapper.so" in check
+    assert 'ldd "$wrapper"' in check and '$1 == "libfabric.so.1"' in check
+    assert '"$(readlink -f "$root")"/lib/*) ;;' in check
+    assert "root=${LIBFABRIC_ROOT:?" in check and "fi_info --version" in check
+    assert '"${LIBFABRIC_VERSION:?}"' in check
 
 
 # --- the container rehearsal: the image's file tree, the real site's paths -----------------------
@@ -265,18 +376,33 @@ def test_the_batch_entrypoint_trains_in_the_declared_image(monkeypatch: Any,
 
 # --- what the service around the image needs from the job -------------------------------------
 
-def test_nemo_writes_its_index_files_into_the_run_where_the_data_is_read_only() -> None:
-    """SageMaker mounts the site's FSx channel read-only (access_mode ro): NeMo, which writes
-    its sample index files beside the data by default, is pointed into the run folder."""
-    def index_dir(site: str, backend: str) -> list[str]:
-        from jobgen import payloads
-        spec = api.job_spec("neox20b", 4, site=site, backend=backend)
+def test_nemo_writes_its_index_files_where_every_instance_has_them() -> None:
+    """SageMaker mounts the site's FSx channel read-only (access_mode ro), and an S3 channel with
+    FastFile (read-only too): NeMo, which writes its sample index files beside the data by
+    default, is pointed into each instance's unsynced scratch (each builds its own:
+    payload/common/node_indices.py). A read-write FSx channel keeps them beside the data, where
+    every instance sees the files rank 0 builds."""
+    import dataclasses
+
+    from jobgen import payloads, recipe
+    from jobgen import site as sites
+
+    def index_dir(site: str, backend: str, access_mode: str = "") -> list[str]:
+        loaded = sites.load(site)
+        if access_mode:
+            assert loaded.sagemaker is not None and loaded.sagemaker.fsx is not None
+            loaded = dataclasses.replace(loaded, sagemaker=dataclasses.replace(
+                loaded.sagemaker, fsx=dataclasses.replace(loaded.sagemaker.fsx,
+                                                          access_mode=access_mode)))
+        rec, source = recipe.load("neox20b", [], backend)
+        spec = payloads.resolved(rec, source, loaded, 4, backend=backend)
         return [a for a in payloads.for_spec(spec).train_args
                 if a.startswith("model.data.index_mapping_dir=")]
 
-    assert index_dir("sagemaker", "sagemaker") == [
-        "model.data.index_mapping_dir=/opt/ml/checkpoints/neox20b-4n/nemo/index_mappings"]
-    assert index_dir("local", "sagemaker") == []         # an S3 channel: the volume is writable
+    scratch = ["model.data.index_mapping_dir=/tmp/jobgen/neox20b-4n/index_mappings"]
+    assert index_dir("sagemaker", "sagemaker") == scratch
+    assert index_dir("local", "sagemaker") == scratch      # an S3 channel (FastFile)
+    assert index_dir("sagemaker", "sagemaker", "rw") == []
     assert index_dir("trn1-pcluster", "slurm") == []
 
 

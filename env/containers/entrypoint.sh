@@ -20,8 +20,12 @@
 #      index). Nodes wait for each other at most $JOBGEN_RDZV_TIMEOUT seconds.
 #   3. exits with the status of the last pass it ran: on the main node that ends the Batch job
 #      (Batch then stops the children); a failed compile pass skips the training pass.
-# SIGTERM/SIGINT are passed on to the running pass. A job whose node count differs from the one
-# the definition was rendered for ($JOBGEN_NODES) is refused.
+#   4. on the main node, watches the children (payload/common/node_watch.py): a child lost
+#      mid-job ends the attempt with status 69, which the definition's retry strategy retries
+#      (Batch itself acts only on the main node's exit).
+# SIGTERM/SIGINT are passed on to the running pass; during training SIGTERM (Batch's terminate or
+# time-out, SIGKILL 30 s later) becomes the trainers' stop signal: they save and stop. A job whose
+# node count differs from the one the definition was rendered for ($JOBGEN_NODES) is refused.
 #
 # Everything the script itself says is on stderr, prefixed "jobgen[batch node N]:".
 set -uo pipefail
@@ -118,5 +122,69 @@ say "job $job_id attempt $attempt: node $node_index of $num_nodes (torchrun node
 # every node mounts (one rank then seals each checkpoint), else each node keeps its own disk.
 [ "${JOBGEN_SHARED_FS:-}" = 1 ] || JOBGEN_SHARED_FS=0
 export JOBGEN_IS_MAIN=$is_main JOBGEN_SETUP_ON=every JOBGEN_SHARED_FS
+
+# ---- the children's liveness (payload/common/node_watch.py) -----------------------------------
+# Batch ends the job only when the main node exits: a child that dies ends nothing by itself, and
+# the main node's ranks would wait in their collectives. Each child tells the main node's watcher
+# (port MASTER_PORT + 1) that it lives; a child that goes silent for JOBGEN_NODE_SILENCE seconds,
+# or whose container goes without a goodbye, is lost: the main node stops its pass and exits with
+# status 69, which the job definition's retry strategy retries (an infrastructure failure, not
+# the training's). A child whose flow fails ends the main node's attempt with the child's status.
+node_lost_status=69
+watch_port=$((MASTER_PORT + 1))
+watch_record="$JOBGEN_LOG_DIR/node-lost"
+watch_tool="$JOBGEN_PAYLOAD_DIR/common/node_watch.py"
+watch_pid=""
+lost=""
+# shellcheck disable=SC2329  # invoked through the USR2 trap
+on_node_lost() {
+  [ -z "$lost" ] || return 0
+  { read -r lost <"$watch_record"; } 2>/dev/null || lost="? lost 0 (no record)"
+  case $FLOW_STOPPING in
+    TERM | INT)   # this node is saving and stopping on the service's signal: let it finish
+      say "the watcher reported node ${lost%% *}, but this node is stopping on SIG$FLOW_STOPPING; letting it save"
+      return 0 ;;
+  esac
+  FLOW_STOPPING=USR2    # the flow starts no further pass
+  if [ -n "${FLOW_PASS_PID:-}" ]; then
+    say "stopping the $FLOW_PASS pass: its ranks cannot go on without node ${lost%% *}"
+    # shellcheck disable=SC2046  # a list of process ids
+    kill -KILL $(flow_tree "$FLOW_PASS_PID") 2>/dev/null
+  fi
+}
+if [ -n "${JOBGEN_NODE_SILENCE:-}" ] && [ "$num_nodes" -gt 1 ]; then
+  if [ "$is_main" -eq 1 ]; then
+    rm -f "$watch_record"
+    trap on_node_lost USR2
+    "$FLOW_PYTHON" "$watch_tool" serve "$watch_port" "$num_nodes" "$JOBGEN_NODE_SILENCE" "$$" "$watch_record" &
+  else
+    "$FLOW_PYTHON" "$watch_tool" beat "$MASTER_ADDR" "$watch_port" "$node_rank" &
+  fi
+  watch_pid=$!
+fi
+
 flow_node "$@"
-exit "$?"
+status=$?
+if [ -n "$watch_pid" ] && [ "$is_main" -eq 0 ]; then
+  "$FLOW_PYTHON" "$watch_tool" bye "$MASTER_ADDR" "$watch_port" "$node_rank" "$status"
+elif [ -n "$watch_pid" ] && [ "$status" -ne 0 ] && [ -z "$lost" ]; then
+  # A peer's death often reaches this node's ranks (a reset connection) a moment before the
+  # watcher hears of it: give the watcher a few seconds to say which it was.
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    if [ -n "$lost" ] || [ -s "$watch_record" ] || ! kill -0 "$watch_pid" 2>/dev/null; then break; fi
+    sleep 0.5
+  done
+  [ -n "$lost" ] || { read -r lost <"$watch_record"; } 2>/dev/null || lost=""
+fi
+[ -z "$watch_pid" ] || kill "$watch_pid" 2>/dev/null
+if [ -n "$lost" ] && [ "$status" -ne 0 ]; then
+  read -r lost_node lost_kind lost_status _ <<<"$lost"
+  if [ "$lost_kind" = failed ] && flow_is_count "$lost_status"; then
+    say "node $lost_node's flow failed with status $lost_status; this attempt ends with it"
+    status=$lost_status
+  else
+    say "node $lost_node was lost; this attempt ends with status $node_lost_status, which the job's retry strategy retries"
+    status=$node_lost_status
+  fi
+fi
+exit "$status"

@@ -22,7 +22,8 @@
 #                SDK 2.20.2 image with torch 1.13.1,
 #                  --build-arg TRAINER=nemo
 #                  --build-arg BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:1.13.1-neuronx-py310-sdk2.20.2-ubuntu20.04
-#                (the build stops if the base image's torch is not 1.13).
+#                (`jobgen image-context` passes both; the build stops if the base image's torch
+#                or Python is not the one env/containers/images.yaml declares).
 # These pins are the releases jobgen/payloads/upstream/*.json were read from.
 ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04
 FROM ${BASE_IMAGE}
@@ -37,6 +38,15 @@ ARG NXD_REF=4f95471
 ARG NEMO_CHECKOUT=/workspace/neuronx-nemo-megatron
 ARG NXD_CHECKOUT=/workspace/neuronx-distributed
 ARG JOBGEN_DIR=/opt/jobgen
+# The torch and Python the base must carry; the pip requirements jobgen adds to the trainer's
+# own (PACKAGES, space-separated); the statements the build runs to prove the trainer and the
+# payload import (IMPORTS, a JSON list) with IMPORT_PATH on sys.path. images.yaml declares them
+# per image (trn1-nemo, trn1-nxd) and `jobgen image-context` passes them.
+ARG BASE_TORCH
+ARG BASE_PYTHON
+ARG PACKAGES
+ARG IMPORTS
+ARG IMPORT_PATH
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
@@ -49,26 +59,29 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /workspace
-# Keep the image's torch, torch-neuronx and friends: nothing installed below may replace them.
-RUN python3 -m pip freeze \
-      | grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla|neuronx[-_]distributed|numpy)==' \
+COPY env/containers/build_check.py /tmp/jobgen-build-check.py
+# The base is the one declared; keep its torch, torch-neuronx and friends: nothing installed
+# below may replace them.
+RUN python3 /tmp/jobgen-build-check.py base \
+ && python3 /tmp/jobgen-build-check.py constraints \
+      '(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla|neuronx[-_]distributed|numpy)' \
       > /tmp/keep.txt
 
 # Checkouts land where images.yaml declares them (NEMO_CHECKOUT, NXD_CHECKOUT); jobs rendered
 # for SageMaker, EKS and Batch point the trainer there.
 RUN case "$TRAINER" in nxd | nemo) ;; *) echo "TRAINER must be nxd or nemo" >&2; exit 1 ;; esac
 # As neuronx-nemo-megatron's own Dockerfile does: Cython before the wheels are built, its
-# requirements-docker.txt, protobuf 3.20, then the Megatron dataset helper (built from outside
-# the checkout, so that the installed package is the one imported).
+# requirements-docker.txt with PACKAGES (images.yaml: protobuf 3.20), then the Megatron dataset
+# helper (built from outside the checkout, so that the installed package is the one imported).
 RUN if [ "$TRAINER" = nemo ]; then \
-      python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('1.13') else 'neuronx-nemo-megatron needs torch 1.13.1; this base image has torch ' + torch.__version__ + ': pass BASE_IMAGE=...:1.13.1-neuronx-py310-sdk2.20.2-ubuntu20.04')" \
-      && git clone "$NEMO_REPO" "$NEMO_CHECKOUT" \
+      git clone "$NEMO_REPO" "$NEMO_CHECKOUT" \
       && git -C "$NEMO_CHECKOUT" checkout "$NEMO_REF" \
       && cd "$NEMO_CHECKOUT" \
       && python3 -m pip install -c /tmp/keep.txt wheel Cython \
       && ./build.sh \
       && python3 -m pip install -c /tmp/keep.txt ./build/*.whl \
-      && python3 -m pip install -c /tmp/keep.txt -r requirements-docker.txt protobuf==3.20.3 \
+      && read -ra packages <<< "$PACKAGES" \
+      && python3 -m pip install -c /tmp/keep.txt -r requirements-docker.txt "${packages[@]}" \
       && cd / \
       && python3 -c "from nemo.collections.nlp.data.language_modeling.megatron.dataset_utils import compile_helper; compile_helper()"; \
     fi
@@ -78,7 +91,11 @@ RUN if [ "$TRAINER" = nxd ]; then \
       && for req in "$NXD_CHECKOUT/examples/training/llama/requirements.txt" \
                     "$NXD_CHECKOUT/examples/training/llama/tp_zero1_llama_hf_pretrain/requirements.txt"; do \
            if [ -f "$req" ]; then python3 -m pip install -c /tmp/keep.txt -r "$req"; fi; \
-         done; \
+         done \
+      && read -ra packages <<< "$PACKAGES" \
+      && if (( ${#packages[@]} )); then \
+           python3 -m pip install -c /tmp/keep.txt "${packages[@]}"; \
+         fi; \
     fi
 RUN rm -f /tmp/keep.txt
 
@@ -91,9 +108,13 @@ RUN test -s "$JOBGEN_DIR/payload/.jobgen-digest" \
 # The entrypoints of Batch, SageMaker training jobs and EKS pods: the same image runs on each.
 COPY env/containers/entrypoint.sh env/containers/sagemaker-entrypoint.sh \
      env/containers/eks-entrypoint.sh ${JOBGEN_DIR}/
+# What the trainer and the payload import, imported as they run (the trainer's entry module,
+# NeMo's dataset helper built above, the payload's modules), and the node's file writer.
 RUN chmod 0755 "$JOBGEN_DIR"/*.sh \
  && for f in "$JOBGEN_DIR"/*.sh; do bash -n "$f"; done \
- && python3 -m py_compile "$JOBGEN_DIR/payload/common/batch_setup.py"
+ && python3 -m py_compile "$JOBGEN_DIR/payload/common/batch_setup.py" \
+ && python3 /tmp/jobgen-build-check.py imports \
+ && rm /tmp/jobgen-build-check.py
 ENV JOBGEN_DIR=${JOBGEN_DIR}
 
 # CMD, not ENTRYPOINT: the Batch job definition's command names the entrypoint and its arguments.

@@ -1,5 +1,10 @@
-"""Scaled initialisation of the output projections, shared by the NxD Llama program and the
-smoke trainer (so that it runs on CPU in the tests).
+"""Initialisation shared by the payloads: the process group's collective timeout, and the scaled
+initialisation of the output projections (the NxD Llama program and the smoke trainer, so that it
+runs on CPU in the tests).
+
+Every trainer hands ``process_group_timeout()`` to ``init_process_group`` (DeepSpeed's
+``init_distributed``): a collective whose peer is gone fails after JOBGEN_COLLECTIVE_TIMEOUT
+seconds (the node contract, jobgen/node.py) instead of waiting for the job's time limit.
 
 HLAT (REFERENCE.md A.3) initialises the projections that write into the residual stream (the
 attention output and the MLP down projection) with std / sqrt(2 x layers), so that the stream's
@@ -7,9 +12,32 @@ variance does not grow with depth; everything else keeps the base std.
 """
 from __future__ import annotations
 
+import datetime
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from common.runtime import PayloadError
+
+COLLECTIVE_TIMEOUT_ENV = "JOBGEN_COLLECTIVE_TIMEOUT"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800   # torch's own default; jobgen/node.py declares the job's
+
+
+def process_group_timeout(env: Mapping[str, str] | None = None) -> datetime.timedelta:
+    """The collective timeout the job declares (JOBGEN_COLLECTIVE_TIMEOUT seconds), for
+    ``init_process_group(timeout=...)``; torch's default where a job started by hand has none."""
+    text = str((os.environ if env is None else env).get(COLLECTIVE_TIMEOUT_ENV, "")).strip()
+    if not text:
+        return datetime.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise PayloadError(f"{COLLECTIVE_TIMEOUT_ENV}={text!r} is not a positive number of "
+                           "seconds")
+    return datetime.timedelta(seconds=seconds)
 
 # draw(name, param, std) -> a CPU tensor with param's shape holding its new values.
 Draw = Callable[[str, Any, float], Any]

@@ -20,6 +20,7 @@ sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
 from common import args as shared
 from common.events import EventLog, open_tensorboard
+from common.init import process_group_timeout
 from common.loop import agreed_newest, run_invocation, sealed_save
 from common.runtime import (
     PayloadError,
@@ -173,7 +174,8 @@ class Trainer:
         import deepspeed.utils
 
         deepspeed.utils.logger.setLevel("WARNING")
-        deepspeed.init_distributed(dist_backend=self.accel.backend)
+        deepspeed.init_distributed(dist_backend=self.accel.backend,
+                                   timeout=process_group_timeout())
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         model = build_model(args)
         self.optimizer, opt_name = build_optimizer(args.optimizer, model, self.accel, args.lr,

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import args as shared
 from common.events import EventLog, open_tensorboard
-from common.init import scale_output_projections, sharded_draw
+from common.init import process_group_timeout, scale_output_projections, sharded_draw
 from common.loop import run_invocation
 from common.optim import parameter_groups
 from common.runtime import PayloadError, run_main
@@ -207,9 +207,10 @@ class LlamaRunner:
         torch.set_default_dtype(torch.float32)
         if requires_init_pg_override():
             import torch_xla.experimental.pjrt_backend  # noqa: F401  (registers pjrt://)
-            dist.init_process_group("xla", init_method="pjrt://")
+            dist.init_process_group("xla", init_method="pjrt://",
+                                    timeout=process_group_timeout())
         else:
-            dist.init_process_group("xla")
+            dist.init_process_group("xla", timeout=process_group_timeout())
         set_seed(args.seed)
         self.args, self.torch, self.xm, self.nxd = args, torch, xm, nxd
         self.parallel_state = parallel_state

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import args as shared
 from common.events import EventLog, node_index, open_tensorboard
-from common.init import scale_output_projections
+from common.init import process_group_timeout, scale_output_projections
 from common.loop import agreed_newest, run_invocation, sealed_save
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.optim import parameter_groups
@@ -198,7 +198,7 @@ class SmokeTrainer:
         self.rank, self.world, self.local_rank = dist_coords()
         self.node = node_index(os.environ)
         self.nnodes = max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=process_group_timeout())
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         self.model = build_model(args)
         if args.scaled_init:  # the same code as the NxD program's (payload/common/init.py)

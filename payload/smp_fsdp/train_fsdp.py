@@ -39,7 +39,7 @@ import fsdp_model as sharding
 import smp_v2 as smp
 from common import args as shared
 from common.events import EventLog, open_tensorboard
-from common.init import scale_output_projections
+from common.init import process_group_timeout, scale_output_projections
 from common.loop import run_invocation
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.runtime import (
@@ -158,7 +158,8 @@ class FsdpTrainer:
             self.device = torch.device("cuda", self.local_rank)
         else:
             self.device = torch.device("cpu")
-        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                                timeout=process_group_timeout())
         self.smp = smp.load()
         self._place(local_world)
         self.model = self._build()

@@ -15,6 +15,11 @@ DECLARATION = Declaration(
     container=True,
     local_cache_step=False,
     shared_fs=False,     # unless the site's work_dir is on batch.shared_volume (run_folder_shared)
+    # A terminate or a time-out stops each node's container with SIGTERM, then SIGKILL 30 s later
+    # (Batch's "Job timeouts"; the ECS agent's ECS_CONTAINER_STOP_TIMEOUT, which the job
+    # definition cannot set); the entrypoint's flow turns the SIGTERM into the trainers' stop
+    # signal.
+    forwards_stop_signal=True, stop_grace_s=30,
     watch=True,
     command=True,
     logs_per_node=True,

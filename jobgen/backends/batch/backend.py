@@ -20,10 +20,20 @@ from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 from . import client as batch_client
 
-# Retry what the infrastructure broke (a host that went away, an image that could not be pulled
-# or started); exit on everything else, which is the training's own failure. First match wins.
+# The main node's status when its watch found a child node lost (env/containers/entrypoint.sh,
+# payload/common/node_watch.py): Batch ends a multi-node job only when the main node exits, and a
+# child's failure starts no new attempt, so the main node ends the attempt itself.
+NODE_LOST_STATUS = 69
+# Seconds of a child's silence (its host gone from the network) after which the main node ends the
+# attempt; a child whose container stops is noticed at once (its connection closes).
+NODE_SILENCE_S = 60
+
+# Retry what the infrastructure broke (a host that went away, a child node lost, an image that
+# could not be pulled or started); exit on everything else, which is the training's own failure.
+# First match wins; Batch takes at most 5.
 EVALUATE_ON_EXIT = (
     {"onStatusReason": "Host EC2*", "action": "RETRY"},
+    {"onExitCode": str(NODE_LOST_STATUS), "action": "RETRY"},
     {"onReason": "CannotPullContainerError*", "action": "RETRY"},
     {"onReason": "CannotStartContainerError*", "action": "RETRY"},
     {"onReason": "*", "action": "EXIT"},
@@ -49,9 +59,38 @@ def node_environment(spec: JobSpec, lau: payloads.Launch) -> list[dict[str, str]
     site = spec.site
     timeout = site.batch.rendezvous_timeout_s if site.batch else DEFAULT_RDZV_TIMEOUT_S
     contract = node.contract(spec, lau, "batch", rdzv_timeout_s=timeout,
-                             shared=run_folder_shared(site))
+                             shared=run_folder_shared(site), node_silence_s=NODE_SILENCE_S)
+    if lau.stop_signal:
+        _note_save_in_grace(spec)
     env = node.environment(spec, lau, contract)
     return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _note_save_in_grace(spec: JobSpec) -> None:
+    """At a terminate or a time-out Batch stops each node's container with SIGTERM and kills it
+    30 s later (the ECS agent's ECS_CONTAINER_STOP_TIMEOUT; Batch's job definition has no field for
+    it). The trainers save on that signal; where the checkpoint takes longer to write than that
+    at the site's declared storage bandwidth (plan.storage), the render says so once."""
+    from ... import sizes
+    from . import DECLARATION
+
+    storage = spec.site.plan.storage
+    if spec.rehearsal is not None or storage is None or not storage.write_mb_s:
+        return
+    write_mb_s = storage.write_mb_s
+    if storage.node_mb_s:
+        write_mb_s = min(write_mb_s, storage.node_mb_s * spec.nodes)
+    size = sizes.checkpoint_bytes(spec)
+    write_s = size / (write_mb_s * 1e6)
+    grace = DECLARATION.stop_grace_s
+    if write_s > grace:
+        node.say_once(
+            f"note: {spec.source}: a Batch terminate or time-out gives the trainers {grace} s "
+            f"from SIGTERM to SIGKILL, and a checkpoint of {size / 1e9:.1f} GB takes about "
+            f"{write_s:.0f} s at the site's {write_mb_s:g} MB/s: that save is cut off and the "
+            "job resumes from its last periodic checkpoint (the ECS agent's "
+            "ECS_CONTAINER_STOP_TIMEOUT, set in the compute environment's launch template, "
+            "gives longer)")
 
 
 def run_folder_shared(site: Site) -> bool:
