@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from test_nemo_checkpoints import write_ckpt
 
 from jobgen import snapshot
 from jobgen.schema import describe
@@ -420,7 +421,7 @@ def test_compile_pass_then_training_pass(run_job: Callable, submit: Path,
     assert "STUB_VIA_NEURON_PARALLEL_COMPILE" not in train_call["env"]
     assert overrides(compile_call)["trainer.max_steps"] == "3"
     assert overrides(train_call)["trainer.max_steps"] == "10000"
-    assert overrides(train_call)["exp_manager.resume_if_exists"] == "False"   # see launch.sh
+    assert overrides(train_call)["exp_manager.resume_if_exists"] == "True"   # see launch.sh
     for call in job.calls:
         assert call["argv"][:10] == ["--nproc_per_node", "32", "--nnodes", "1", "--node_rank", "0",
                                      "--master_addr", "127.0.0.1", "--master_port", "41000"]
@@ -611,7 +612,7 @@ def test_nemo_training_resumes_through_model_resume_from_checkpoint(
     proc, job = run_job("neox20b", site={"paths.work_dir": work_dir})
     assert proc.returncode == 0, proc.stderr
     assert not any(a.startswith("model.resume_from_checkpoint=") for a in job.calls[1]["argv"])
-    assert overrides(job.calls[1])["exp_manager.resume_if_exists"] == "False"
+    assert overrides(job.calls[1])["exp_manager.resume_if_exists"] == "True"
     checkpoints = submit / work_dir / "neox20b-1n" / "nemo" / "checkpoints"
     ranks = [checkpoints / f"tp_rank_{t:02d}_pp_rank_{p:03d}" for t in range(8) for p in range(4)]
     older = "megatron_neox--step=200-consumed_samples=51200.0.ckpt"
@@ -620,13 +621,17 @@ def test_nemo_training_resumes_through_model_resume_from_checkpoint(
     for rank in ranks:
         rank.mkdir(parents=True, exist_ok=True)
         for i, name in enumerate((newest.name, older)):   # the older one downloaded last
-            (rank / name).write_text("")
+            write_ckpt(rank / name)
             os.utime(rank / name, (1_700_000_000 + i, 1_700_000_000 + i))
     for rank in ranks[:-1]:                                # one rank's part never arrived
-        (rank / partial).write_text("")
+        write_ckpt(rank / partial)
     proc, job = run_job("neox20b", site={"paths.work_dir": work_dir})
     assert proc.returncode == 0, proc.stderr
     assert len(job.calls) == 1                     # compile skipped: the marker is there
     resume = hydra_string(overrides(job.calls[0])["model.resume_from_checkpoint"])
     assert resume == f"{submit}/{work_dir}/neox20b-1n/nemo/checkpoints/{newest.name}"
+    assert hydra_string(overrides(job.calls[0])["+exp_manager.explicit_ckpt_path"]) == resume
+    # NeMo holds the one it resumed from: its callback keeps keep - 1 (recipe: keep 3).
+    assert overrides(job.calls[0])["exp_manager.checkpoint_callback_params.save_top_k"] == "2"
+    assert not (ranks[0] / partial).exists() and (ranks[0] / older).exists()
     assert "resuming from" in proc.stderr

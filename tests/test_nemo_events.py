@@ -103,9 +103,9 @@ def _write(folder: Path, steps: range, batch: int) -> None:
 
 
 def test_relay_turns_new_tensorboard_steps_into_events(tmp_path: Path) -> None:
-    """The relay alone: an earlier attempt's event file is left alone, the new one's logged
-    steps become step events (on stdout and in the metrics file), and SIGTERM ends it after a
-    last read."""
+    """The relay alone: an earlier attempt's event file is left alone (also once NeMo moved
+    it), the new one's logged steps become step events (on stdout and in the metrics file), and
+    SIGTERM ends it after a last read."""
     import signal
     import time
     nemo = tmp_path / "run" / "nemo"
@@ -121,6 +121,10 @@ def test_relay_turns_new_tensorboard_steps_into_events(tmp_path: Path) -> None:
         first = json.loads(relay.stdout.readline())   # written once it has looked
         assert first["event"] == "start" and first["global_batch_size"] == 8
         time.sleep(0.5)
+        # NeMo, resuming, moves the files of the log folder into run_<n> (check_resume).
+        (nemo / "run_0").mkdir()
+        for path in (nemo / "old").iterdir():
+            path.rename(nemo / "run_0" / path.name)
         _write(nemo / "new", range(50, 60, 5), 8)
         relay.send_signal(signal.SIGTERM)
         out, _ = relay.communicate(timeout=60)

@@ -684,36 +684,3 @@ def test_ranks_agree_on_the_step_when_one_hears_the_signal(tmp_path: Path) -> No
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     assert lines == ["rank 0 stopped after step 4 (heard: False)",
                      "rank 1 stopped after step 4 (heard: True)"]
-
-
-def _nemo_resume() -> Any:
-    import importlib.util
-    path = Path(__file__).resolve().parent.parent / "payload" / "neuron_nemo" / "resume.py"
-    spec = importlib.util.spec_from_file_location("nemo_resume", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_nemo_resumes_by_step_from_a_step_every_rank_folder_holds(tmp_path: Path,
-                                                                   capsys: Any) -> None:
-    resume = _nemo_resume()
-    name = "megatron_gpt--step={}-consumed_samples={}.0.ckpt"
-    # One model-parallel rank: no rank folder; the step in the name decides, not the listing.
-    for step in (90, 100, 1000):
-        (tmp_path / name.format(step, step * 8)).write_text("")
-    assert resume.choose(tmp_path, 1, 1) == tmp_path / name.format(1000, 8000)
-    # TP 2 x PP 2: step 300 is in three of the four rank folders only.
-    root = tmp_path / "tp"
-    folders = resume.rank_folders(2, 2)
-    assert folders[1] == "tp_rank_00_pp_rank_001"
-    for folder in folders:
-        (root / folder).mkdir(parents=True)
-        (root / folder / name.format(200, 1600)).write_text("")
-    for folder in folders[:-1]:
-        (root / folder / name.format(300, 2400)).write_text("")
-    assert resume.main([str(root), "model.tensor_model_parallel_size=2",
-                        "model.pipeline_model_parallel_size=2"]) == 0
-    assert capsys.readouterr().out.strip() == str(root / name.format(200, 1600))
-    assert resume.choose(tmp_path / "none", 2, 2) is None

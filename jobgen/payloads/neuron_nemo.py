@@ -120,14 +120,27 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         "exp_manager.create_tensorboard_logger": train,
         # Resuming goes through model.resume_from_checkpoint, added by the launcher
         # (payload/neuron_nemo/launch.sh) when a checkpoint exists: the path the upstream
-        # documents, and the one that builds the model as resuming.
-        "exp_manager.resume_if_exists": False,
-        "exp_manager.resume_ignore_no_checkpoint": False,
+        # documents, and the one that builds the model as resuming. resume_if_exists is on only
+        # so that NeMo's checkpoint callback counts the checkpoints already in the folder as its
+        # top k (n_resume -> NeMoModelCheckpoint.nemo_topk_check_previous_run) and deletes them
+        # in turn; otherwise each allocation starts an empty top k and keeps `keep` more. The
+        # launcher names the file (explicit_ckpt_path, read only where dirpath is set) and
+        # removes, before the trainer starts, what the callback cannot (resume.py).
+        "exp_manager.resume_if_exists": train,
+        "exp_manager.resume_ignore_no_checkpoint": True,
         # No save in the compile pass: NeMo's XLACheckpointIO skips saving while graphs are
         # extracted (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile), so NeMo's save
         # graphs compile at its first real save; only the real trainer can do otherwise.
         "exp_manager.create_checkpoint_callback": train,
-        "exp_manager.checkpoint_callback_params.save_last": train,
+        "+exp_manager.checkpoint_callback_params.dirpath": (
+            posixpath.join(spec.run_dir, "nemo", "checkpoints") if train else None),
+        # What the callback's restore parses: the monitored step after "step=" in each name,
+        # the highest kept (as the upstream config has them, set here so they cannot drift).
+        "exp_manager.checkpoint_callback_params.monitor": "step",
+        "exp_manager.checkpoint_callback_params.mode": "max",
+        # No -last copy: it is a second full save of the newest step, which the callback's
+        # restore does not count and nothing deletes once the run resumes from it.
+        "exp_manager.checkpoint_callback_params.save_last": False,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
     }
     if m.activation_checkpointing == "full":
@@ -149,6 +162,12 @@ def build(spec: JobSpec) -> Launch:
         raise ConfigError(f"site {spec.site.name}: paths.nemo_dir is required by payload "
                           "neuron_nemo (the neuronx-nemo-megatron language_modeling directory)")
     config = launch_value(spec, PAYLOAD, "config_name")
+    if "step" in spec.run_dir:
+        # NeMoModelCheckpoint.nemo_topk_check_previous_run reads the monitored value after the
+        # first "step" in a checkpoint's whole path: a folder named so makes it fail to start.
+        raise ConfigError(f"site {spec.site.name}: paths.work_dir: the run directory "
+                          f"{spec.run_dir} contains \"step\", which NeMo's checkpoint callback "
+                          "misreads as its monitored value (choose another work_dir or run name)")
 
     def args(which: Pass) -> tuple[str, ...]:
         head = (f"--config-name={config}",)
@@ -185,7 +204,9 @@ PAYLOAD = Payload(
         50257, "NeMo takes the vocabulary from the GPT-2 BPE tokenizer files (data.vocab_file, "
                "data.merge_file) and pads it to a multiple of parallelism.tensor")},
     refused_values={"optim.name": {"lamb": "the NeMo payload trains with adamw (NeMo's LAMB "
-                                           "is apex's CUDA kernel)"}},
+                                           "is apex's CUDA kernel)"},
+                    "checkpoint.keep": {1: "NeMo holds the checkpoint it resumed from until the "
+                                           "job ends, so it keeps at least 2"}},
     launch_keys={"config_name": "megatron_neox_config"},
     upstream="neuron_nemo.json",
 )

@@ -11,7 +11,9 @@ SageMaker's CloudWatch stream: what SageMaker's metric definitions and the watch
 EKS job read), in the node's pass log beside NeMo's own output (what the watch of a Slurm or Batch
 job reads) and in ``RUN_DIR/train/metrics.jsonl`` (what `jobgen plan --from-run` reads).
 
-Event files that exist when the relay starts belong to an earlier attempt and are left alone.
+Event files that exist when the relay starts belong to an earlier attempt and are left alone,
+also once NeMo, resuming, moves them into a ``run_N`` folder (exp_manager's check_resume): they
+are known by their names, which TensorBoard makes unique (time, host, process).
 usage: events.py NEMO_LOG_DIR METRICS_PATH NODE_LOG [HYDRA_OVERRIDE...]   (stops on SIGTERM,
 after a last read)
 """
@@ -50,7 +52,7 @@ def _iso(seconds: float) -> str:
 class Relay:
     def __init__(self, log_dir: Path, metrics: Path, node_log: Path, node: int) -> None:
         self.log_dir, self.metrics, self.node_log, self.node = log_dir, metrics, node_log, node
-        self.old = set(self._files())   # an earlier attempt's files
+        self.old = {path.name for path in self._files()}   # an earlier attempt's files
         self.loaders: dict[Path, Any] = {}
         self.pending: dict[int, dict[str, Any]] = {}   # TB step -> its scalars so far
 
@@ -68,7 +70,7 @@ class Relay:
     def read(self) -> None:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         for path in self._files():
-            if path in self.old:
+            if path.name in self.old:
                 continue
             loader = self.loaders.setdefault(path, EventFileLoader(str(path)))
             for event in loader.Load():   # from where the last read stopped

@@ -6,12 +6,15 @@
 #
 # Resuming: the training pass resumes the way the upstream scripts document it, with
 # model.resume_from_checkpoint=<checkpoint>. That is what builds the trainer as resuming
-# (NLPTrainer.is_resuming_from_checkpoint, which the model consults while it is built);
-# exp_manager's own resume_if_exists only points Lightning at the file afterwards. The checkpoint
-# is chosen under $JOBGEN_RUN_DIR/nemo/checkpoints (jobgen's exp_manager.explicit_log_dir is
-# $RUN_DIR/nemo) by resume.py: the newest step that every tensor/pipeline-rank folder holds, by
-# the step in its name, not by modification time (after a restore from S3 that is download time,
-# and nodes could disagree).
+# (NLPTrainer.is_resuming_from_checkpoint, which the model consults while it is built). The same
+# path goes to exp_manager as explicit_ckpt_path: with resume_if_exists (on, so that NeMo's
+# checkpoint callback counts the checkpoints already there in its top k) exp_manager would
+# otherwise pick the newest *.ckpt by modification time. The checkpoint is chosen under
+# $JOBGEN_RUN_DIR/nemo/checkpoints (jobgen's exp_manager.explicit_log_dir is $RUN_DIR/nemo) by
+# resume.py: the newest complete one (every tensor/pipeline-rank folder's file and its xser
+# tensors), by the step in its name, not by modification time (after a restore from S3 that is
+# download time, and nodes could disagree). resume.py also removes all but the newest keep - 1
+# complete checkpoints; NeMo never deletes the one it resumed from, so its top k is keep - 1 here.
 set -u
 # shellcheck source=../common/node_launch.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common/node_launch.sh"
@@ -31,7 +34,17 @@ import re, sys
 text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", sys.argv[1])
 text = re.sub(r"(\\*)(\x27|$)", lambda m: m.group(1) * 2 + ("\\\x27" if m.group(2) else ""), text)
 print("\x27" + text + "\x27")' "$checkpoint") || exit "$JOBGEN_CONFIG_ERROR"
-    resume=("model.resume_from_checkpoint=$value")
+    resume=("model.resume_from_checkpoint=$value" "+exp_manager.explicit_ckpt_path=$value")
+    args=()
+    for arg in "$@"; do
+      case $arg in
+        exp_manager.checkpoint_callback_params.save_top_k=[2-9]|\
+        exp_manager.checkpoint_callback_params.save_top_k=[1-9][0-9]*)
+          case ${arg#*=} in *[!0-9]*) ;; *) arg=${arg%%=*}=$(( ${arg#*=} - 1 )) ;; esac ;;
+      esac
+      args+=("$arg")
+    done
+    set -- ${args[@]+"${args[@]}"}
   fi
 fi
 # NeMo prints no events: on node 0, where rank 0 writes NeMo's TensorBoard files, events.py
