@@ -71,6 +71,7 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "slurm.cpus_per_task": {"minimum": 1},
     "slurm.max_nodes": {"minimum": 0},
     "slurm.time_limit_warning_s": {"minimum": 1, "maximum": 65535},
+    "slurm.lustre_max_dirty_mb": {"minimum": 1},
     **{f"slurm.{k}": {"pattern": schema.NAME_RE.pattern}
        for k in ("partition", "account", "qos", "reservation")},
     **{f"paths.{k}": {"minLength": 1} for k in ("work_dir", "data_dir", "compile_cache")},

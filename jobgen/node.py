@@ -69,6 +69,7 @@ class NodeContract:
     JOBGEN_SHARED_FS: str             # 1 where the nodes share the run and cache folders
     JOBGEN_SETUP_ON: str              # where files and prepare run: every | main | none
     JOBGEN_MASTER_RESOLVER: str       # nslookup | getent (Slurm: the first node's name -> IPv4)
+    JOBGEN_LUSTRE_MAX_DIRTY_MB: str   # Slurm: lctl osc.*.max_dirty_mb set on each node, or ""
     JOBGEN_ACTIVATE: str              # a script to source first (site setup.activate), or ""
     JOBGEN_STOP_SIGNAL: str           # the trainer saves and stops on it (time limit), or ""
     JOBGEN_FILES_JSON: str            # {path under the run dir: content}, or ""
@@ -152,6 +153,8 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         # once it has reached the rendezvous. Slurm's controller does it once itself.
         JOBGEN_SETUP_ON="main" if declared.setup_on_main and shared else "",
         JOBGEN_MASTER_RESOLVER=site.slurm.master_resolver if declared.resolves_master else "",
+        JOBGEN_LUSTRE_MAX_DIRTY_MB=str(site.slurm.lustre_max_dirty_mb or "")
+        if declared.resolves_master else "",
         JOBGEN_ACTIVATE=(site.setup.activate or "") if not container else "",
         # Where the stop request reaches the trainers: Slurm's time-limit warning, forwarded by
         # the sbatch script's controller; a container's SIGTERM, turned into it by the flow.

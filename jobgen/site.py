@@ -36,6 +36,10 @@ class SlurmSite:
     # How the first node's name becomes an IP: `nslookup` asks DNS and so avoids the trn1
     # /etc/hosts mis-mapping (REFERENCE §1.9); `getent` also reads /etc/hosts (emulated nodes).
     master_resolver: Literal["nslookup", "getent"] = "nslookup"
+    # The FSx for Lustre client's cap on dirty data per connection, in MiB, set on each node
+    # before the passes (`lctl set_param osc.*.max_dirty_mb=N`, where lctl exists; upstream
+    # neuronx-nemo-megatron train_setup.sh sets 64 "to avoid OODs"). Left out: not touched.
+    lustre_max_dirty_mb: Optional[int] = None
     # The instance types of the cluster's compute nodes: a recipe for another platform is
     # refused here. Left out: any (a site whose nodes emulate every platform, like `local`).
     platforms: Optional[tuple[str, ...]] = None
@@ -228,6 +232,8 @@ def load_file(path: Path, shown: str) -> Site:
     numbers: list[tuple[str, int, int]] = [("slurm.cpus_per_task", site.slurm.cpus_per_task, 1),
                ("slurm.max_nodes", site.slurm.max_nodes, 0),
                ("slurm.time_limit_warning_s", site.slurm.time_limit_warning_s, 1)]
+    if site.slurm.lustre_max_dirty_mb is not None:
+        numbers += [("slurm.lustre_max_dirty_mb", site.slurm.lustre_max_dirty_mb, 1)]
     if site.batch is not None:
         numbers += [("batch.timeout_hours", site.batch.timeout_hours, 1),
                     ("batch.max_nodes", site.batch.max_nodes, 0),

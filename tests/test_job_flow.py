@@ -107,3 +107,25 @@ def test_main_node_does_not_train_when_another_node_failed_to_compile(tmp_path: 
     assert "node 1's compile pass failed with status 9" in proc.stderr
     assert not (tmp_path / "cache" / ".jobgen" / "k.done").exists()
     assert (logs / "node-0" / "job.status").read_text() == "1 compile\n"
+
+
+def test_the_fsx_client_setting_is_applied_where_the_site_asks_and_lctl_exists(
+        tmp_path: Path) -> None:
+    """slurm.lustre_max_dirty_mb (JOBGEN_LUSTRE_MAX_DIRTY_MB): lctl set_param on the node, as
+    upstream train_setup.sh does it; without lctl, or without the setting, nothing is run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("lctl", 'echo "$*" >> "$CALLS"'), ("sudo", 'shift; "$@"')):
+        (bin_dir / tool).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls)}
+    proc = call("flow_lustre_client", env={**env, "JOBGEN_LUSTRE_MAX_DIRTY_MB": "64"})
+    assert proc.returncode == 0 and "osc.*.max_dirty_mb=64" in proc.stderr
+    assert calls.read_text() == "set_param osc.*.max_dirty_mb=64\n"
+    calls.unlink()
+    assert call("flow_lustre_client", env=env).stderr == ""         # the site does not ask
+    (bin_dir / "lctl").unlink()
+    proc = call("flow_lustre_client", env={**env, "JOBGEN_LUSTRE_MAX_DIRTY_MB": "64"})
+    assert proc.returncode == 0 and "no lctl on this node" in proc.stderr
+    assert not calls.exists()

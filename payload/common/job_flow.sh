@@ -136,6 +136,23 @@ flow_setup() {
   return "$status"
 }
 
+# flow_lustre_client: the FSx for Lustre client's dirty-data cap the site asks for
+# (slurm.lustre_max_dirty_mb; upstream neuronx-nemo-megatron train_setup.sh sets 64 "to avoid
+# OODs"), on this node, where lctl exists. Best effort: the passes run either way.
+flow_lustre_client() {
+  local mb=${JOBGEN_LUSTRE_MAX_DIRTY_MB:-}
+  [ -n "$mb" ] || return 0
+  flow_is_count "$mb" || { flow_say "JOBGEN_LUSTRE_MAX_DIRTY_MB '$mb' is not a count; ignored"; return 0; }
+  if ! command -v lctl >/dev/null 2>&1; then
+    flow_say "no lctl on this node: the FSx client's osc.*.max_dirty_mb is left as it is"
+  elif sudo -n lctl set_param "osc.*.max_dirty_mb=$mb" >/dev/null 2>&1 \
+       || lctl set_param "osc.*.max_dirty_mb=$mb" >/dev/null 2>&1; then
+    flow_say "FSx client: osc.*.max_dirty_mb=$mb"
+  else
+    flow_say "could not set the FSx client's osc.*.max_dirty_mb=$mb (no privilege); continuing"
+  fi
+}
+
 # flow_decide_compile: sets FLOW_RUN_COMPILE (1: run the compile pass) and FLOW_MARKER, the
 # file that says this spec's graphs are in the cache (its name is the spec's compile key).
 flow_decide_compile() {
@@ -384,6 +401,7 @@ flow_node() {
   # step: this shell, the launcher, torchrun and tee ignore it (children inherit that), and only
   # the trainers act on it (payload/common/loop.py: save, then stop).
   trap '' USR1
+  flow_lustre_client
 
   # Files and the prepare command: on every node (separate filesystems), on the main node only
   # (a shared filesystem: the others' trainers start once the main node is at the rendezvous),

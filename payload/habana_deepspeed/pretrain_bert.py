@@ -177,7 +177,11 @@ class Trainer:
         deepspeed.init_distributed(dist_backend=self.accel.backend,
                                    timeout=process_group_timeout())
         torch.manual_seed(args.seed)  # identical initial weights on every rank
-        model = build_model(args)
+        # On its device before the optimizer is built, as Habana's reference does it
+        # (Model-References deepspeed-bert run_pretraining.py, prepare_model_and_optimizer): the
+        # optimizer then holds the parameters where they train. (The reference's bf16 cast there
+        # is its workaround; here DeepSpeed's bf16 setting owns the dtype.)
+        model = build_model(args).to(self.accel.device)
         self.optimizer, opt_name = build_optimizer(args.optimizer, model, self.accel, args.lr,
                                                    args.weight_decay, (args.beta1, args.beta2),
                                                    args.eps, args.no_decay)
