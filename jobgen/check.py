@@ -3,7 +3,9 @@
 --backend batch. Combinations that the parallelism arithmetic forbids are listed as skipped
 with the reason; a render error, a shellcheck warning or an `sbatch --test-only` refusal is a
 failure, and so is a check that could not run (shellcheck missing, unless --no-shellcheck; no
-Slurm controller answering --test-only): a check that did not happen must not read as passed."""
+Slurm controller answering --test-only): a check that did not happen must not read as passed.
+With --paths (on the cluster's login node), the site's paths are looked for first, as `jobgen
+submit` does: any missing is named, one line each, and nothing is rendered (exit 2)."""
 from __future__ import annotations
 
 import os
@@ -165,9 +167,34 @@ def _test_only(rows: list[Row], report: Report, partition: Optional[str]) -> Non
     report.notes.append(f"sbatch --test-only: checked against partition {name} ({size} nodes)")
 
 
+def _site_paths(site: Optional[str], names: list[str], backend: Backend, look: bool) -> str:
+    """--paths: the site's paths that jobs of these recipes read or make, looked for on this
+    host (jobgen/site_paths.py), before anything is rendered; raises MissingPaths naming every
+    one not there. Returns the note the report carries."""
+    from . import backends, site_paths
+    from . import site as sites
+    if not backends.declaration(backend).run_dir_here:
+        return (f"site paths: not looked for (--backend {backend}: they are on its instances "
+                "or in its images)")
+    if not look:
+        return "site paths: not looked for (--paths looks for them on this host)"
+    profile = sites.load(site)
+    loaded = []
+    for name in names:
+        try:
+            loaded.append(recipe_module.load(name, backend=backend)[0])
+        except JobgenError:   # the matrix fails its rows
+            continue
+    needs = site_paths.host_paths(profile, loaded)
+    site_paths.refuse(site_paths.missing(sites.locate(site)[1], needs), submitting=False)
+    if not needs:
+        return "site paths: none to look for on this host (node_only_paths)"
+    return f"site paths: {len(needs)} found on this host ({', '.join(n.key for n in needs)})"
+
+
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
         test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm",
-        max_nodes: int = MAX_NODES) -> Report:
+        max_nodes: int = MAX_NODES, paths: bool = False) -> Report:
     from . import backends
     from . import site as sites
     profile = sites.load(site)   # an unknown site or recipe is one error, not a table of them
@@ -187,9 +214,11 @@ def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
         recipe_module.locate(name)
     limit = section.max_nodes
     counts = range(1, min(limit, max_nodes) + 1)
+    looked = _site_paths(site, names, backend, paths)   # before rendering: exit 2 if missing
     report = Report(_render_matrix(site, names, backend, counts))
     report.notes.append(f"node counts 1 to {counts.stop - 1} (site {profile.name} allows "
                         f"{limit}; bound {max_nodes})")
+    report.notes.append(looked)
     # What the backend checked beyond rendering (schemas, service models), or could not.
     notes, problems = backends.get(backend).checked()
     report.notes += notes

@@ -163,7 +163,10 @@ def no_slurm(tmp_path: Path) -> str:
 
 
 def test_submit_refuses_a_missing_trainer(tmp_path: Path) -> None:
-    """The local site's NeMo checkout is relative to the submission directory: not there."""
+    """The local site's NeMo checkout is relative to the submission directory: the folder is
+    there (with the data: tests/test_site_paths.py refuses them missing), its trainer is not."""
+    (tmp_path / "neuronx-nemo-megatron/nemo/examples/nlp/language_modeling").mkdir(parents=True)
+    (tmp_path / "jobgen-data").mkdir()
     proc = submit_proc(tmp_path, "neox20b", "--nodes", "2")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
@@ -175,6 +178,7 @@ def test_submit_refuses_a_missing_trainer(tmp_path: Path) -> None:
 def _nemo_checkout(root: Path, config: bool = True) -> None:
     workdir = root / "neuronx-nemo-megatron/nemo/examples/nlp/language_modeling"
     (workdir / "conf").mkdir(parents=True)
+    (root / "jobgen-data").mkdir()   # the local site's data folder
     (workdir / "megatron_gpt_pretraining.py").write_text("# stand-in\n")
     if config:
         (workdir / "conf" / "megatron_neox_config.yaml").write_text("name: x\n")
@@ -203,8 +207,14 @@ def test_submit_refuses_a_missing_nxd_example(tmp_path: Path, write_site: Callab
     gone = llama / missing
     shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
     site = write_site("local", {"paths.nxd_llama_dir": str(llama / "tp_zero1_llama_hf_pretrain")})
+    (tmp_path / "jobgen-data").mkdir()
     proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", str(site))
     assert (proc.returncode, proc.stdout) == (2, "")
+    if missing == "tp_zero1_llama_hf_pretrain":   # the site's own path: the site-path preflight
+        assert proc.stderr.splitlines()[0] == (
+            f"error: {site}: paths.nxd_llama_dir: the neuronx-distributed example, {gone}, is "
+            "not on this host")
+        return
     assert proc.stderr == (f"error: site local: paths.nxd_llama_dir: no {what} at {gone}; "
                            "pass --no-check to submit anyway\n")
 
@@ -212,11 +222,12 @@ def test_submit_refuses_a_missing_nxd_example(tmp_path: Path, write_site: Callab
 def test_submit_needs_the_sites_storage_for_the_payload_snapshot(tmp_path: Path,
                                                                   no_slurm: str) -> None:
     """trn1-pcluster keeps runs and payload snapshots on /fsx, which this host does not mount:
-    the job's payload cannot be placed, so nothing is submitted."""
+    the job's payload cannot be placed, so nothing is submitted (even unchecked: the site-path
+    preflight, tests/test_site_paths.py, would have said so first)."""
     if Path("/fsx").exists():
         pytest.skip("this host mounts /fsx")
     proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", "trn1-pcluster",
-                       path=no_slurm)
+                       "--no-check", path=no_slurm)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
         "error: payload snapshot not placed: /fsx does not exist on this machine (the site "
@@ -227,20 +238,23 @@ def test_submit_needs_the_sites_storage_for_the_payload_snapshot(tmp_path: Path,
 
 def test_submit_says_what_it_could_not_check(tmp_path: Path, no_slurm: str,
                                              write_site: Callable) -> None:
-    """The trainer's checkouts are on /fsx, which this host does not mount (the runs and the
-    payload snapshot are here); without Slurm's commands the node count cannot be checked
-    either. Then sbatch itself is missing."""
+    """The trainer's checkout, the venv and the data are only the nodes' (node_only_paths; the
+    runs and the payload snapshot are here); without Slurm's commands the node count cannot be
+    checked either. Then sbatch itself is missing."""
     if Path("/fsx").exists():
         pytest.skip("this host mounts /fsx")
     site = write_site("trn1-pcluster", {"paths.work_dir": str(tmp_path / "runs"),
-                                        "paths.payload_dir": None})
+                                        "paths.payload_dir": None,
+                                        "paths.compile_cache": str(tmp_path / "cache"),
+                                        "node_only_paths": ["setup.activate", "paths.data_dir",
+                                                            "paths.nxd_llama_dir"]})
     proc = submit_proc(tmp_path, "llama2-7b", "--nodes", "4", "--site", str(site),
                        path=no_slurm)
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr.splitlines() == [
         "not checked from this host: NxD Llama example, NxD example module "
-        "(on /fsx, not mounted here); the node count (sinfo not found: is this a Slurm login "
-        "node?)",
+        "(paths.nxd_llama_dir, only on the nodes); the node count (sinfo not found: is this a "
+        "Slurm login node?)",
         "error: sbatch not found: is this a Slurm login node?"]
 
 

@@ -40,7 +40,8 @@ def test_trn1_pcluster() -> None:
     assert site.paths.compile_cache == "/fsx/neuron-compile-cache"
     assert site.paths.local_compile_cache == "/local_storage/neuron-compile-cache"
     assert site.snapshot_root == "/fsx/jobgen/payload"     # paths.payload_dir
-    assert site.setup.activate == "/fsx/aws_neuron_venv_pytorch/bin/activate"
+    # Where AWS's ParallelCluster sample makes the venv (tests/test_site_paths.py: cited).
+    assert site.setup.activate == "/home/ubuntu/aws_neuron_venv_pytorch/bin/activate"
 
 
 def test_site_by_path(write_site: Callable) -> None:

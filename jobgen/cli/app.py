@@ -73,8 +73,10 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except JobgenError as exc:
-            # Always one line, even when a bad key or file name holds a line break or an ESC.
-            click.echo(f"error: {printable(str(exc))}", err=True)
+            # Always one line, even when a bad key or file name holds a line break or an ESC
+            # (an error of several findings, like the site-path preflight's: one line each).
+            for line in getattr(exc, "lines", None) or [str(exc)]:
+                click.echo(f"error: {printable(line)}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             # Ctrl-C (SIGINT): 130 as a shell reports it, not click's "Aborted!" and 1.

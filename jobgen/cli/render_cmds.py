@@ -120,13 +120,17 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
                    "site's partition can hold: slurm.partition, else the default one).")
 @click.option("--no-shellcheck", is_flag=True,
               help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
+@click.option("--paths", is_flag=True,
+              help="First look on this host (the cluster's login node) for the site's paths, as "
+                   "submit does; each one missing is named (exit 2).")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
               help="Try every node count from 1 to this (or the site's limit, if lower).")
 @_backend_option(lambda d: d.checks, "Check sbatch scripts, Batch job definitions, SageMaker "
                                       "training job requests or EKS manifests.")
 @_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
-          no_shellcheck: bool, max_nodes: int, backend: str, as_json: bool) -> None:
+          no_shellcheck: bool, paths: bool, max_nodes: int, backend: str,
+          as_json: bool) -> None:
     """Dry-run every recipe at every node count the site allows (up to --max-nodes): render,
     shellcheck, optionally `sbatch --test-only`. Exits 1 if anything failed or a check could
     not run."""
@@ -134,7 +138,7 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
     _sdk_for_rendering(backend)
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
                           shellcheck=not no_shellcheck, backend=backend,  # type: ignore[arg-type]
-                          max_nodes=max_nodes)
+                          max_nodes=max_nodes, paths=paths)
     if as_json:
         _echo_json(report.as_dict())
     else:

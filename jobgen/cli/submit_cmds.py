@@ -37,9 +37,9 @@ from .options import (
               help="One job per combination of the values (repeatable; a Slurm job array "
                    "where the jobs' #SBATCH lines agree), each with its own run name.")
 @click.option("--no-check", is_flag=True,
-              help="Slurm: submit without first checking, from this host, that the launcher "
-                   "and the trainer are where the site says and that the partition has the "
-                   "nodes.")
+              help="Slurm: submit without first checking, from this host, that the site's "
+                   "paths (venv, checkout, data, run folders), the launcher and the trainer are "
+                   "where the site says and that the partition has the nodes.")
 @_submit_options
 @_targeted
 def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
@@ -106,6 +106,12 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             for one in specs:
                 click.echo(impl.dry_run(one, options), nl=False)
         return
+    if check and declared.run_dir_here:
+        # The site's paths on this host (it mounts the nodes' file systems), looked for before
+        # the payload snapshot is placed or anything is queued: one line per missing path.
+        from ..site import locate as locate_site_file
+        from ..site_paths import preflight
+        preflight(spec, locate_site_file(site)[1])
     if site is None:   # the user's default (JOBGEN_SITE, the config file, local), recorded
         from .. import userconfig
         site = userconfig.site(None)[0]

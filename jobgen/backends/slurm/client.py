@@ -165,8 +165,13 @@ def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> lis
     cwd = cwd or Path.cwd()
     site = spec.site
     unseen: dict[str, list[str]] = {}   # file system not mounted here -> what is on it
+    node_only = set(site.node_only_paths or ())   # the site says only the nodes have these
     for need in needed_files(spec, lau):
         path = Path(need.path)
+        if need.key in node_only:
+            whats = unseen.setdefault(f"{need.key}, only on the nodes", [])
+            whats.extend([] if need.what in whats else [need.what])
+            continue
         if not _visible(path):
             whats = unseen.setdefault(str(Path(path.parts[0], path.parts[1])), [])
             whats.extend([] if need.what in whats else [need.what])
@@ -176,7 +181,8 @@ def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> lis
             where = "" if path.is_absolute() else " (relative to the submission directory)"
             raise ConfigError(f"site {site.name}: {need.key}: no {need.what} at "
                               f"{need.path}{where}; pass --no-check to submit anyway")
-    unchecked = [f"{', '.join(whats)} (on {top}, not mounted here)"
+    unchecked = [f"{', '.join(whats)} ({top})" if top.endswith("only on the nodes") else
+                 f"{', '.join(whats)} (on {top}, not mounted here)"
                  for top, whats in unseen.items()]
     try:
         partition, size = partition_size(spec.slurm.partition)
