@@ -147,6 +147,10 @@ class EksSite:
     # The compile cache each node's training pass reads: a hostPath on the node's own disk
     # (HLAT: a cache on shared FSx caused timeouts); the compile pass writes the shared one.
     local_cache_host_path: str = "/var/tmp/jobgen-compile-cache"
+    # What restarts a job's gang of pods: JobSet (kubernetes-sigs/jobset, recommended), Kubeflow's
+    # training operator (a PyTorchJob), or neither (a plain Indexed Job). None: pytorchjob where
+    # training_operator (the older key) is true, else indexed-job.
+    gang: Optional[Literal["jobset", "pytorchjob", "indexed-job"]] = None
     training_operator: bool = False             # Kubeflow's PyTorchJob instead of an Indexed Job
     service_account: Optional[str] = None
     efa_interfaces: Optional[dict[str, int]] = None  # per platform (default: all it has)
@@ -257,6 +261,9 @@ def load_file(path: Path, shown: str) -> Site:
         if not K8S_NAME_RE.fullmatch(site.eks.namespace):
             raise ConfigError(f"{shown}: eks.namespace: {schema.describe(site.eks.namespace)} "
                               "is not a Kubernetes name (lower case letters, digits, '-')")
+        if site.eks.training_operator and site.eks.gang not in (None, "pytorchjob"):
+            raise ConfigError(f"{shown}: eks.training_operator: true contradicts eks.gang: "
+                              f"{site.eks.gang} (leave training_operator out)")
         for key, value in (("eks.shared_mount", site.eks.shared_mount),
                            ("eks.local_cache_host_path", site.eks.local_cache_host_path)):
             if not value.startswith("/"):

@@ -327,17 +327,27 @@ def test_stream_reader_counts_restarts_and_speaks_for_rank_zero() -> None:
 # --- EKS: the manifests --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", RECIPES)
-@pytest.mark.parametrize("operator", [False, True])
-def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
+@pytest.mark.parametrize("form", ["jobset", "pytorchjob", "indexed-job"])
+def test_eks_manifests_validate_for_every_recipe(name: str, form: str,
                                                  write_site: Any) -> None:
+    """Every form the site's eks.gang names (the JobSet against its CRD: test_eks_gang.py)."""
     pytest.importorskip("kubernetes_validate")
-    site = "sagemaker"
-    if operator:
-        site = str(write_site("sagemaker", {"eks.training_operator": True}))
+    operator = form == "pytorchjob"
+    site = "sagemaker"   # eks.gang: jobset
+    if form != "jobset":
+        site = str(write_site("sagemaker", {"eks.gang": form}))
     s = api.job_spec(name, 4, site=site, backend="eks")
     docs = eks.manifests(s)
     eks.validate(docs, "test")   # strict: unknown fields are errors
-    if operator:
+    if form == "jobset":
+        (job,) = docs
+        assert job["kind"] == "JobSet"
+        child = job["spec"]["replicatedJobs"][0]["template"]["spec"]
+        assert child["completions"] == child["parallelism"] == 4
+        assert child["backoffLimit"] == 0   # any pod failure fails the child Job
+        assert job["spec"]["failurePolicy"]["maxRestarts"] == s.recipe.job.max_restarts
+        pod = child["template"]["spec"]
+    elif operator:
         (job,) = docs
         assert job["kind"] == "PyTorchJob"
         assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
@@ -363,6 +373,10 @@ def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
     assert volumes["local-compile-cache"]["hostPath"]["path"] == "/local/jobgen-compile-cache"
     if operator:
         assert pod["restartPolicy"] == "OnFailure"
+    elif form == "jobset":
+        assert pod["restartPolicy"] == "Never"
+        assert child["podFailurePolicy"]["rules"][1] == {"action": "FailJob", "onExitCodes": {
+            "containerName": "trainer", "operator": "In", "values": [75, 78]}}
     else:
         # Replaced, not restarted in place, and ended at once by a bad node or a bad setting.
         assert pod["restartPolicy"] == "Never"
@@ -373,19 +387,28 @@ def test_eks_manifests_validate_for_every_recipe(name: str, operator: bool,
 
 
 def test_eks_validation_catches_a_bad_manifest() -> None:
+    """A JobSet's child Job is validated as the Job it is (the rest against the CRD:
+    test_eks_gang.py)."""
     pytest.importorskip("kubernetes_validate")
     docs = eks.manifests(api.job_spec("neox20b", 2, site="sagemaker", backend="eks"))
+    child = ("spec", "replicatedJobs", 0, "template", "spec")
+
+    def at(doc: Any, *path: Any) -> Any:
+        for key in path:
+            doc = doc[key]
+        return doc
     bad = copy.deepcopy(docs)
-    bad[1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limit"] = {}
+    at(bad[0], *child, "template", "spec", "containers", 0, "resources")["limit"] = {}
     with pytest.raises(ConfigError, match="limit"):
         eks.validate(bad, "test")
     bad = copy.deepcopy(docs)
-    bad[1]["spec"]["completions"] = "four"
+    at(bad[0], *child)["completions"] = "four"
     with pytest.raises(ConfigError, match="completions"):
         eks.validate(bad, "test")
 
 
-def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path) -> None:
+def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path,
+                                                      write_site: Any) -> None:
     """`kubectl apply --dry-run=client` needs an API server for discovery only; a static
     discovery document (the groups and kinds the manifests use) stands in for it. Schema
     validation is kubernetes-validate's, above."""
@@ -398,13 +421,21 @@ def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path) -> None:
         "/api": {"kind": "APIVersions", "versions": ["v1"]},
         "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
             {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
-             "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]},
+             "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}},
+            {"name": "jobset.x-k8s.io", "versions": [
+                {"groupVersion": "jobset.x-k8s.io/v1alpha2", "version": "v1alpha2"}],
+             "preferredVersion": {"groupVersion": "jobset.x-k8s.io/v1alpha2",
+                                  "version": "v1alpha2"}}]},
         "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
             {"name": "services", "namespaced": True, "kind": "Service",
              "verbs": ["create", "get", "patch"]}]},
         "/apis/batch/v1": {"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
             {"name": "jobs", "namespaced": True, "kind": "Job",
              "verbs": ["create", "get", "patch"]}]},
+        "/apis/jobset.x-k8s.io/v1alpha2": {
+            "kind": "APIResourceList", "groupVersion": "jobset.x-k8s.io/v1alpha2", "resources": [
+                {"name": "jobsets", "namespaced": True, "kind": "JobSet",
+                 "verbs": ["create", "get", "patch"]}]},
     }
 
     class Discovery(http.server.BaseHTTPRequestHandler):
@@ -423,17 +454,21 @@ def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Discovery)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        text = eks.render_yaml(eks.manifests(api.job_spec("llama2-7b", 2, site="sagemaker",
-                                                          backend="eks")))
-        proc = subprocess.run(
+        texts = [eks.render_yaml(eks.manifests(api.job_spec("llama2-7b", 2, site=site,
+                                                            backend="eks")))
+                 for site in ("sagemaker", str(write_site("sagemaker",
+                                                          {"eks.gang": "indexed-job"})))]
+        procs = [subprocess.run(
             [kubectl, "apply", "--dry-run=client", "--validate=false", "-o", "name",
              f"--server=http://127.0.0.1:{server.server_port}", "-f", "-"],
             input=text, capture_output=True, text=True, timeout=60,
-            env={**os.environ, "KUBECONFIG": str(tmp_path / "none")})
+            env={**os.environ, "KUBECONFIG": str(tmp_path / "none")}) for text in texts]
     finally:
         server.shutdown()
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["service/llama2-7b-2n", "job.batch/llama2-7b-2n"]
+    assert [p.returncode for p in procs] == [0, 0], [p.stderr for p in procs]
+    assert [p.stdout.split() for p in procs] == [
+        ["jobset.jobset.x-k8s.io/llama2-7b-2n"],
+        ["service/llama2-7b-2n", "job.batch/llama2-7b-2n"]]
 
 
 def test_eks_submit_without_a_cluster_is_one_line(jobgen_proc: Any, tmp_path: Path) -> None:
@@ -520,11 +555,10 @@ def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
     run = tmp_path / "jobgen-runs" / "rh-eks"
     assert (run / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
     (logs,) = (run / "logs").iterdir()
-    # Beside the nodes' logs, the pods' beats on the claim (gang restarts: test_eks_gang.py).
+    # The nodes' logs only: under JobSet (this machine's site) no pod beats on the claim
+    # (jobgen's own gang restarts are for clusters without it: test_eks_gang.py).
     assert sorted(p.name for p in (logs / "attempt-1").iterdir() if p.is_dir()) == [
-        "gang", "node-0", "node-1"]
-    assert sorted(p.name for p in (logs / "attempt-1" / "gang").glob("*.done")) == [
-        "node-0.done", "node-1.done"]
+        "node-0", "node-1"]
     # The training pass read the compile cache from each pod's node-local copy.
     # Beside the image tree the rehearsal lays out (and the shared claim), the job's own folder.
     root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir()
@@ -580,6 +614,10 @@ class _KubeAPI:
                             "training.kubeflow.org/replica-type": "master",
                             "training.kubeflow.org/replica-index": "0"}},
                          "status": {"phase": "Running"}}]}
+                elif "/jobsets/" in path and path.endswith("/status"):
+                    answer = {"status": {"conditions": [], "restarts": 1,
+                                         "restartsCountTowardsMax": 0,
+                                         "replicatedJobsStatus": [{"name": "node", "active": 1}]}}
                 elif "/pytorchjobs/" in path and path.endswith("/status"):
                     answer = {"status": {"conditions": [
                         {"type": "Created", "status": "True"},
@@ -616,46 +654,54 @@ class _KubeAPI:
 
 
 @pytest.mark.slow   # several seconds: the full tier runs it
-@pytest.mark.parametrize("operator", [False, True])
+@pytest.mark.parametrize("form", ["jobset", "indexed-job", "pytorchjob"])
 def test_eks_commands_act_on_the_kind_that_was_submitted(jobgen_proc: Any, tmp_path: Path,
-                                                        write_site: Any, operator: bool) -> None:
-    """submit, status, logs and cancel through the Kubernetes client: an Indexed Job and its
-    Service, or a PyTorchJob (its job id says so: pytorchjobs/NAME), each read and deleted as
-    the kind it is."""
+                                                        write_site: Any, form: str) -> None:
+    """submit, status, logs and cancel through the Kubernetes client: a JobSet (its job id
+    says so: jobsets/NAME), an Indexed Job and its Service, or a PyTorchJob (pytorchjobs/NAME),
+    each read and deleted as the kind it is."""
     pytest.importorskip("kubernetes")
     api = _KubeAPI()
     try:
         env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
-        site = str(write_site("sagemaker", {"eks.training_operator": operator}))
-        run = f"k-{'op' if operator else 'job'}"
+        site = str(write_site("sagemaker", {"eks.gang": form}))
+        run = f"k-{form}"
         proc = jobgen_proc("submit", "llama2-7b", "--nodes", "2", "--smoke", "--backend", "eks",
                            "--site", site, "--run-name", run, cwd=tmp_path, env=env)
         assert proc.returncode == 0, proc.stderr
         job_id = proc.stdout.strip()
         name = job_id.split("/")[-1]
-        assert job_id == (f"pytorchjobs/{name}" if operator else name)
-        kinds = {"jobs": "batch/v1", "pytorchjobs": "kubeflow.org/v1", "services": "v1"}
+        kinds = {"jobset": ("jobsets", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NAMESPACE}",
+                            "JobSet"),
+                 "pytorchjob": ("pytorchjobs", f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}",
+                                "PyTorchJob")}
+        if form in kinds:
+            plural, base, kind = kinds[form]
+            assert job_id == f"{plural}/{name}"
+        else:
+            assert job_id == name
         created = [path.rsplit("/", 1)[-1] for method, path in api.calls if method == "POST"]
-        assert created == (["pytorchjobs"] if operator else ["services", "jobs"]), kinds
+        assert created == ([kinds[form][0]] if form in kinds else ["services", "jobs"])
         api.calls.clear()
 
         status = jobgen_proc("status", run, "--json", cwd=tmp_path, env=env)
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
-        assert data["kind"] == ("PyTorchJob" if operator else "Job")
+        assert data["kind"] == (kinds[form][2] if form in kinds else "Job")
         assert (data["state"], data["native_state"]) == ("RUNNING", "Running")
-        assert data["active"] == 2
+        # A JobSet's counts are its pods' (the stand-in lists one), the others' their own.
+        assert data["active"] == (1 if form == "jobset" else 2)
+        if form == "jobset":
+            assert (data["restarts"], data["counted_restarts"]) == (1, 0)
         read = [p for m, p in api.calls if m == "GET" and p.endswith("/status")]
-        assert read == ([f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs/{name}/"
-                         "status"] if operator else
-                        [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}/status"])
+        assert read == ([f"{kinds[form][1]}/{kinds[form][0]}/{name}/status"] if form in kinds
+                        else [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}/status"])
         api.calls.clear()
 
         cancel = jobgen_proc("cancel", run, cwd=tmp_path, env=env)
         assert cancel.returncode == 0, cancel.stderr
         deleted = [p for m, p in api.calls if m == "DELETE"]
-        assert deleted == ([f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs/{name}"]
-                           if operator else
+        assert deleted == ([f"{kinds[form][1]}/{kinds[form][0]}/{name}"] if form in kinds else
                            [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}",
                             f"/api/v1/namespaces/{NAMESPACE}/services/{name}"])
     finally:

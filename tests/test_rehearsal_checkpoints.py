@@ -281,7 +281,8 @@ def test_sagemaker_and_eks_jobs_ask_the_trainers_to_save_on_sigterm() -> None:
     from jobgen.backends.eks.manifests import manifests
     request = training_job(api.job_spec("llama2-7b", 16, site="sagemaker", backend="sagemaker"))
     assert request["Environment"]["JOBGEN_STOP_SIGNAL"] == "USR1"
-    job = manifests(api.job_spec("llama2-7b", 4, site="sagemaker", backend="eks"))[-1]
+    from jobgen.backends.eks.jobset import child_job
+    job = child_job(manifests(api.job_spec("llama2-7b", 4, site="sagemaker", backend="eks"))[-1])
     pod = job["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == declaration("eks").stop_grace_s
     assert {"name": "JOBGEN_STOP_SIGNAL", "value": "USR1"} in pod["containers"][0]["env"]

@@ -14,8 +14,12 @@
 #      writes the run's files; the training pass reads the compile cache from the node's own
 #      disk (JOBGEN_LOCAL_COMPILE_CACHE, a hostPath); logs go to the run folder's
 #      logs/$JOBGEN_K8S_JOB/attempt-N, N counting this pod's restarts;
-#   3. restarts with its gang (JOBGEN_GANG_EXIT set, on the shared claim): the pod beats a file
-#      in the attempt's gang/ folder every JOBGEN_GANG_BEAT_S and watches its peers'. When a peer
+#   3. under JobSet (eks.gang: jobset, the recommended form) does nothing more: JobSet restarts
+#      every pod when one fails (the pod's status and conditions tell it why), and
+#      JOBGEN_GANG_EXIT is not set. Elsewhere (an Indexed Job or a PyTorchJob, whose engines
+#      replace only the failed pod) restarts with its gang (JOBGEN_GANG_EXIT set, on the shared
+#      claim): the pod beats a file in the attempt's gang/ folder every JOBGEN_GANG_BEAT_S and
+#      watches its peers'. When a peer
 #      fails (its gang/node-K.failed) or stops beating for JOBGEN_GANG_STALE_S (its node is
 #      gone), this pod kills its pass (a collective with a dead peer would only time out) and
 #      exits with JOBGEN_GANG_EXIT, which the pod failure policy does not count; of the pods that
@@ -25,7 +29,8 @@
 #      an eviction) is not killed and keeps its status: its pass may be saving with its peers.
 #      Kubernetes then replaces every pod (restartPolicy Never,
 #      or in place under a PyTorchJob's OnFailure) and the new gang resumes from the newest
-#      checkpoint;
+#      checkpoint. What this cannot do: a drain signals only the evicted pod, whose peers save
+#      with it and end as done (render says so; JobSet restarts them);
 #   4. otherwise exits with the last pass's status.
 set -uo pipefail
 

@@ -1,13 +1,13 @@
-"""The Amazon EKS backend: an Indexed Job with its headless Service, or a Kubeflow PyTorchJob
-(backend.py), its pods emulated on this machine (rehearsal.py), and what `jobgen watch` does to
-an EKS job (watch.py: its pods' logs)."""
+"""The Amazon EKS backend: a JobSet, an Indexed Job with its headless Service, or a Kubeflow
+PyTorchJob (backend.py), its pods emulated on this machine (rehearsal.py, with JobSet's engine:
+engine.py), and what `jobgen watch` does to an EKS job (watch.py: its pods' logs)."""
 from __future__ import annotations
 
 from .. import Declaration, State
 
 DECLARATION = Declaration(
     name="eks",
-    summary="Kubernetes manifests for Amazon EKS (an Indexed Job, or a Kubeflow PyTorchJob)",
+    summary="Kubernetes manifests for Amazon EKS (a JobSet, an Indexed Job or a PyTorchJob)",
     site_section="eks", site_section_holds="namespace, images, FSx claim",
     site_example="sagemaker",
     container=True,
@@ -22,8 +22,9 @@ DECLARATION = Declaration(
     extra="eks", sdk_modules=("kubernetes",),
     default_poll_s=15.0,
     health_on_failure=(
-        "the job fails (its pod failure policy on exit 75), naming the node and the check"),
-    # The state jobgen reads off the Job's (or PyTorchJob's) conditions and active pods.
+        "the job fails at once (its pod failure policy, and JobSet's, on exit 75), naming the "
+        "node and the check"),
+    # The state jobgen reads off the JobSet's (Job's, PyTorchJob's) conditions and active pods.
     states={"PENDING": State.PENDING, "RUNNING": State.RUNNING,
             "COMPLETE": State.COMPLETED, "FAILED": State.FAILED},
 )

@@ -1,6 +1,6 @@
 """The EKS backend: the manifests (manifests.py) handed to the cluster with the official
 Kubernetes client, and the job once submitted: status, logs, cancel of the object that was
-submitted (an Indexed Job with its Service, or a Kubeflow PyTorchJob)."""
+submitted (a JobSet, an Indexed Job with its Service, or a Kubeflow PyTorchJob)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +14,7 @@ from ...plan import Plan, PlannedFile
 from ...site import Site
 from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from . import jobset as jobsets
 from .manifests import (  # noqa: F401  (efa_interfaces: the health gate asks the backend)
     K8S_VERSION,
     LABEL,
@@ -106,25 +107,34 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
             _call(kubernetes.client.CoreV1Api(api).create_namespaced_service, ns, doc)
         elif doc["kind"] == "Job":
             _call(kubernetes.client.BatchV1Api(api).create_namespaced_job, ns, doc)
+        elif doc["kind"] == "JobSet":
+            _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
+                  *_JOBSET, ns, jobsets.PLURAL, doc)
         else:
             _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
                   "kubeflow.org", "v1", ns, "pytorchjobs", doc)
     name = docs[-1]["metadata"]["name"]
-    job_id = name if docs[-1]["kind"] == "Job" else f"{OPERATOR_PREFIX}{name}"
+    job_id = {"Job": name, "JobSet": f"{JOBSET_PREFIX}{name}"}.get(
+        docs[-1]["kind"], f"{OPERATOR_PREFIX}{name}")
     return Submitted((job_id,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
                                  f"namespace {ns}",))
 
 
-# A job id names what was submitted: NAME for an Indexed Job (batch/v1), pytorchjobs/NAME for a
-# Kubeflow PyTorchJob, so that status, logs and cancel act on the object that exists.
+# A job id names what was submitted: NAME for an Indexed Job (batch/v1), jobsets/NAME for a
+# JobSet, pytorchjobs/NAME for a Kubeflow PyTorchJob, so that status, logs and cancel act on the
+# object that exists.
 OPERATOR_PREFIX = "pytorchjobs/"
+JOBSET_PREFIX = f"{jobsets.PLURAL}/"
 _KUBEFLOW = ("kubeflow.org", "v1")
+_JOBSET = (jobsets.GROUP, jobsets.VERSION)
 
 
 def _kind(job_id: str) -> tuple[str, str]:
     """(kind, object name) of a job id."""
     if job_id.startswith(OPERATOR_PREFIX):
         return "PyTorchJob", job_id[len(OPERATOR_PREFIX):]
+    if job_id.startswith(JOBSET_PREFIX):
+        return "JobSet", job_id[len(JOBSET_PREFIX):]
     return "Job", job_id
 
 
@@ -175,6 +185,23 @@ def status(ref: JobRef) -> JobStatus:
         failed = sum(r.get("failed", 0) for r in replicas)
         state = ("Complete" if "Succeeded" in conditions else "Failed" if "Failed" in conditions
                  else "Running" if "Running" in conditions or active else "Pending")
+    elif kind == "JobSet":
+        job = _call(kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
+                    *_JOBSET, ns, jobsets.PLURAL, name)
+        st = job.get("status") or {}
+        conditions = [c.get("type") for c in st.get("conditions") or []
+                      if c.get("status") == "True"]
+        # Its status counts child Jobs: the pods' counts are read off the pods themselves.
+        phases = list(pods.values())
+        active = sum(phase in ("Running", "Pending") for phase in phases)
+        succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
+        state = ("Complete" if "Completed" in conditions else "Failed" if "Failed" in conditions
+                 else "Running" if "Running" in phases else "Pending")
+        return job_status("eks", ref.job_id, state, kind=kind, active=active,
+                          succeeded=succeeded, failed=failed,
+                          restarts=st.get("restarts", 0),
+                          counted_restarts=st.get("restartsCountTowardsMax", 0),
+                          pods={str(k): v for k, v in sorted(pods.items())})
     else:
         st = _call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, name,
                    ns).status
@@ -192,6 +219,9 @@ def status_lines(ref: JobRef) -> list[str]:
     d = s.detail
     lines = [f"{s.job_id}: {s.native} (active {d['active']}, succeeded {d['succeeded']}, "
              f"failed pods {d['failed']})"]
+    if "restarts" in d:   # a JobSet: disruptions restart it without counting
+        lines.append(f"  restarts: {d['restarts']} ({d['counted_restarts']} counted against "
+                     "job.max_restarts)")
     lines += [f"  node {k}: {v}" for k, v in d["pods"].items()]
     return lines
 
@@ -237,6 +267,10 @@ def cancel(ref: JobRef) -> str:
         _call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
               *_KUBEFLOW, ns, "pytorchjobs", name, body=body)
         return f"deleted PyTorchJob {name} (and its pods) in namespace {ns}"
+    if kind == "JobSet":   # its child Jobs, their pods and its Service go with it
+        _call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
+              *_JOBSET, ns, jobsets.PLURAL, name, body=body)
+        return f"deleted JobSet {name} (its Jobs, pods and Service) in namespace {ns}"
     _call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, name, ns, body=body)
     try:
         _call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, name, ns)

@@ -1,9 +1,13 @@
-"""The EKS backend: Kubernetes manifests for one multi-node training job.
+"""The EKS backend: Kubernetes manifests for one multi-node training job, in the form the site's
+`eks.gang` names (what restarts the gang of pods):
 
-The plain form runs on any cluster: a headless Service that gives every pod a stable name, and an
-Indexed Job with one pod per node (pod K's host name is JOB-K, so the main node is JOB-0.SERVICE
-for the rendezvous). Where the site says Kubeflow's training operator is installed, the job is a
-PyTorchJob instead (a Master and N-1 Workers; the operator sets MASTER_ADDR and RANK).
+  jobset       (recommended) a JobSet whose one child Job is Indexed (jobset.py): JobSet restarts
+               every pod when one fails, and a disruption (a drain) without counting it;
+  pytorchjob   a Kubeflow PyTorchJob (a Master and N-1 Workers; the operator sets MASTER_ADDR
+               and RANK), which restarts the failed pods only;
+  indexed-job  on a cluster with neither: a headless Service that gives every pod a stable name,
+               and an Indexed Job with one pod per node (pod K's host name is JOB-K, so the main
+               node is JOB-0.SERVICE for the rendezvous).
 
 Each pod runs the image's EKS entrypoint (env/containers/eks-entrypoint.sh) with the payload
 launcher and the two passes' arguments, asks for all of its node's accelerators and EFA
@@ -12,14 +16,16 @@ shared compile cache) and a hostPath on the node's own disk for the compile cach
 pass reads. The platform file's `pod:` adds what its pods need beside devices and EFA (CPU and
 memory requests, Gaudi's huge pages and the node's IPC namespace, CCOM_SOCKET_IFNAME on Neuron).
 
-Restarts restart the whole gang, since a replaced pod cannot rejoin a running torchrun: on the
-shared claim every pod watches its peers (eks-entrypoint.sh, GANG_* below) and stops within
-seconds of one's failure. An Indexed Job (restartPolicy Never) then replaces every pod: its pod
-failure policy ignores the stopped peers (one counted failure per restart: backoffLimit is the
-recipe's restarts), and ends the whole job at once on the statuses no restart cures: 78 (a
+Restarts restart the whole gang, since a replaced pod cannot rejoin a running torchrun. Under
+JobSet that is the engine's doing. Without it, on the shared claim every pod watches its peers
+(eks-entrypoint.sh, GANG_* below) and stops within seconds of one's failure. An Indexed Job
+(restartPolicy Never) then replaces every pod: its pod failure policy ignores the stopped peers
+(one counted failure per restart: backoffLimit is the recipe's restarts). Under a PyTorchJob
+(OnFailure) the operator restarts each stopped container in place, within restarts times the
+pods. Every form ends the whole job at once on the statuses no restart cures: 78 (a
 configuration error) and 75 (the health gate found a bad node, which a pod restarted on the same
-node would find again). Under a PyTorchJob (OnFailure) the operator restarts each stopped
-container in place, within restarts times the pods. Every pod resumes from the newest checkpoint.
+node would find again). Every pod resumes from the newest step every node holds. What the two
+forms without JobSet cannot do on a drain, render says (NOTES).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from ... import images, node, payloads
 from ...errors import ConfigError
 from ...spec import JobSpec
 from . import DECLARATION
+from . import jobset as jobsets
 
 # Exit statuses that end the Indexed Job at once: a bad node (the health gate), a configuration
 # error.
@@ -49,6 +56,25 @@ K8S_VERSION = "1.31"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 LABEL = "jobgen/job"
 MANAGED = {"app.kubernetes.io/managed-by": "jobgen"}
+# What each form without JobSet cannot do, said once per render (Kubernetes signals only the pod
+# it evicts; training-operator v1.9.0 pkg/controller.v1/common/pod.go recreates failed or missing
+# pods one by one).
+NOTES = {
+    "indexed-job": "eks.gang is indexed-job (neither JobSet nor Kubeflow): jobgen's own heartbeats "
+                   "restart the gang when a pod fails, but a drain signals only the evicted pod, "
+                   "whose peers save and end as done, so its replacement waits alone until "
+                   "backoffLimit fails the job; install JobSet and set eks.gang: jobset",
+    "pytorchjob": "eks.gang is pytorchjob: on a drain the training operator (restartPolicy "
+                  "OnFailure) recreates only the evicted pod, whose peers save and exit 0, and a "
+                  "Master that exits 0 marks the PyTorchJob Succeeded before training is done "
+                  "(resubmit to resume); JobSet restarts the whole gang: eks.gang: jobset",
+}
+
+
+def gang(site: Any) -> str:
+    """The form of the site's EKS jobs (site.eks.gang; the older training_operator key)."""
+    eks = site.eks
+    return eks.gang or ("pytorchjob" if eks.training_operator else "indexed-job")
 
 
 def job_name(spec: JobSpec) -> str:
@@ -85,7 +111,7 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     return {"limits": limits, "requests": requests}
 
 
-def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
+def _pod_spec(spec: JobSpec, name: str, form: str) -> dict[str, Any]:
     site, platform = spec.site, spec.platform
     eks = site.eks
     assert eks is not None
@@ -96,10 +122,14 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
     env = node.environment(spec, lau, contract)
     env["JOBGEN_K8S_JOB"] = name
     env.update(platform.pod.env)
-    if eks.shared_pvc:   # the pods watch each other through the claim (gang restarts)
+    operator = form == "pytorchjob"
+    if eks.shared_pvc and form != "jobset":
+        # No engine restarts the gang: the pods watch each other through the claim.
         env.update(JOBGEN_GANG_EXIT=str(GANG_EXIT), JOBGEN_GANG_BEAT_S=str(GANG_BEAT_S),
                    JOBGEN_GANG_STALE_S=str(GANG_STALE_S))
-    if not operator:   # the operator sets MASTER_ADDR itself
+    if form == "jobset":
+        env["JOBGEN_MAIN_HOST"] = jobsets.main_host(name)
+    elif not operator:   # the operator sets MASTER_ADDR itself
         env["JOBGEN_MAIN_HOST"] = f"{name}-0.{name}"
     container: dict[str, Any] = {
         "name": "pytorch" if operator else "trainer",   # the operator's required name
@@ -134,7 +164,7 @@ def _pod_spec(spec: JobSpec, name: str, operator: bool) -> dict[str, Any]:
                                "operator": "Exists", "effect": "NoSchedule"}]
         if platform.pod.host_ipc:
             pod["hostIPC"] = True
-    if not operator:
+    if form == "indexed-job":
         pod["subdomain"] = name   # JOB-K.SERVICE resolves through the headless Service
     if eks.service_account:
         pod["serviceAccountName"] = eks.service_account
@@ -154,14 +184,24 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
     eks = site.eks
     if eks is None:
         raise ConfigError(f"site {site.name}: has no eks section (namespace, images, FSx claim)")
+    form = gang(site)
     name = job_name(spec)
+    if form == "jobset":
+        name = jobsets.name(name)
+    else:
+        _say_once(f"note: site {site.name}: {NOTES[form]}")
     labels = {**MANAGED, "jobgen/recipe": spec.recipe.name, "jobgen/run": name}
     meta = {"name": name, "namespace": eks.namespace, "labels": labels}
     template_meta = {"labels": {**labels, LABEL: name}}
     restarts = spec.recipe.job.max_restarts
     deadline = _deadline(spec)
-    if eks.training_operator:
-        pod = _pod_spec(spec, name, operator=True)
+    if form == "jobset":
+        pod = _pod_spec(spec, name, form)
+        pod["restartPolicy"] = "Never"      # a pod failure policy needs it
+        return [jobsets.manifest(meta, template_meta, pod, spec.nodes, restarts, deadline,
+                                 NO_RETRY)]
+    if form == "pytorchjob":
+        pod = _pod_spec(spec, name, form)
         replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure",
                                                "template": {"metadata": template_meta,
                                                             "spec": pod}}}
@@ -178,13 +218,13 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                         "selector": {LABEL: name},
                         "ports": [{"name": "rendezvous", "port": spec.recipe.job.master_port}]}}
-    pod = _pod_spec(spec, name, operator=False)
+    pod = _pod_spec(spec, name, form)
     pod["restartPolicy"] = "Never"          # a pod failure policy needs it
     container = pod["containers"][0]["name"]
-    gang: list[dict[str, Any]] = []
+    watched: list[dict[str, Any]] = []
     if eks.shared_pvc:
         # One counted failure per restart of the gang: the peers it stopped are not counted.
-        gang = [{"action": "Ignore", "onExitCodes": {"containerName": container,
+        watched = [{"action": "Ignore", "onExitCodes": {"containerName": container,
                                                      "operator": "In", "values": [GANG_EXIT]}}]
     else:
         _say_once(f"note: site {site.name}: eks.shared_pvc is not set, so the pods of a job "
@@ -194,11 +234,11 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
         "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes,
         # With gang restarts each restart of the job costs one counted pod failure; without,
         # it can cost one per node.
-        "backoffLimit": restarts * (1 if gang else spec.nodes),
+        "backoffLimit": restarts * (1 if watched else spec.nodes),
         "podFailurePolicy": {"rules": [
             {"action": "FailJob", "onExitCodes": {"containerName": container,
                                                   "operator": "In", "values": list(NO_RETRY)}},
-            *gang,
+            *watched,
             # A pod evicted for a drain or a preemption is not the job's failure.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
                                                       "status": "True"}]}]},
@@ -210,11 +250,14 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def validate(docs: list[dict[str, Any]], where: str) -> None:
-    """Each manifest against the Kubernetes schemas (kubernetes-validate); a PyTorchJob's pod
-    template as a PodTemplate (the operator's own schema is not bundled)."""
+    """Each manifest against the Kubernetes schemas (kubernetes-validate); a JobSet's child Job
+    as a Job, a PyTorchJob's pod template as a PodTemplate (neither CRD is bundled: the tests
+    check the JobSet against its CRD)."""
     import kubernetes_validate
     for doc in docs:
         targets = [doc]
+        if doc["kind"] == "JobSet":   # its child Job, as JobSet creates it (jobset.py: the CRD)
+            targets = [jobsets.child_job(doc)]
         if doc["kind"] == "PyTorchJob":
             targets = [{"apiVersion": "v1", "kind": "PodTemplate",
                         "metadata": {"name": f"{doc['metadata']['name']}-{role.lower()}"},

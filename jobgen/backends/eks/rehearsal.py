@@ -1,4 +1,5 @@
-"""`jobgen run --backend eks`: the Indexed Job's pods emulated on this machine."""
+"""`jobgen run --backend eks`: the pods of the rendered Indexed Job (a JobSet's child Job)
+emulated on this machine; engine.py restarts them as JobSet would."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,25 +7,28 @@ from pathlib import Path
 from ...errors import ConfigError
 from ...local_runner import image_moves, relocate
 from ...spec import JobSpec
+from . import jobset as jobsets
 from .manifests import manifests
 
 
 def commands(spec: JobSpec, job_id: str, root: Path,
              write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
-    """Each pod of the rendered Indexed Job, emulated: the container's command and arguments
-    with its environment, JOB_COMPLETION_INDEX and HOSTNAME as Kubernetes sets them, the main
-    pod's Service name resolved to this machine, and the node-local compile cache (a hostPath)
-    under ROOT/node-K (nothing is written beforehand: `write` is for the same call as
-    SageMaker's)."""
+    """Each pod of the rendered Indexed Job (or JobSet's child Job), emulated: the container's
+    command and arguments with its environment, JOB_COMPLETION_INDEX and HOSTNAME as Kubernetes
+    sets them, the main pod's Service name resolved to this machine, and the node-local compile
+    cache (a hostPath) under ROOT/node-K (nothing is written beforehand: `write` is for the same
+    call as SageMaker's)."""
     docs = manifests(spec)
     job = docs[-1]
+    if job["kind"] == "JobSet":   # its one child Job, as JobSet's controller creates it
+        job = jobsets.child_job(job)
     if job["kind"] != "Job":
-        raise ConfigError("jobgen run --backend eks rehearses the Indexed Job form; this site "
-                          "renders a PyTorchJob (eks.training_operator)")
+        raise ConfigError("jobgen run --backend eks rehearses the JobSet and Indexed Job forms; "
+                          "this site renders a PyTorchJob (eks.gang)")
     site = spec.site.eks
     assert site is not None
     container = job["spec"]["template"]["spec"]["containers"][0]
-    name = job["metadata"]["name"]
+    name = job["metadata"]["name"]   # pod K's host name: NAME-K
     out = []
     for index in range(spec.nodes):
         moves = image_moves(spec, write) + [

@@ -1,7 +1,7 @@
 """`jobgen watch` on an EKS job: its pods' logs carry the same JSON events as a run folder's node
-logs. A requeue deletes the job's pods: the Indexed Job (its pod failure policy ignores
-disruptions) or the training operator starts them again, and they resume from the newest
-checkpoint on the shared claim."""
+logs. A requeue deletes the job's pods: JobSet restarts every pod (a restart counted against
+job.max_restarts: a deletion is not a disruption), the Indexed Job or the training operator starts
+them again, and they resume from the newest checkpoint on the shared claim."""
 from __future__ import annotations
 
 from pathlib import Path
