@@ -241,6 +241,82 @@ def test_each_node_prunes_its_own_disk_by_its_seals(tmp_path: Path) -> None:
             "step_00000006", "step_00000009"]
 
 
+def _keys(disk: Path) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(disk).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in disk.rglob("*") if p.is_file()}
+
+
+def _own_disk_save(disk: Path, step: int, node: int, nodes: int = 2) -> None:
+    """One node's part of a sealed save on its own disk, as loop.sealed_save does it there:
+    node 0 writes the marker and ``latest``; file names repeat at every step."""
+    directory = checkpoints.prepare_save_dir(disk, step, node)
+    (directory / f"shard-{node}.pt").write_bytes(b"y" * (8 + step))
+    if node == 0:
+        (directory / ".metadata").write_bytes(b"m" * step)
+    checkpoints.seal_node(disk, step, node)
+    if node == 0:
+        checkpoints.mark_complete(disk, step, {"nodes": nodes})
+    checkpoints.prune(disk, keep=2, node=node)
+
+
+def test_on_sagemaker_each_instance_writes_and_deletes_only_its_own_keys(
+        tmp_path: Path) -> None:
+    """SageMaker mirrors each instance's writes and deletes under LocalPath to one S3 prefix and
+    restores the whole prefix on every instance of a retry. Emulated: the keys each instance
+    wrote or deleted (its disk before and after) are disjoint, the prefix keeps `keep` steps,
+    and a retry that re-saves a restored step touches no other instance's key."""
+    s3: dict[str, bytes] = {}
+    disks = [tmp_path / "algo-1", tmp_path / "algo-2"]
+
+    def attempt(steps: list[int]) -> None:
+        before = [_keys(d) for d in disks]
+        for step in steps:
+            for node, disk in enumerate(disks):
+                _own_disk_save(disk, step, node)
+        touched = []
+        for node, disk in enumerate(disks):
+            after = _keys(disk)
+            wrote = {k for k, v in after.items() if before[node].get(k) != v}
+            gone = set(before[node]) - set(after)
+            touched.append(wrote | gone)
+            s3.update({k: (disk / k).read_bytes() for k in wrote})
+            for k in gone:
+                s3.pop(k, None)
+        assert not touched[0] & touched[1], touched[0] & touched[1]
+
+    attempt([3, 6, 9])
+    assert sorted({k.split("/")[0] for k in s3}) == ["latest", "step_00000006", "step_00000009"]
+    # Node 1's shard of step 9 never reached S3; a retry restores the prefix on both instances.
+    del s3["step_00000009/shard-1.pt"]
+    disks = [tmp_path / "retry-1", tmp_path / "retry-2"]
+    for disk in disks:
+        for key, data in s3.items():
+            (disk / key).parent.mkdir(parents=True, exist_ok=True)
+            (disk / key).write_bytes(data)
+    assert [c.step for c in checkpoints.list_checkpoints(disks[1])[0]] == [6]
+    attempt([9, 12, 15])   # resumed from 6: step 9 is saved again over the restored one
+    assert sorted({k.split("/")[0] for k in s3}) == ["latest", "step_00000012", "step_00000015"]
+    # A restored copy of another instance's key stays on the disk, untouched (its owner deleted
+    # the key); the step no longer counts there either.
+    assert (disks[1] / "step_00000006" / "shard-0.pt").is_file()
+    assert not (disks[1] / "step_00000006" / "shard-1.pt").exists()
+    seal = json.loads(s3["step_00000015/COMPLETE.node-00001"])
+    assert seal["files"] == {"shard-1.pt": 23}
+
+
+def test_a_nodes_debris_goes_by_its_names_never_another_nodes(tmp_path: Path) -> None:
+    disk = tmp_path / "algo-2"
+    for step in (3, 6):
+        _own_disk_save(disk, step, 1)
+    # A restored step 4 that every node's save died in: node 0's files, node 1's unsealed shard.
+    debris = disk / "step_00000004"
+    debris.mkdir()
+    (debris / "shard-0.pt").write_bytes(b"a")
+    (debris / "shard-1.pt").write_bytes(b"b")
+    assert checkpoints.prune(disk, keep=2, node=1) == [debris]
+    assert sorted(p.name for p in debris.iterdir()) == ["shard-0.pt"]
+
+
 def test_node_place_reads_torchrun_and_the_flow() -> None:
     env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "0", "GROUP_RANK": "1",
            "JOBGEN_SHARED_FS": "0"}

@@ -47,6 +47,7 @@ class Containers:
     def __init__(self, spec: Any, job_id: str, folder: Path, label: str = "",
                  **env: str) -> None:
         self.commands = local_runner.commands(spec, job_id)
+        self.run_name = spec.run_name
         self.logs = [folder / f"{label or job_id}-node-{i}.log"
                      for i in range(len(self.commands))]
         self.env = env
@@ -106,6 +107,19 @@ class Containers:
                 proc.wait()
 
 
+def _index_builds(attempt: Containers, node: int) -> list[str]:
+    """The passes in which this instance's leader built the stand-in NeMo index file."""
+    text = attempt.text(node)
+    return [name for name in ("compile", "train")
+            if f"smoke-train: node {node} (rank {node}) built the {name} pass's index" in text]
+
+
+def _scratch(sync: CheckpointSync, attempt: Containers, node: int) -> Path:
+    """The instance's /tmp/jobgen/<run>/index_mappings (its own, as on SageMaker)."""
+    local = sync.local_path(attempt, node)       # ROOT/algo-N/opt/ml/checkpoints
+    return local.parents[2] / "tmp" / "jobgen" / attempt.run_name / "index_mappings"
+
+
 def _steps(folder: Path) -> list[int]:
     return sorted(int(p.name.split("_")[1]) for p in folder.glob("step_*") if p.is_dir())
 
@@ -113,9 +127,12 @@ def _steps(folder: Path) -> list[int]:
 # --- SageMaker's checkpoint sync, emulated against S3 on moto's server -------------------------
 
 class CheckpointSync:
-    """CheckpointConfig as SageMaker applies it: each instance's LocalPath is uploaded to the
-    one S3 URI (instances' files side by side), and a new attempt's instances each get the
-    whole prefix back before the container starts."""
+    """CheckpointConfig as SageMaker applies it: what each instance writes or deletes under its
+    LocalPath is written or deleted under the one S3 URI (instances' files side by side; "if a
+    checkpoint is deleted in the container, it will also be deleted in the S3 folder"), and a
+    new attempt's instances each get the whole prefix back before the container starts. Here
+    the mirror runs once an attempt ended, from what each disk holds then against what it was
+    given: a key two instances wrote or deleted fails the test (their syncs would race)."""
 
     def __init__(self, url: str, spec: Any) -> None:
         import boto3
@@ -128,21 +145,43 @@ class CheckpointSync:
                 "LocationConstraint": "us-west-2"})
         except self.s3.exceptions.BucketAlreadyOwnedByYou:
             pass
+        # What each instance of an attempt was given (the restore): key -> (size, mtime).
+        self.given: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
 
     def local_path(self, attempt: Containers, node: int) -> Path:
         """An instance's LocalPath on this machine (the rehearsal's /opt/ml of that instance)."""
         config_dir = Path(attempt.commands[node][1]["SM_INPUT_CONFIG_DIR"])
         return config_dir.parents[1] / self.local[len("/opt/ml/"):]
 
+    @staticmethod
+    def _files(local: Path) -> dict[str, tuple[int, int]]:
+        return {p.relative_to(local).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+                for p in local.rglob("*") if p.is_file()}
+
     def upload(self, attempt: Containers) -> int:
-        sent = 0
+        """Mirror each instance's writes and deletes; the number of keys written."""
+        sent, owner = 0, {}
         for node in range(len(attempt.commands)):
             local = self.local_path(attempt, node)
-            for path in sorted(p for p in local.rglob("*") if p.is_file()):
-                key = f"{self.prefix}/{path.relative_to(local).as_posix()}"
-                self.s3.upload_file(str(path), self.bucket, key)
+            given = self.given.get((str(local), node), {})
+            now = self._files(local)
+            wrote = sorted(k for k, v in now.items() if given.get(k) != v)
+            for key in wrote + sorted(set(given) - set(now)):
+                assert key not in owner, f"{key}: written or deleted by instances " \
+                                         f"{owner[key]} and {node}"
+                owner[key] = node
+            for key in wrote:
+                self.s3.upload_file(str(local / key), self.bucket, f"{self.prefix}/{key}")
                 sent += 1
+            for key in set(given) - set(now):
+                self.s3.delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")
         return sent
+
+    def keys(self) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                   Prefix=self.prefix + "/")
+        return [item["Key"][len(self.prefix) + 1:] for page in pages
+                for item in page.get("Contents", [])]
 
     def restore(self, attempt: Containers) -> None:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
@@ -155,6 +194,7 @@ class CheckpointSync:
                 target = local / key[len(self.prefix) + 1:]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.s3.download_file(self.bucket, key, str(target))
+            self.given[(str(local), node)] = self._files(local)
 
     def lose(self, relative: str) -> None:
         """An upload that never arrived (an instance stopped while SageMaker was syncing)."""
@@ -195,7 +235,12 @@ def test_sagemaker_retry_resumes_every_instance_from_a_step_all_of_them_hold(
         assert _steps(disk) == [4, 8]
         assert (disk / "step_00000008" / f"optim-rank-{node:05d}.pt").is_file()
         assert (disk / "step_00000008" / f"COMPLETE.node-{node:05d}").is_file()
-    assert sync.upload(first) > 0
+        # NeMo's dataset index build stood in (rank 0 writes, every rank reads): the FSx
+        # channel is read-only, so each instance built its own copy in its own scratch, in
+        # both passes (their sample counts differ, as NeMo's do), and read it.
+        assert _index_builds(first, node) == ["compile", "train"], first.text(node)[-2000:]
+        assert len(list(_scratch(sync, first, node).glob("*_indexmap_*"))) == 2
+    assert sync.upload(first) > 0   # no key written by both instances
     # Instance 2's shard of step 8 never reached S3.
     sync.lose(f"{ckpts}/step_00000008/optim-rank-00001.pt")
 
@@ -212,9 +257,19 @@ def test_sagemaker_retry_resumes_every_instance_from_a_step_all_of_them_hold(
         # The compile cache came back with the checkpoints: no compile pass, no recompile.
         assert "compile pass skipped" in second.text(node)
         assert [e["phase"] for e in second.events(node, "start")] in (["train"], [])
-        # Every instance pruned its own disk (the restored steps 4 and 8 included) to `keep`.
-        assert _steps(sync.local_path(second, node) / ckpts) == [16, 20, 24]
+        # Every instance pruned its own part of every step (the restored steps 4 and 8
+        # included) to `keep`; the other instance's restored files stay, untouched.
+        disk = sync.local_path(second, node) / ckpts
+        assert sorted(int(p.parent.name.split("_")[1]) for p in disk.glob(
+            f"step_*/COMPLETE.node-{node:05d}")) == [16, 20, 24]
+        assert (disk / "step_00000004" / f"optim-rank-{1 - node:05d}.pt").is_file()
+        assert _index_builds(second, node) == ["train"]   # fresh scratch: built again
     assert [e["step"] for e in second.events(0, "done")] == [STEPS]
+    # Neither instance wrote or deleted a key of the other's, and the prefix the next retry
+    # restores holds the `keep` newest steps only.
+    sync.upload(second)
+    assert sorted({int(k.split("/")[3].split("_")[1]) for k in sync.keys()
+                   if k.startswith(f"{ckpts}/step_")}) == [16, 20, 24]
 
 
 @pytest.mark.moto

@@ -108,6 +108,10 @@ export JOBGEN_LOG_DIR
 is_main=0
 [ "$node_index" -eq 0 ] && is_main=1
 say "job $job: node $node_index of $num_nodes, main node $MASTER_ADDR:$MASTER_PORT, logs in $JOBGEN_LOG_DIR"
+# JOBGEN_SHARED_FS=0: this instance's disk is its own. Its checkpoint folder is synced to the
+# one S3 prefix with every other instance's, writes and deletes alike, so each node's leader
+# seals, clears and prunes only its own keys (payload/common/checkpoints.py); and NeMo's dataset
+# index files are made on each instance (payload/common/node_indices.py).
 export JOBGEN_IS_MAIN=$is_main JOBGEN_SETUP_ON=every JOBGEN_SHARED_FS=0
 flow_node "$@"
 status=$?

@@ -250,7 +250,8 @@ def sealed_save(root: Path, step: int, state: dict[str, Any], rank: int, keep: i
 
     node, nodes, leader, own_disk = node_place()
     if rank == 0 or (own_disk and leader):
-        checkpoints.prepare_save_dir(root, step)
+        # On a disk of its own, a node clears only its own keys (others' restored files stay).
+        checkpoints.prepare_save_dir(root, step, node if own_disk else None)
     dist.barrier()
     write(root / checkpoints.tag_for(step))
     dist.barrier()
