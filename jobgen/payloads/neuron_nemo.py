@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import ConfigError
 from ..spec import JobSpec
@@ -44,6 +44,22 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     return hydra_string(str(value))
+
+
+def index_dir(spec: JobSpec) -> Optional[str]:
+    """Where NeMo writes its sample index files (model.data.index_mapping_dir). Global rank 0
+    builds them, then every rank loads them: beside the data (None) where it is writable; where
+    it is read-only, in the run folder, which is one shared folder or each node's own (then
+    each node builds its own copy: payload/common/node_indices.py). On SageMaker the run folder
+    is the checkpoint folder every instance syncs to one S3 prefix, so the index folder is the
+    instance's unsynced scratch instead: no key written by every instance, nothing restored N
+    times. Index files built in advance beside the data are linked in there first."""
+    if not spec.site.paths.data_read_only:
+        return None
+    if spec.backend == "sagemaker":
+        from ..backends.sagemaker.request import SCRATCH
+        return posixpath.join(SCRATCH, spec.run_name, "index_mappings")
+    return posixpath.join(spec.run_dir, "nemo", "index_mappings")
 
 
 def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
@@ -94,10 +110,7 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         "model.data.num_workers": d.num_workers,
         "model.data.seq_length": m.seq_length,
         "model.data.splits_string": d.splits,
-        # NeMo writes its sample index files beside the data unless told where (rank 0 builds
-        # them, the others wait); where the data is read-only, into the run folder.
-        "model.data.index_mapping_dir": (posixpath.join(spec.run_dir, "nemo", "index_mappings")
-                                         if spec.site.paths.data_read_only else None),
+        "model.data.index_mapping_dir": index_dir(spec),
         "model.optim.name": o.name,
         "model.optim.capturable": True,  # the LR as a tensor: one graph for every LR value
         "model.optim.lr": spec.lr,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 
 from ..spec import JobSpec, Rehearsal
-from . import flags
+from . import flags, neuron_nemo
 from .base import STOP_SIGNAL, Launch, Pass, number
 
 
@@ -62,9 +62,12 @@ def build(spec: JobSpec) -> Launch:
         # where the recipe's does, as a fraction of the run), so the shared loop code
         # (payload/common: schedule, parameter groups, scaled initialisation) runs as on the
         # real job.
-        # --decay: the program's name for the shared --schedule.
-        return tuple(flags.render(COMMON + GPT, flags.shared(spec, which),
-                                  {"decay": r.schedule.name}))
+        # --decay: the program's name for the shared --schedule. --index-dir: a NeMo recipe's
+        # rehearsal builds and reads a sample index file where NeMo would (rank 0 writes, every
+        # rank reads), where NeMo is told a folder: not beside the data.
+        index_dir = neuron_nemo.index_dir(spec) if r.payload == "neuron_nemo" else None
+        return tuple(flags.render(COMMON + GPT + ("index-dir",), flags.shared(spec, which),
+                                  {"decay": r.schedule.name, "index-dir": index_dir}))
 
     return Launch(launcher="smoke/launch.sh", workdir=posixpath.join(spec.payload_dir, "smoke"),
                   program="train.py", compile_wrapper="", compile_args=gpt("compile"),

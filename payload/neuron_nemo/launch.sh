@@ -57,7 +57,23 @@ if [ "$pass" = train ] && [ "$rank" = 0 ]; then
     "$JOBGEN_RUN_DIR/train/metrics.jsonl" "${JOBGEN_LOG_DIR:?}/node-$rank/train.log" "$@" &
   relay=$!
 fi
-node_launch "$pass" "--config-path=${JOBGEN_WORKDIR:?}/conf" "$@" ${resume[@]+"${resume[@]}"}
+# Nodes that share no disk (SageMaker: JOBGEN_SHARED_FS=0), NeMo told an index folder: NeMo's
+# script runs under per_node_indices.py, so that each node has the dataset's index files, linked
+# from beside the data or built by its own local rank 0 (payload/common/node_indices.py).
+conf=${JOBGEN_WORKDIR:?}/conf
+head=()
+if [ "${JOBGEN_SHARED_FS:-}" = 0 ] && [ -f "$JOBGEN_WORKDIR/${JOBGEN_PROGRAM:?}" ]; then
+  for arg in "$@"; do
+    case $arg in
+      model.data.index_mapping_dir=null) ;;
+      model.data.index_mapping_dir=*) head=("$JOBGEN_WORKDIR/$JOBGEN_PROGRAM") ;;
+    esac
+  done
+  if [ ${#head[@]} -gt 0 ]; then
+    JOBGEN_WORKDIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) JOBGEN_PROGRAM=per_node_indices.py
+  fi
+fi
+node_launch "$pass" ${head[@]+"${head[@]}"} "--config-path=$conf" "$@" ${resume[@]+"${resume[@]}"}
 status=$?
 if [ -n "$relay" ]; then
   kill -TERM "$relay" 2>/dev/null

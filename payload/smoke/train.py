@@ -149,6 +149,10 @@ def parser() -> argparse.ArgumentParser:
                defaults={"beta2": 0.95, "max-steps": 20, "weight-decay": 0.01,
                          "checkpoint-every": 10},
                notes={"no-decay": "absent: matrices are decayed, vectors are not"})
+    p.add_argument("--index-dir", type=Path, default=None,
+                   help="build (global rank 0) and read (every rank) a sample index file here "
+                        "first, as NeMo's GPT dataset does (indexed_data.py); on nodes with "
+                        "disks of their own, each node builds its own (common/node_indices.py)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -216,6 +220,9 @@ class SmokeTrainer:
         self.optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2),
                                            eps=args.eps)
         self.global_batch = args.micro_batch_size * args.gradient_accumulation * self.world
+        self.index: list[int] | None = None
+        if args.index_dir is not None:
+            self._load_index(args.index_dir)
         self.ckpt_root = args.output_dir / "checkpoints"
         self.training = args.phase == "train"
         if self.training:  # every rank, before anyone opens a file in it
@@ -233,6 +240,21 @@ class SmokeTrainer:
         self.armed = {fault for fault in ONCE_PER_RUN
                       if self.training and fault in self.faults
                       and not self._fault_marker(fault).exists()}
+
+    def _load_index(self, folder: Path) -> None:
+        """NeMo's index build, stood in: samples = the pass's steps x the global batch."""
+        import indexed_data
+        from common.node_indices import install
+
+        install(indexed_data)   # a builder on every node where the disks are the nodes' own
+        args = self.args
+        steps = args.compile_steps if args.phase == "compile" else args.max_steps
+        self.index, built = indexed_data.build_or_load(
+            folder, steps * self.global_batch, args.seq_length, args.seed)
+        if built:
+            path = indexed_data.index_path(folder, len(self.index), args.seq_length, args.seed)
+            print(f"{PROG}: node {self.node} (rank {self.rank}) built the {args.phase} pass's "
+                  f"index file {path}", file=sys.stderr, flush=True)
 
     def _fault_marker(self, fault: str) -> Path:
         return self.args.output_dir / f".jobgen-smoke-{fault}"
@@ -270,6 +292,9 @@ class SmokeTrainer:
 
     def _micro_batch(self, positions: list[int]) -> Any:
         args = self.args
+        if self.index is not None:   # read through the index, as NeMo's samples are
+            n = len(self.index)
+            positions = [self.index[p % n] + p // n * n for p in positions]
         rows = [synthetic_tokens(p, args.seq_length, args.vocab_size, args.seed)
                 for p in positions]
         return self.torch.tensor(rows, dtype=self.torch.long)

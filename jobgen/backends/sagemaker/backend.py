@@ -31,9 +31,11 @@ def node_site(site: Site) -> Site:
 
 
 def _data_read_only(section: SageMakerSite) -> bool:
-    """An FSx channel is mounted as its access mode says; an S3 channel (File mode) is copied
-    onto the instance's own volume, which the job may write."""
-    return section.fsx is not None and section.fsx.access_mode == "ro"
+    """An FSx channel is mounted as its access mode says; an S3 channel is mounted with
+    FastFile (request.py), read-only. Either way, what rank 0 would write beside the data
+    (NeMo's index files) is written elsewhere: on a read-write FSx channel every instance sees
+    it, anywhere else each instance needs its own (jobgen/payloads/neuron_nemo.py)."""
+    return section.fsx is None or section.fsx.access_mode == "ro"
 
 
 def plan(spec: JobSpec) -> Plan:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ...local_runner import image_moves, relocate
 from ...spec import JobSpec
-from .request import training_job
+from .request import SCRATCH, training_job
 
 
 def commands(spec: JobSpec, job_id: str, root: Path,
@@ -15,7 +15,8 @@ def commands(spec: JobSpec, job_id: str, root: Path,
     entrypoint and arguments with the request's Environment, TRAINING_JOB_NAME, and what
     SageMaker writes on every instance (/opt/ml/input/config/resourceconfig.json and
     hyperparameters.json), under ROOT/algo-N/opt/ml: each instance has its own disk, as on
-    SageMaker (the run folder, its checkpoints and logs are node 0's under algo-1). Those files
+    SageMaker (the run folder, its checkpoints and logs are node 0's under algo-1; its scratch,
+/tmp/jobgen, under ROOT/algo-N/tmp/jobgen). Those files
     are written only with `write` (not for a dry run)."""
     request = training_job(spec)
     site = spec.site.sagemaker
@@ -25,7 +26,9 @@ def commands(spec: JobSpec, job_id: str, root: Path,
     out = []
     for host in hosts:
         opt_ml = root / host / "opt" / "ml"
-        moves = image_moves(spec, write) + [("/opt/ml/", f"{opt_ml}/")]
+        # The instance's scratch too is its own (NeMo's index files: each instance builds them).
+        moves = image_moves(spec, write) + [("/opt/ml/", f"{opt_ml}/"),
+                                            (SCRATCH + "/", f"{root / host}{SCRATCH}/")]
         config = opt_ml / "input" / "config"
         if write:
             config.mkdir(parents=True, exist_ok=True)

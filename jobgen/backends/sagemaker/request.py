@@ -29,6 +29,9 @@ MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30
 # run's S3 URI while the job runs and restored from it on every instance of a retry or a
 # resubmitted run (so neither its checkpoints nor its compiled graphs are lost).
 CHECKPOINTS = "/opt/ml/checkpoints"
+# Each instance's scratch, never synced (SageMaker's documented scratch space): what every
+# instance makes for itself, like NeMo's dataset index files (jobgen/payloads/neuron_nemo.py).
+SCRATCH = "/tmp/jobgen"
 # SageMaker's model-parallel library v2 runs on these GPU instance types only.
 SMP_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
 # Loss and gradient norm from the payloads' step events, as SageMaker metrics.
