@@ -595,6 +595,9 @@ class _KubeAPI:
         import http.server
         import threading
         self.calls: list[tuple[str, str]] = []
+        # The cluster's JobSet CRD (submit reads it): the pinned release's; None: not installed.
+        self.crd: Any = yaml.safe_load((Path(__file__).parent / "k8s" /
+                                        "jobset-crd-v0.12.0.yaml").read_text())
         api = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -606,8 +609,13 @@ class _KubeAPI:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 path = self.path.split("?")[0]
                 api.calls.append((self.command, path))
+                status = 201 if self.command == "POST" else 200
                 if self.command == "POST":
                     answer = body
+                elif "/customresourcedefinitions/" in path:
+                    answer = api.crd or {"kind": "Status", "apiVersion": "v1", "code": 404,
+                                         "status": "Failure", "reason": "NotFound"}
+                    status = 200 if api.crd else 404
                 elif path.endswith("/pods"):
                     answer = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
                         {"metadata": {"name": "p0", "labels": {
@@ -631,7 +639,7 @@ class _KubeAPI:
                 else:
                     answer = {"kind": "Status", "apiVersion": "v1", "status": "Success"}
                 data = json.dumps(answer).encode()
-                self.send_response(201 if self.command == "POST" else 200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -704,5 +712,38 @@ def test_eks_commands_act_on_the_kind_that_was_submitted(jobgen_proc: Any, tmp_p
         assert deleted == ([f"{kinds[form][1]}/{kinds[form][0]}/{name}"] if form in kinds else
                            [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}",
                             f"/api/v1/namespaces/{NAMESPACE}/services/{name}"])
+    finally:
+        api.server.shutdown()
+
+
+def _without(data: Any, key: str) -> Any:
+    if isinstance(data, dict):
+        return {k: _without(v, key) for k, v in data.items() if k != key}
+    if isinstance(data, list):
+        return [_without(v, key) for v in data]
+    return data
+
+
+@pytest.mark.slow   # a few seconds: two submits through the client
+def test_eks_submit_refuses_a_cluster_without_a_jobset_that_can_tell_a_drain_apart(
+        jobgen_proc: Any, tmp_path: Path) -> None:
+    """eks.gang: jobset on a cluster without JobSet, or with one older than v0.10.0 (whose API
+    server would drop the rules' message patterns, so that 78 would restart like a drain):
+    one line, nothing created."""
+    pytest.importorskip("kubernetes")
+    api = _KubeAPI()
+    try:
+        env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
+        for crd, says in ((None, "the cluster has no JobSet (jobsets.jobset.x-k8s.io)"),
+                          (_without(api.crd, "onJobFailureMessagePatterns"),
+                           "the cluster's JobSet is older than v0.10.0")):
+            api.crd = crd
+            proc = jobgen_proc("submit", "llama2-7b", "--nodes", "2", "--smoke", "--backend",
+                               "eks", "--site", "sagemaker", cwd=tmp_path, env=env)
+            errors = [line for line in proc.stderr.splitlines()
+                      if not line.startswith("note: ")]
+            assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+            assert says in errors[0], proc.stderr
+            assert [m for m, _ in api.calls if m == "POST"] == []
     finally:
         api.server.shutdown()

@@ -108,6 +108,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
         elif doc["kind"] == "Job":
             _call(kubernetes.client.BatchV1Api(api).create_namespaced_job, ns, doc)
         elif doc["kind"] == "JobSet":
+            _jobset_installed(kubernetes, api)
             _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
                   *_JOBSET, ns, jobsets.PLURAL, doc)
         else:
@@ -118,6 +119,30 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
         docs[-1]["kind"], f"{OPERATOR_PREFIX}{name}")
     return Submitted((job_id,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
                                  f"namespace {ns}",))
+
+
+def _jobset_installed(kubernetes: Any, api: Any) -> None:
+    """The cluster's JobSet CRD is one whose failure policy matches on messages (v0.10.0 or
+    later: jobset.py): one line otherwise. Where the CRD cannot be read (no permission on
+    cluster-scoped objects), a note."""
+    try:
+        answer = kubernetes.client.ApiextensionsV1Api(api).read_custom_resource_definition(
+            jobsets.CRD_NAME, _preload_content=False)
+        text = answer.data.decode("utf-8", "replace")
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            raise RemoteError(f"the cluster has no JobSet ({jobsets.CRD_NAME}), which the site's "
+                              f"eks.gang: jobset needs: install JobSet {jobsets.OLDEST} or later, "
+                              "or set eks.gang") from None
+        _say_once(f"note: cannot read the CRD {jobsets.CRD_NAME} ({exc.status} {exc.reason}): "
+                  f"not checked that JobSet is {jobsets.OLDEST} or later")
+        return
+    except OSError as exc:
+        raise RemoteError(f"Kubernetes API: cannot connect: {exc}") from None
+    if jobsets.CRD_FIELD not in text:
+        raise RemoteError(f"the cluster's JobSet is older than {jobsets.OLDEST} (its CRD has no "
+                          f"{jobsets.CRD_FIELD}): a restart could not tell a drain from exit 78; "
+                          f"upgrade JobSet, or set eks.gang")
 
 
 # A job id names what was submitted: NAME for an Indexed Job (batch/v1), jobsets/NAME for a

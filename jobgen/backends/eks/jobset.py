@@ -29,16 +29,26 @@ pkg/controller/job/pod_failure_policy.go):
                         newest restart.
 
 Pod K's host name is NAME-node-0-K and JobSet's headless Service (network.enableDNSHostnames,
-named after the JobSet) resolves NAME-node-0-K.NAME: the main node is NAME-node-0-0.NAME.
+named after the JobSet) resolves NAME-node-0-K.NAME: the main node is NAME-node-0-0.NAME
+(api/jobset/v1alpha2/jobset_types.go, Network: "<jobSet.name>-<spec.replicatedJob.name>-
+<job-index>-<pod-index>.<subdomain>", the subdomain defaulting to the JobSet's name).
+The semantics above were read in kubernetes-sigs/jobset at v0.12.0 (f22e565): pkg/controllers/
+failure_policy.go, pkg/webhooks/jobset_webhook.go (names, failure reasons), site/content/en/docs/
+tasks/failure_policy.md (its host-maintenance example is this design).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
-# The release whose CRD the manifests are checked against (tests/k8s/jobset-crd-v0.12.0.yaml);
-# the fields used here are in every release since v0.6.
+# The release whose CRD the manifests are checked against (tests/k8s/jobset-crd-v0.12.0.yaml).
+# The rules' onJobFailureMessagePatterns came in v0.10.0: an older JobSet's API server drops the
+# field, and its disruption rule would then restart (uncounted, forever) on 75 and 78 too, so
+# `submit` reads the cluster's CRD first (CRD_FIELD) and refuses an older JobSet.
 RELEASE = "v0.12.0"
+OLDEST = "v0.10.0"
+CRD_NAME = "jobsets.jobset.x-k8s.io"
+CRD_FIELD = "onJobFailureMessagePatterns"
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 REPLICATED_JOB = "node"
 # The pod failure policy's rule indexes, which the child Job's failure message names.
