@@ -115,7 +115,9 @@ def test_fsdp_arguments_parse_with_the_programs_own_parser(smoke: bool) -> None:
                     parsed.lr, parsed.warmup_steps, parsed.decay_steps) == (
                 8, 16, 1024 // 16, 3.0e-4, 2000, 480000)
             assert parsed.activation_offloading and parsed.activation_checkpointing == "full"
-            assert parsed.eps == 1.0e-5 and parsed.no_decay == [] and parsed.scaled_init
+            # The SMP example's optimizer: AdamW's default eps, the program's own rule for
+            # weight decay (norms and biases excluded), not HLAT's eps 1e-5 and decay on all.
+            assert parsed.eps == 1.0e-8 and parsed.no_decay is None and parsed.scaled_init
     req = sagemaker.training_job(spec("llama2-7b", "sagemaker", 16))
     assert set(json.loads(req["HyperParameters"]["mp_parameters"])) <= SMP_KEYS
 
@@ -161,12 +163,44 @@ def test_smp_payload_refuses_what_it_cannot_do(jobgen: Jobgen) -> None:
     assert result.exit_code == 2, result.output
     assert "precision: payload smp_fsdp cannot use 'bf16_sr'" in result.output
     result = jobgen("render", "llama2-7b", "--backend", "sagemaker", "--site", "sagemaker",
-                    "--nodes", "4")
-    assert result.exit_code == 2
-    assert "parallelism.hybrid_shard: 16 x tensor 8 does not divide the 32 GPUs" in result.output
-    result = jobgen("render", "llama2-7b", "--backend", "sagemaker", "--site", "sagemaker",
                     "--nodes", "16", "--set", "parallelism.zero1=true")
     assert "parallelism.zero1: payload smp_fsdp accepts only False" in result.output
+
+
+# The SMP example trains Llama 2-7B from one p4d.24xlarge up ("You need >= 1 p4 for 7b"); with
+# TP 8 on a p4d's 8 GPUs each node is one data-parallel rank, and the hybrid-shard degree is
+# derived: at most the recipe's 16 (the SMP blog's), a divisor of the data-parallel ranks.
+@pytest.mark.parametrize(("nodes", "degree"), [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16),
+                                               (32, 16)])
+def test_llama_on_sagemaker_renders_at_every_node_count_with_a_derived_shard_degree(
+        jobgen: Jobgen, tmp_path: Path, nodes: int, degree: int) -> None:
+    result = jobgen("render", "llama2-7b", "--backend", "sagemaker", "--site", "sagemaker",
+                    "--nodes", str(nodes), "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    req = json.loads((tmp_path / f"llama2-7b-{nodes}n.training-job.json").read_text())
+    smp = json.loads(req["HyperParameters"]["mp_parameters"])
+    assert (smp["tensor_parallel_degree"], smp["hybrid_shard_degree"]) == (8, degree)
+    args = json.loads("".join(v for k, v in sorted(req["HyperParameters"].items())
+                              if k.startswith("jobgen_args_")))
+    assert args[args.index("--hybrid-shard") + 1] == str(degree)
+
+
+@pytest.mark.parametrize(("hybrid_shard", "tensor", "nodes", "degree"), [
+    (0, 8, 4, 4),     # SMP's default with TP: every data-parallel rank
+    (0, 1, 2, 8),     # without TP: FSDP's HYBRID_SHARD, one node's GPUs
+    (8, 8, 2, 2),     # at most 8, but only 2 data-parallel ranks
+    (12, 8, 16, 8),   # the largest divisor of 16 up to 12
+    (16, 2, 2, 8),    # TP 2: 8 data-parallel ranks
+])
+def test_shard_degree_is_derived_from_the_recipe_and_the_node_count(
+        hybrid_shard: int, tensor: int, nodes: int, degree: int,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from jobgen.payloads.smp_fsdp import shard_degree
+    s = spec("llama2-7b", "sagemaker", nodes, f"parallelism.hybrid_shard={hybrid_shard}",
+             f"parallelism.tensor={tensor}", "parallelism.global_batch_size=2048")
+    assert shard_degree(s) == degree
+    assert ("does not divide" in capsys.readouterr().err) == (hybrid_shard == 12)
+    assert shard_degree(spec("llama2-7b", "sagemaker", 2, smoke=True)) == 2   # CPU pairs
 
 
 # --- the overlay ------------------------------------------------------------------------------

@@ -118,19 +118,49 @@ def test_buffers_stay_fp32_while_parameters_compute_in_bf16(
     assert numbers["loss"] > 0
 
 
-@pytest.mark.parametrize("smp", [True, False])
+def test_smp_path_leaves_the_process_groups_to_smp(make_trainer: Callable[..., Any]) -> None:
+    """FSDP gets no mesh and no group from the program: it shards over SMP's groups. The
+    stand-in's patch, like SMP's, hands FSDP its own groups, so a program that still passed a
+    device mesh would meet FSDP's refusal of both, as below."""
+    import torch_sagemaker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    trainer = make_trainer()
+    assert trainer.mesh is None
+    assert trainer.sharded.process_group is torch_sagemaker.state.shard_process_group
+    assert trainer.sharding["shard_group"] == 1 and trainer.sharding["replicas"] == 1
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    with pytest.raises(ValueError, match="Cannot pass both process_group and device_mesh"):
+        FullyShardedDataParallel(torch.nn.Linear(2, 2), device_mesh=mesh,
+                                 sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                                 device_id=torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("smp", "family"), [(True, "llama"), (False, "llama"),
+                                             (True, "gpt_neox"), (False, "gpt_neox")])
 def test_weight_decay_goes_to_the_matrices_not_norms_or_biases(
-        make_trainer: Callable[..., Any], smp: bool) -> None:
-    trainer = make_trainer("--weight-decay", "0.1", smp=smp)
+        make_trainer: Callable[..., Any], smp: bool, family: str) -> None:
+    """The SMP example's groups: LayerNorm and RMSNorm parameters and every bias undecayed;
+    the matrices and the embeddings decayed (Llama has no biases; GPT-NeoX has them)."""
+    trainer = make_trainer("--weight-decay", "0.1", "--family", family, smp=smp)
     name_of = {id(p): n for n, p in trainer.sharded.named_parameters()}
     decayed = {name_of[id(p)] for g in trainer.optimizer.param_groups
                if g["weight_decay"] == 0.1 for p in g["params"]}
     plain = {name_of[id(p)] for g in trainer.optimizer.param_groups
              if g["weight_decay"] == 0.0 for p in g["params"]}
     assert decayed | plain == set(name_of.values()) and not decayed & plain
-    assert plain and all(n.endswith("norm.weight") for n in plain)
-    assert any(n.endswith("q_proj.weight") for n in decayed)
-    assert any(n.endswith("embed_tokens.weight") for n in decayed)
+    if family == "llama":
+        assert plain and all(n.endswith("norm.weight") for n in plain)
+        assert any(n.endswith("q_proj.weight") for n in decayed)
+        assert any(n.endswith("embed_tokens.weight") for n in decayed)
+    else:
+        assert any("layernorm.weight" in n for n in plain)
+        assert any(n.endswith("query_key_value.bias") for n in plain)
+        assert all(n.endswith(("norm.weight", "norm.bias", ".bias")) for n in plain)
+        assert any(n.endswith("query_key_value.weight") for n in decayed)
+        assert any(n.endswith("embed_in.weight") for n in decayed)
+    assert {g["eps"] for g in trainer.optimizer.param_groups} == {1e-8}   # AdamW's default
 
 
 def test_recipe_no_decay_fragments_decide_by_name(make_trainer: Callable[..., Any]) -> None:
@@ -202,6 +232,8 @@ def test_tensor_parallel_checkpoint_keeps_every_slice_through_a_restart(
     assert (step / "tp2-0").is_dir() and (step / "tp2-1").is_dir()
     # The two TP ranks hold different slices under the same names: each must come back.
     assert [r["tp_rank"] for r in saved] == [0, 1, 0, 1]
+    # FSDP's shard groups are SMP's (hybrid shard 2 over each TP rank's data-parallel peers).
+    assert [r["shard_ranks"] for r in saved] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert saved[0]["mlp_slice_sum"] != saved[1]["mlp_slice_sum"]
     loaded = scenario("load", out)
     for report in loaded:

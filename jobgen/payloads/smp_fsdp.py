@@ -10,16 +10,43 @@ from __future__ import annotations
 
 import posixpath
 
-from ..errors import ConfigError, RuleError
+from ..errors import ConfigError
 from ..spec import JobSpec
 from . import flags
 from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 
 
-def smp_parameters(spec: JobSpec) -> dict[str, object]:
-    """SMP v2's core configuration (the `mp_parameters` hyperparameter of a SageMaker job)."""
+def shard_degree(spec: JobSpec) -> int:
+    """The hybrid-shard degree (ranks per sharding group, counted in data-parallel ranks: the
+    world over the tensor-parallel degree), derived from the node count rather than fixed.
+
+    `parallelism.hybrid_shard` 0 is SMP v2's own default: with tensor parallelism, the largest
+    degree the data-parallel ranks allow (all of them); without, FSDP's HYBRID_SHARD (one node's
+    ranks). A number is the most ranks a group may have: the degree is the largest divisor of
+    the data-parallel ranks up to it, so llama2-7b's 16 (the SMP blog's) holds from 16 nodes up
+    and fewer nodes shard over what they have (SMP's limit: 0 to world / tensor). A rehearsal
+    shards over each node's CPU processes."""
     p = spec.recipe.parallelism
-    return {"tensor_parallel_degree": p.tensor, "hybrid_shard_degree": p.hybrid_shard,
+    if spec.rehearsal is not None:
+        return spec.workers_per_node
+    tensor = max(p.tensor, 1)
+    ranks = spec.world_size // tensor
+    if p.hybrid_shard == 0:
+        return ranks if tensor > 1 else spec.workers_per_node
+    most = min(p.hybrid_shard, ranks)
+    degree = next(d for d in range(max(most, 1), 0, -1) if ranks % d == 0)
+    if degree < most:
+        from ..node import say_once
+        say_once(f"note: {spec.source}: parallelism.hybrid_shard: {most} does not divide the "
+                 f"{ranks} data-parallel ranks; sharding over {degree}")
+    return degree
+
+
+def smp_parameters(spec: JobSpec) -> dict[str, object]:
+    """SMP v2's core configuration (the `mp_parameters` hyperparameter of a SageMaker job), with
+    the hybrid-shard degree as derived (shard_degree): what SMP builds its groups from."""
+    p = spec.recipe.parallelism
+    return {"tensor_parallel_degree": p.tensor, "hybrid_shard_degree": shard_degree(spec),
             "sm_activation_offloading": p.activation_offloading,
             "activation_loading_horizon": p.activation_loading_horizon,
             "random_seed": spec.recipe.seed}
@@ -54,7 +81,7 @@ def arguments(spec: JobSpec, which: Pass) -> tuple[str, ...]:
     t = spec.rehearsal
     own: dict[str, flags.Value]
     if t is None:
-        own = {"tensor-parallel": str(p.tensor), "hybrid-shard": str(p.hybrid_shard),
+        own = {"tensor-parallel": str(p.tensor), "hybrid-shard": str(shard_degree(spec)),
                "precision": "fp32" if r.precision == "fp32" else "bf16", "device": "cuda",
                "num-kv-heads": str(m.num_kv_heads) if m.num_kv_heads is not None else None,
                "rope-theta": number(m.rope_theta) if m.rope_theta is not None else None,
@@ -78,13 +105,9 @@ def build(spec: JobSpec) -> Launch:
     if spec.recipe.checkpoint.every_steps is None and spec.rehearsal is None:
         raise ConfigError(f"{spec.source}: checkpoint.every_seconds: the FSDP program "
                           "checkpoints by step only; set checkpoint.every_steps")
-    p = spec.recipe.parallelism
-    shard = (p.hybrid_shard or spec.workers_per_node) if spec.rehearsal is None \
-        else spec.workers_per_node
-    tensor = p.tensor if spec.rehearsal is None else 1
-    if spec.world_size % (shard * tensor):
-        raise RuleError(f"{spec.source}: parallelism.hybrid_shard: {shard} x tensor {tensor} "
-                        f"does not divide the {spec.world_size} GPUs of {spec.nodes} nodes")
+    # The tensor degree divides the world (spec_checks.check_arithmetic), so a degree exists
+    # at every node count; deriving it here says so once where it is smaller than asked.
+    shard_degree(spec)
     # Gradient accumulation and the other batch numbers come from the spec (COMMON_KEYS).
     return Launch(stop_signal=STOP_SIGNAL, launcher="smp_fsdp/launch.sh",
                   workdir=posixpath.join(spec.payload_dir, "smp_fsdp"),

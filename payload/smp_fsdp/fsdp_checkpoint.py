@@ -4,8 +4,9 @@ model and optimizer as torch.distributed.checkpoint writes them (each rank its o
 Without SMP: one checkpoint over the world (its plan keeps one writer per replicated item).
 With SMP, as SageMaker's SMP v2 example does (checkpoints.py): tensor-parallel slices share
 parameter names and offsets, so each TP rank's part goes to its own ``tp{degree}-{tp_rank}``
-folder, written over the FSDP shard group (the model's process group) by the first replica's
-ranks; every rank loads its own TP folder over the same group.
+folder, written over the FSDP shard group (the model's process group, as SMP made it) by the
+ranks of the first replica (SMP's ranker says which); every rank loads its own TP folder over
+the same group.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def placement(trainer: Any) -> tuple[str, Any, bool]:
     """(sub-folder, process group, whether this rank writes) of this rank's part."""
     if trainer.smp is None:
         return "", None, True
-    return (smp.checkpoint_folder(trainer.smp), trainer.mesh["shard"].get_group(),
-            trainer.mesh.get_local_rank("replicate") == 0)
+    return (smp.checkpoint_folder(trainer.smp), trainer.sharded.process_group,
+            smp.replica_rank(trainer.smp, trainer.rank) == 0)
 
 
 def resume(trainer: Any) -> None:

@@ -3,11 +3,24 @@ optimizer's weight-decay groups and gradient clip, for both of its paths.
 
 With SMP v2 the steps and their order are those of SageMaker's SMP v2 example (train_lib.py):
 FSDP (``FullyShardedDataParallel``) wraps each of SMP's transformer layers (auto-wrap policy on
-that class), keeps the original parameters (``use_orig_params``, which the example forces with
-SMP) and buffers in fp32 ("some models hard-code buffers to fp32"); activation checkpointing is
-then applied to those layers, and the whole model is wrapped for activation offloading when SMP's
-configuration asks for it. Without SMP: FSDP2 (``fully_shard``) on each decoder layer and the
-root, over the same (replicate, shard) mesh, with the same checkpointing and offloading.
+that class) with no process group and no device mesh (SMP's patch of FSDP gives it the groups
+its ``hybrid_shard_degree`` makes), keeps the original parameters (``use_orig_params``, which
+the example forces with SMP) and buffers in fp32 ("some models hard-code buffers to fp32");
+activation checkpointing is then applied to those layers, and the whole model is wrapped for
+activation offloading when SMP's configuration asks for it. Without SMP: FSDP2 (``fully_shard``)
+on each decoder layer and the root, over an explicit (replicate, shard) device mesh, with the
+same checkpointing and offloading.
+
+Where the SMP path still differs from the example, and why:
+- Reduction in fp32 (``reduce_dtype``), where the example reduces in bf16: this project's
+  ``bf16`` means BF16 compute with FP32 gradient reduction, on every trainer.
+- Weight decay by shape (1-D tensors: norm weights and biases), decided before FSDP; the example
+  decides by module class (``LayerNorm``, ``LlamaRMSNorm``) and the name ``bias``, on the
+  wrapped model. Both leave norms and biases undecayed on the Hugging Face model; the shape rule
+  also holds for a norm SMP fuses into another module, whose class is neither.
+- The full model is built on every rank, in fp32, with the recipe's seeded initialisation; the
+  example's delayed parameter initialisation (``delayed_param``, SMP's own initialiser on meta
+  tensors) would replace that initialisation, so it is not used.
 """
 from __future__ import annotations
 
@@ -29,12 +42,12 @@ def hf_layer_class(model: Any, family: str) -> type:
     raise PayloadError(f"the {family} model has no {DECODER_LAYERS[family]} layers")
 
 
-def device_mesh(device_type: str, world: int, shard: int, tp: int) -> Any:
-    """(replicate, shard, tp) over the world, tensor-parallel ranks innermost (consecutive, as
-    in the example, whose data-parallel rank is ``rank // tp_degree``)."""
+def device_mesh(device_type: str, world: int, shard: int) -> Any:
+    """(replicate, shard) over the world, for plain FSDP only: consecutive ranks share a shard
+    group (a node's, by default). With SMP, SMP makes the groups."""
     from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh(device_type, (world // (shard * tp), shard, tp),
-                            mesh_dim_names=("replicate", "shard", "tp"))
+    return init_device_mesh(device_type, (world // shard, shard),
+                            mesh_dim_names=("replicate", "shard"))
 
 
 def clean_name(name: str) -> str:
@@ -47,8 +60,9 @@ def clean_name(name: str) -> str:
 def decay_plan(model: Any, weight_decay: float, no_decay: list[str] | None) -> dict[str, float]:
     """Weight decay per parameter name, decided on the model as FSDP receives it (full shapes):
     FSDP's flat or sharded views are 1-D, so a rule on dimensions must not look at them.
-    ``no_decay`` name fragments when the recipe gives them, else the example's rule in effect
-    (biases and normalisation weights, the 1-D tensors, are not decayed)."""
+    ``no_decay`` name fragments when the recipe gives them, else the SMP example's rule in
+    effect: biases and normalisation weights (LayerNorm, RMSNorm), the 1-D tensors, are not
+    decayed; matrices and embeddings are."""
     return {clean_name(name): (0.0 if (excluded(name, no_decay) if no_decay is not None
                                        else p.ndim < 2) else weight_decay)
             for name, p in model.named_parameters() if p.requires_grad}
@@ -94,14 +108,20 @@ def offload(model: Any) -> Any:
     return offload_wrapper(model)
 
 
-def shard_smp(model: Any, mesh: Any, layer: type, bf16: bool, device: Any) -> Any:
+def shard_smp(model: Any, layer: type, bf16: bool, device: Any) -> Any:
     """FSDP with SMP v2, as in the example: hybrid sharding, one unit per SMP transformer
-    layer, original parameters kept, buffers in fp32. The (replicate, shard) mesh is passed
-    explicitly, laid out as SMP lays out its groups, so the groups are declared in one place.
-    Gradients are reduced in fp32 (this project's bf16: BF16 compute, FP32 reduction), where the
-    example reduces in bf16."""
+    layer, no process group or device mesh (SMP chooses them: passing either beside SMP's
+    would make FSDP refuse both), the example's prefetching (backward_pre, forward prefetch,
+    limited all-gathers), original parameters kept, buffers in fp32. Gradients are reduced in
+    fp32 (this project's bf16: BF16 compute, FP32 reduction), where the example reduces in
+    bf16."""
     import torch
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        FullyShardedDataParallel,
+        MixedPrecision,
+        ShardingStrategy,
+    )
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     precision = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
@@ -109,9 +129,9 @@ def shard_smp(model: Any, mesh: Any, layer: type, bf16: bool, device: Any) -> An
     return FullyShardedDataParallel(
         model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
                                                   transformer_layer_cls={layer}),
-        sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_mesh=mesh,
-        mixed_precision=precision, use_orig_params=True, limit_all_gathers=True,
-        device_id=device)
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD, mixed_precision=precision,
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True,
+        limit_all_gathers=True, use_orig_params=True, device_id=device)
 
 
 def shard_plain(model: Any, mesh: Any, layer: type, bf16: bool) -> Any:

@@ -21,7 +21,9 @@ SMP_ENV = "SM_HP_MP_PARAMETERS"   # SageMaker: the mp_parameters hyperparameter,
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
     """SMP v2's core configuration for this run: SageMaker's mp_parameters where the job has
-    them (they win, as in SageMaker's own launcher), else the flags."""
+    them (they win, as in SageMaker's own launcher), else the flags. The example calls
+    ``tsm.init()`` with no argument and SMP reads the job's configuration itself; this program
+    passes it because on EKS there is no SageMaker job to read it from."""
     mine = {"tensor_parallel_degree": args.tensor_parallel,
             "hybrid_shard_degree": args.hybrid_shard,
             "sm_activation_offloading": args.activation_offloading,
@@ -64,6 +66,12 @@ def clip(model: Any, max_norm: float) -> float:
 def tp_coords(tsm: Any) -> tuple[int, int]:
     """(tp_rank, tp_size) as SMP decided them (mp_parameters may differ from the flags)."""
     return int(tsm.state.tp_rank), int(tsm.state.tp_size)
+
+
+def replica_rank(tsm: Any, rank: int) -> int:
+    """Which copy of its sharding group ``rank`` is in, as SMP laid the groups out (the
+    example's is_action_rank: replica 0 writes the sharded checkpoint)."""
+    return int(tsm.state.ranker.get_rep_rank(rank))
 
 
 def checkpoint_folder(tsm: Any) -> str:

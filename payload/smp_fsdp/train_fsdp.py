@@ -5,9 +5,10 @@ With SageMaker's model-parallel library v2 in the image (``torch.sagemaker``, th
 PyTorch training images) it trains as SageMaker's own SMP v2 example does (smp_v2.py,
 fsdp_model.py, fsdp_checkpoint.py say how): SMP is initialised with the job's configuration (the
 ``mp_parameters`` hyperparameter jobgen renders, which SageMaker exposes as SM_HP_MP_PARAMETERS),
-the model is transformed, FSDP hybrid-shards each of SMP's transformer layers, and each
-tensor-parallel rank checkpoints its own slices. Without it, the model is sharded by plain PyTorch
-FSDP (``fully_shard``) over a two-dimensional device mesh: shards within groups of --hybrid-shard
+the model is transformed, FSDP hybrid-shards each of SMP's transformer layers over the process
+groups SMP chooses (the program passes FSDP none, as the example does), and each tensor-parallel
+rank checkpoints its own slices. Without it, the model is sharded by plain PyTorch FSDP
+(``fully_shard``) over a two-dimensional device mesh: shards within groups of --hybrid-shard
 ranks, replicas across groups, which is FSDP's hybrid sharding; tensor parallelism then needs SMP
 and is refused.
 
@@ -77,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
                defaults={"beta2": 0.95})
     p.add_argument("--tensor-parallel", type=int, default=1)
     p.add_argument("--hybrid-shard", type=int, default=0,
-                   help="ranks per sharding group (0: all ranks of a node)")
+                   help="data-parallel ranks per sharding group (0: SMP's default: every "
+                        "data-parallel rank with tensor parallelism, else one node's ranks)")
     p.add_argument("--activation-checkpointing", choices=("none", "selective", "full"),
                    default="none")
     p.add_argument("--activation-offloading", action="store_true")
@@ -107,12 +109,18 @@ def validate(args: argparse.Namespace, world: int, local_world: int) -> None:
     if args.hidden_size % args.num_heads:
         raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by --num-heads "
                            f"{args.num_heads}")
-    shard = args.hybrid_shard or local_world
+    shard = shard_or_default(args.hybrid_shard, world, args.tensor_parallel, local_world)
     if world % (shard * args.tensor_parallel):
         raise PayloadError(f"--hybrid-shard {shard} x --tensor-parallel {args.tensor_parallel} "
                            f"does not divide the {world} ranks")
     if args.steps < -1:
         raise PayloadError("--steps must be -1 (no bound) or >= 0")
+
+
+def shard_or_default(shard: int, world: int, tp: int, local_world: int) -> int:
+    """The hybrid-shard degree, 0 read as SMP v2 reads it: with tensor parallelism, every
+    data-parallel rank; without, FSDP's HYBRID_SHARD (one node's ranks)."""
+    return shard or (world // tp if tp > 1 else local_world)
 
 
 class TokenData:
@@ -158,11 +166,15 @@ class FsdpTrainer:
             self.device = torch.device("cuda", self.local_rank)
         else:
             self.device = torch.device("cpu")
+        # NCCL where the example's default is SMDDP (``smddp``: SageMaker's collectives, on
+        # SageMaker training jobs only): the same program runs on EKS GPU nodes, and nothing
+        # here can rehearse SMDDP.
         dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
                                 timeout=process_group_timeout())
         self.smp = smp.load()
         self._place(local_world)
         self.model = self._build()
+        # The example's AdamW, eps given (its default, 1e-8, unless the recipe says otherwise).
         self.optimizer = torch.optim.AdamW(
             sharding.param_groups(self.sharded, self.decay), lr=args.lr,
             betas=(args.beta1, args.beta2), eps=args.eps)
@@ -185,31 +197,32 @@ class FsdpTrainer:
         self.step, self.consumed = 0, 0
 
     def _place(self, local_world: int) -> None:
-        """SMP's configuration (with SMP), the tensor-parallel degree and the device mesh."""
+        """SMP's configuration and tensor-parallel degree (with SMP: SMP makes the process
+        groups), or the device mesh of plain FSDP's hybrid sharding (without)."""
         args = self.args
         self.offloading = args.activation_offloading
         self.sharding: dict[str, Any] = {}
+        self.mesh: Any = None
         if self.smp is not None:
             config = smp.config(args)
             self.smp.init(config)
             self.tp_rank, self.tp = smp.tp_coords(self.smp)
             # SMP's state, not the flag: mp_parameters may say otherwise (and they win).
             self.offloading = bool(self.smp.state.sm_activation_offloading)
-            shard = int(config.get("hybrid_shard_degree") or 0) or self.world // self.tp
             self.sharding["smp"] = config
-        elif args.tensor_parallel > 1:
+            return   # the shard group is known once FSDP has it (_build)
+        if args.tensor_parallel > 1:
             raise PayloadError(f"--tensor-parallel {args.tensor_parallel} needs SageMaker's "
                                "model-parallel library v2 (torch.sagemaker), which this image "
                                "does not have; use a SageMaker PyTorch training image or "
                                "parallelism.tensor 1")
-        else:
-            self.tp_rank, self.tp, shard = 0, 1, args.hybrid_shard or local_world
-        if self.world % (shard * self.tp):
-            raise PayloadError(f"hybrid shard degree {shard} x tensor parallel degree {self.tp} "
-                               f"does not divide the {self.world} ranks")
-        self.mesh = sharding.device_mesh(self.device.type, self.world, shard, self.tp)
-        self.sharding.update(replicas=self.world // (shard * self.tp), shard_group=shard,
-                             tensor_parallel=self.tp)
+        self.tp_rank, self.tp = 0, 1
+        shard = shard_or_default(args.hybrid_shard, self.world, 1, local_world)
+        if self.world % shard:
+            raise PayloadError(f"hybrid shard degree {shard} does not divide the {self.world} "
+                               "ranks")
+        self.mesh = sharding.device_mesh(self.device.type, self.world, shard)
+        self.sharding.update(replicas=self.world // shard, shard_group=shard, tensor_parallel=1)
 
     def _build(self) -> Any:
         """The model, transformed (SMP), sharded, checkpointed and offloaded; ``self.sharded``
@@ -221,12 +234,15 @@ class FsdpTrainer:
             scale_output_projections(model, OUTPUT_PROJECTIONS[args.family], args.init_std,
                                      args.num_layers)
         bf16 = args.precision == "bf16"
-        mesh = self.mesh["replicate", "shard"]
         if self.smp is not None:
             model = self.smp.transform(model)   # the example transforms whenever SMP is used
             layer = smp.layer_class()
             self.decay = sharding.decay_plan(model, args.weight_decay, args.no_decay)
-            model = sharding.shard_smp(model, mesh, layer, bf16, self.device)
+            model = sharding.shard_smp(model, layer, bf16, self.device)
+            # What SMP chose: FSDP's shard group, within one tensor-parallel rank's peers.
+            shard = self.dist.get_world_size(model.process_group)
+            self.sharding.update(replicas=self.world // (shard * self.tp), shard_group=shard,
+                                 tensor_parallel=self.tp)
             # After FSDP, re-entrant, as in the example (its offloading needs re-entrant).
             sharding.checkpoint_layers(model, layer, args.activation_checkpointing, True)
         else:
@@ -234,7 +250,7 @@ class FsdpTrainer:
             self.decay = sharding.decay_plan(model, args.weight_decay, args.no_decay)
             model.to(self.device)
             sharding.checkpoint_layers(model, layer, args.activation_checkpointing, False)
-            model = sharding.shard_plain(model, mesh, layer, bf16)
+            model = sharding.shard_plain(model, self.mesh, layer, bf16)
         self.sharded = model
         return sharding.offload(model) if self.offloading else model
 
@@ -260,6 +276,8 @@ class FsdpTrainer:
         for index, positions in enumerate(micro):
             tokens = self.data.batch(torch, positions).to(self.device)
             # FSDP2 reduces gradients once per optimizer step, after the last micro-batch.
+            # FSDP1 (SMP's path) reduces after each micro-batch: the example trains one
+            # micro-batch per step, and FSDP1's no_sync would keep whole gradients on each rank.
             if hasattr(self.sharded, "set_requires_gradient_sync"):
                 self.sharded.set_requires_gradient_sync(index == len(micro) - 1)
             loss = self.model(input_ids=tokens, labels=tokens, use_cache=False).loss

@@ -32,9 +32,20 @@ from common.models import build_model  # noqa: E402
 from common.runtime import batch_positions  # noqa: E402
 
 
+def local_part(value: torch.Tensor) -> torch.Tensor:
+    """This rank's shard: a DTensor's (FSDP over a device mesh) or a ShardedTensor's (FSDP
+    over process groups, as with SMP)."""
+    if hasattr(value, "to_local"):
+        return value.to_local()
+    if hasattr(value, "local_shards"):
+        shards = value.local_shards()
+        return shards[0].tensor if shards else torch.empty(0)
+    return value
+
+
 def local_model_state(trainer: Any) -> dict[str, torch.Tensor]:
     model_state = fsdp_checkpoint.state(trainer)["model"]
-    return {name: (v.to_local() if hasattr(v, "to_local") else v).detach().clone()
+    return {name: local_part(v).detach().clone()
             for name, v in model_state.items() if isinstance(v, torch.Tensor)}
 
 
@@ -61,6 +72,9 @@ def main() -> None:
     trainer = train_fsdp.FsdpTrainer(args, "launcher")
     rank = trainer.rank
     report: dict[str, Any] = {"tp_rank": trainer.tp_rank, "tp": trainer.tp}
+    if trainer.smp is not None:
+        report["shard_ranks"] = torch.distributed.get_process_group_ranks(
+            trainer.sharded.process_group)
     if scenario in ("train-save", "plain-norm"):
         report["norm"] = trainer.train_step()["grad_norm"]
         report["reference_norm"] = reference_norm(trainer)

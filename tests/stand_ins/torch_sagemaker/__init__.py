@@ -12,7 +12,10 @@ which is not public, and not from what the program happens to call:
   ``random_seed``; the same keys as the ``mp_parameters`` hyperparameter) after
   ``torch.distributed`` is initialised.
 - ``state``: ``tp_rank``, ``tp_size`` (= ``tensor_parallel_degree``), ``tp_process_group``,
-  ``hybrid_shard_degree``, ``sm_activation_offloading``.
+  ``hybrid_shard_degree`` (as SMP resolved it), ``sm_activation_offloading``, and ``ranker``
+  (replica coordinates, which SageMaker's example reads to pick a checkpoint's writers).
+- FSDP without process groups: after ``init``, FSDP shards over SMP's own groups, built from
+  ``hybrid_shard_degree`` (groups.py says how, and what the documentation says of it).
 - ``transform(model)``: replaces the Hugging Face decoder layers with SMP's own transformer layer
   class, ``torch.sagemaker.tensor_parallel.transformer.TransformerLayer`` (which is why a wrap or
   checkpoint policy must name that class), with weights split over the tensor-parallel group.
@@ -30,11 +33,12 @@ program imports SMP.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from . import grad_norm, transformer
+from . import grad_norm, groups, transformer
 
 _NAMES = {"torch.sagemaker": __name__, "torch.sagemaker.grad_norm": grad_norm.__name__,
           "torch.sagemaker.tensor_parallel": transformer.__name__,
@@ -50,6 +54,9 @@ class _State:
     sm_activation_offloading: bool = False
     activation_loading_horizon: int = 2
     initialized: bool = False
+    shard_process_group: Any = None
+    replication_process_group: Any = None
+    ranker: Any = None
 
     @property
     def tensor_parallel_degree(self) -> int:
@@ -80,7 +87,8 @@ def init(config: dict[str, Any] | None = None) -> None:
         if start <= rank < start + tp:
             state.tp_process_group = group
     state.tp_size, state.tp_rank = tp, rank % tp
-    state.hybrid_shard_degree = int(config.get("hybrid_shard_degree", 0) or 0)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+    groups.build(state, int(config.get("hybrid_shard_degree", 0) or 0), local_world)
     state.sm_activation_offloading = bool(config.get("sm_activation_offloading", False))
     state.activation_loading_horizon = int(config.get("activation_loading_horizon", 2))
     state.initialized = True
