@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import schema
+from .image_ref import NAME_MAX, REPOSITORY_PATTERN
 
 SEED_MAX = 2**32 - 1
 # Kubernetes object names: an RFC 1123 label (namespaces), a subdomain (claims, accounts).
@@ -81,6 +82,9 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "sagemaker.max_runtime_hours": {"minimum": 1, "maximum": 672},
     "eks.max_nodes": {"minimum": 0},
     "eks.namespace": {"pattern": DNS_LABEL},
+    # Docker's image reference grammar, the name part (jobgen/image_ref.py: jobgen adds the tag).
+    **{f"{section}.repository": {"pattern": REPOSITORY_PATTERN, "maxLength": NAME_MAX}
+       for section in ("batch", "sagemaker", "eks")},
     # Kubernetes names these as DNS subdomains (RFC 1123): the API server refuses anything else.
     "eks.shared_pvc": {"pattern": DNS_SUBDOMAIN, "maxLength": 253},
     "eks.service_account": {"pattern": DNS_SUBDOMAIN, "maxLength": 253},

@@ -10,6 +10,7 @@ from typing import Literal, Optional
 
 from . import resources, schema
 from .errors import ConfigError
+from .image_ref import check_repository
 from .platforms import Health, check_health
 from .record import record
 from .site_plan import PlanSite, check_plan
@@ -183,6 +184,7 @@ class Site:
         return self.paths.payload_dir or posixpath.join(self.paths.work_dir, ".jobgen", "payload")
 
 
+_SECTION = {BatchSite: "batch", SageMakerSite: "sagemaker", EksSite: "eks"}
 # An Amazon ECR repository: the only place SageMaker's CreateTrainingJob pulls images from.
 ECR_RE = re.compile(r"[0-9]{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+")
 # A Kubernetes namespace or object name (RFC 1123 label).
@@ -287,6 +289,10 @@ def load_file(path: Path, shown: str) -> Site:
         if region is not None and not REGION_RE.fullmatch(region):
             raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
                               "region name (like us-east-1)")
+    for section in (site.batch, site.sagemaker, site.eks):
+        if section is not None and section.repository is not None:
+            # Docker's reference grammar, before any service is asked to pull from it.
+            check_repository(section.repository, f"{shown}: {_SECTION[type(section)]}.repository")
     from .limits import SITE_LIMITS
     from .rules import check_limits, check_site_paths
     check_site_paths(site.paths.work_dir, site.paths.compile_cache,
