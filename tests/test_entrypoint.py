@@ -620,6 +620,45 @@ def test_a_lost_child_ends_the_main_nodes_attempt(fake: Fake, how: str) -> None:
     assert (logs / "node-lost").read_text().startswith("1 lost ")
 
 
+def test_the_watch_judges_each_way_a_child_ends() -> None:
+    """The main node's judgement of its children (payload/common/node_watch.py), without
+    sockets: a goodbye with 0 or 143 ends nothing (finished; stopped and saved with the others),
+    one with another status is the child's failure; a connection closed without a goodbye, or a
+    silence past the limit, is a lost node; a node never heard of is the rendezvous's to judge."""
+    from common.node_watch import Watch, beat_interval
+
+    watch = Watch(3, silence_s=60)
+    assert watch.line("hello 1", 0.0) is None and watch.line("hello 2", 0.0) is None
+    assert watch.line("bye 1 0", 10.0) == "ok\n"
+    watch.closed(1)                       # its beats' connection, after the goodbye
+    watch.tick(50.0)
+    assert watch.verdict is None
+    assert watch.line("bye 2 143", 20.0) == "ok\n"
+    watch.closed(2)
+    watch.tick(500.0)
+    assert watch.verdict is None
+    assert watch.line("beat 7", 1.0) is None and watch.line("noise", 1.0) is None  # no such node
+
+    failed = Watch(2, silence_s=60)
+    failed.line("hello 1", 0.0)
+    failed.line("bye 1 78", 5.0)
+    assert failed.verdict == "1 failed 78 its flow ended with status 78"
+
+    gone = Watch(2, silence_s=60)
+    gone.line("hello 1", 0.0)
+    gone.closed(1)
+    assert gone.verdict is not None and gone.verdict.startswith("1 lost 0 its connection")
+
+    silent = Watch(2, silence_s=60)
+    silent.line("beat 1", 0.0)
+    silent.tick(59.0)
+    assert silent.verdict is None
+    silent.tick(61.0)
+    assert silent.verdict is not None and silent.verdict.startswith("1 lost 0 silent for 61 s")
+
+    assert beat_interval({}) == 5.0 and beat_interval({"JOBGEN_NODE_SILENCE": "8"}) == 2.0
+
+
 def test_children_that_finish_end_nothing(fake: Fake) -> None:
     """A child that finishes says goodbye before its connection closes: the main node's own
     status stands, and no node is called lost."""
