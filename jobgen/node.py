@@ -23,9 +23,12 @@ Passes = Literal["both", "compile", "train"]
 
 # Every payload's process group: a collective that waits longer than this for a peer fails (the
 # timeout of init_process_group; payload/common/init.py reads it). torch's own default for gloo
-# and NCCL, and PyTorch Lightning's (NeMo), is the same 30 minutes; declared here so that every
-# trainer has it, whatever its framework's default. Long enough for the slowest step a rank may
-# wait through (a peer writing its part of a checkpoint, a first step compiling its graphs).
+# is the same 30 minutes (DeepSpeed's init_distributed: 10); declared here so that every trainer
+# has it, whatever its framework's default. Long enough for the slowest step a rank may wait
+# through (a peer writing its part of a checkpoint, a first step compiling its graphs). NeMo's
+# process group is made by its Lightning strategy (neuronx-nemo-megatron's NLPDDPStrategy, an XLA
+# one, with no timeout to pass); on Neuron, device collectives (NeMo's and NxD's) are bounded by
+# the Neuron runtime's NEURON_RT_EXEC_TIMEOUT instead (30 s by default).
 COLLECTIVE_TIMEOUT_S = 1800
 
 # What the executor sets on each node, at run time.
