@@ -243,6 +243,60 @@ def test_the_engine_restarts_a_drain_uncounted_and_fails_at_once_on_78_and_75() 
         "BackoffLimitExceeded", "RestartJobSet")
 
 
+# A stand-in pod: what attempt A of pod K does, from POD_PLAN ("A:K=BEHAVIOUR" items):
+# "exit N" ends with N; "stubborn" ignores SIGTERM; anything else runs until SIGTERM (143).
+STAND_IN_POD = r"""
+trap 'echo "pod $POD got SIGTERM"; [ "$DO" = stubborn ] || exit 143' TERM
+DO=run
+for item in $POD_PLAN; do [ "${item%%=*}" = "$ATTEMPT:$POD" ] && DO=${item#*=}; done
+case $DO in exit*) sleep 0.3; exit "${DO#exit}" ;; esac
+while :; do sleep 0.1; done
+"""
+
+
+def _engine(plan: str, doc: dict[str, Any], grace_s: float = 5.0) -> engine.JobSet:
+    attempts: dict[int, int] = {}
+
+    def start(index: int) -> subprocess.Popen:
+        attempts[index] = attempts.get(index, 0) + 1
+        return subprocess.Popen(["bash", "-c", STAND_IN_POD], start_new_session=True, env={
+            **os.environ, "POD": str(index), "ATTEMPT": str(attempts[index]),
+            "POD_PLAN": plan})
+    return engine.JobSet(doc, start, say=lambda line: None, grace_s=grace_s)
+
+
+def test_the_engine_deletes_every_pod_on_a_drain_and_counts_what_the_rules_count() -> None:
+    """The emulated engine on stand-in pods, its decisions read off the rendered JobSet (4 pods,
+    max_restarts 1): a drain of pod 1 gets every other pod SIGTERM and its grace period (the
+    child Job deleted), then every pod starts again, and the drain is not counted; a pod that
+    ignores SIGTERM is killed after the grace period; ordinary failures count until
+    maxRestarts; 78 fails the JobSet at once."""
+    s = api.job_spec("neox20b", 4, site="sagemaker", backend="eks",
+                     overrides=["job.max_restarts=1"])
+    (doc,) = eks.manifests(s)
+    assert doc["spec"]["failurePolicy"]["maxRestarts"] == 1
+    # Attempt 1 runs until pod 1 is drained (pod 2 ignores SIGTERM); attempt 2 finishes.
+    drain = _engine("1:2=stubborn 2:0=exit0 2:1=exit0 2:2=exit0 2:3=exit0", doc, grace_s=1.0)
+    began = time.monotonic()
+    outcome = drain.run(during=lambda e: e.restarts == 0 and time.monotonic() - began > 1 and
+                        "DisruptionTarget" not in e.conditions[1] and e.disrupt(1),
+                        timeout_s=60)
+    assert outcome == "Completed", drain.history
+    assert (drain.restarts, drain.counted) == (1, 0)
+    assert drain.signals == ["pod 1: SIGTERM (evicted)"] + [
+        f"pod {i}: SIGTERM (its child Job deleted)" for i in (0, 2, 3)]
+    # Ordinary failures: counted, the second beyond maxRestarts 1.
+    failing = _engine("1:0=exit1 2:2=exit1", doc)
+    assert failing.run(timeout_s=60) == "Failed: ReachedMaxRestarts"
+    assert (failing.restarts, failing.counted) == (1, 1)
+    assert [h.split(" -> ")[1] for h in failing.history] == ["rule failure: RestartJobSet"] * 2
+    # A configuration error: no restart at all.
+    config = _engine("1:1=exit78", doc)
+    assert config.run(timeout_s=60) == "Failed: FailJobSetAction (PodFailurePolicy)"
+    assert config.restarts == 0 and "exit code 78 matching FailJob rule at index 1" in \
+        config.history[0]
+
+
 def test_a_platform_pod_that_does_not_fit_is_one_line(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from jobgen import platforms, resources
