@@ -101,6 +101,46 @@ def test_retry_strategy_retries_host_failures_and_exits_on_the_rest() -> None:
     assert 1 <= retry["attempts"] <= 10
 
 
+def test_a_lost_child_node_is_retried_and_the_stop_signal_reaches_the_trainers() -> None:
+    """Batch ends a multi-node job only on its main node's exit: the main node's watch ends the
+    attempt with NODE_LOST_STATUS (env/containers/entrypoint.sh says the same number), which the
+    retry strategy retries; a terminate or time-out's SIGTERM becomes the trainers' stop signal."""
+    import re
+
+    jd = definition("bert1.5b", 16)
+    conditions = jd["retryStrategy"]["evaluateOnExit"]
+    lost = {"onExitCode": str(batch.NODE_LOST_STATUS), "action": "RETRY"}
+    assert lost in conditions and conditions.index(lost) < len(conditions) - 1
+    entrypoint = (Path(__file__).resolve().parents[1] / "env" / "containers"
+                  / "entrypoint.sh").read_text()
+    assert re.findall(r"^node_lost_status=(\d+)$", entrypoint, re.M) == \
+        [str(batch.NODE_LOST_STATUS)]
+    env = {e["name"]: e["value"] for e in container(jd)["environment"]}
+    assert env["JOBGEN_STOP_SIGNAL"] == "USR1"
+    assert env["JOBGEN_NODE_SILENCE"] == str(batch.NODE_SILENCE_S)
+
+
+@pytest.mark.parametrize("recipe, cut", [("llama2-7b", True), ("bert1.5b", False)])
+def test_render_says_when_a_save_cannot_finish_in_batchs_stop_grace(
+        jobgen: Callable[..., Any], recipe: str, cut: bool) -> None:
+    """30 s from SIGTERM to SIGKILL; at dl1-batch's 1,000 MB/s a llama2-7b checkpoint (81 GB)
+    takes about 81 s, a bert1.5b one (21 GB) 21 s."""
+    from jobgen import node
+    node._SAID.clear()   # notes are said once per process
+    result = jobgen("render", recipe, "--backend", "batch", "--site", SITE, "--nodes", "4")
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if "SIGTERM to SIGKILL" in line]
+    if cut:
+        assert said == [f"note: recipes/{recipe}.yaml: a Batch terminate or time-out gives the "
+                        "trainers 30 s from SIGTERM to SIGKILL, and a checkpoint of 80.9 GB "
+                        "takes about 81 s at the site's 1000 MB/s: that save is cut off and the "
+                        "job resumes from its last periodic checkpoint (the ECS agent's "
+                        "ECS_CONTAINER_STOP_TIMEOUT, set in the compute environment's launch "
+                        "template, gives longer)"]
+    else:
+        assert said == []
+
+
 @pytest.mark.parametrize("nodes", [1, 4, 16])
 def test_one_open_ended_node_range_on_main_node_0(nodes: int) -> None:
     jd = definition("bert-large", nodes)
