@@ -163,7 +163,7 @@ def test_the_smp_images_transformers_keeps_pytorch_on(index: None, tmp_path: Pat
 
 # --- the rehearsal: the SMP image's Python environment, installed, imports the payload ---------
 
-SMP_REHEARSAL = ROOT / "tests" / "ci" / "smp_python.sh"
+SMP_REHEARSAL = ROOT / "tests" / "ci" / "image_python.sh"
 
 
 @pytest.mark.slow
@@ -173,7 +173,7 @@ def test_the_smp_payload_imports_on_the_bases_torch(tmp_path: Path) -> None:
     transformers' PyTorch support on. Outside every CI tier: JOBGEN_TEST_BASE_TORCH=1."""
     if os.environ.get("JOBGEN_TEST_BASE_TORCH") != "1":
         pytest.skip("set JOBGEN_TEST_BASE_TORCH=1 (downloads torch 2.4.1 and its CUDA wheels)")
-    proc = subprocess.run(["bash", str(SMP_REHEARSAL), str(tmp_path / "venv")],
+    proc = subprocess.run(["bash", str(SMP_REHEARSAL), str(tmp_path / "venv"), "p4d-smp"],
                           capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "image check: ok: import train_fsdp, fsdp_model, fsdp_checkpoint, smp_v2" \
