@@ -181,8 +181,9 @@ class NemoCheckpointing:
     monitor "step", mode "max", save_last off."""
 
     def __init__(self, dirpath: Path, save_top_k: int, n_resume: bool,
-                 restore_path: Optional[str]) -> None:
+                 restore_path: Optional[str], dp: int = 0) -> None:
         self.dirpath, self.save_top_k, self.monitor = str(dirpath), save_top_k, "step"
+        self.dp = dp                               # ZeRO-1: each dp rank's optimizer file
         self.restore_path = restore_path           # cfg.model.resume_from_checkpoint
         self.model_parallel_size = len(FOLDERS)    # the config's ${multiply:tp, pp}
         self.best_k_models: dict[str, float] = {}
@@ -235,41 +236,50 @@ class NemoCheckpointing:
 
     def remove_checkpoint(self, filepath: str) -> None:
         """NLPDDPStrategy.remove_checkpoint (nlp_overrides.py L1501-1506): never the restore path;
-        _remove_checkpoint_filepath_impl (L378-394): the file and its .tensors, per rank."""
+        _remove_checkpoint_impl (L378-403): the file and its .tensors, per rank, and each dp
+        rank's optimizer file."""
         if self.restore_path and uninject(filepath) == uninject(self.restore_path):
             return
+        name = os.path.basename(filepath)
         for folder in FOLDERS:
-            path = Path(self.dirpath, folder, os.path.basename(filepath))
-            path.unlink(missing_ok=True)
-            shutil.rmtree(path.with_name(path.name + ".tensors"), ignore_errors=True)
+            paths = [Path(self.dirpath, folder, name)] + [
+                Path(self.dirpath, folder, "optim", f"dp_rank_{dp:03d}",
+                     resume.optimizer_name(name)) for dp in range(self.dp)]
+            for path in paths:
+                path.unlink(missing_ok=True)
+                shutil.rmtree(path.with_name(path.name + ".tensors"), ignore_errors=True)
 
 
 class Killed(Exception):
     pass
 
 
-def _complete_steps(root: Path) -> set[int]:
+def _complete_steps(root: Path, dp: int = 0) -> set[int]:
     """The steps whose every rank holds every tensor file (what a load would need)."""
-    out = set()
-    for unit in resume.units(root, resume.Layout(2, 1, True)):
-        if resume.complete(unit, resume.Layout(2, 1, True)):
-            out.add(unit.step)
-    return out
+    layout = resume.Layout(2, 1, True, dp)
+    return {unit.step for unit in resume.units(root, layout) if resume.complete(unit, layout)}
 
 
 def _steps_on_disk(root: Path) -> set[int]:
     return {int(m.group(1)) for p in root.rglob("*") if (m := resume.STEP.search(p.name))}
 
 
-def _allocations(root: Path, keep: int, fixed: bool, seed: int, count: int) -> int:
+def _allocations(root: Path, keep: int, fixed: bool, seed: int, count: int,
+                 zero1: bool = False, n_resume: Optional[bool] = None) -> tuple[int, int]:
     """``count`` allocations of one run; returns the most complete checkpoints seen at once
-    besides the one being written. Asserts that each resumes from the newest complete one."""
+    besides the one being written, and the most steps with files on disk at an allocation's
+    end. Asserts that each allocation resumes from the newest complete one.
+    ``n_resume``: resume_if_exists as rendered (on, except with ZeRO-1) unless given."""
     rng = random.Random(seed)
+    dp = 2 if zero1 else 0
     rendered = ["model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=1",
-                "+model.save_xser=True", f"{resume.TOP_K}={keep}"]
-    step, most, resumed = 0, 0, 0
+                "+model.save_xser=True", f"{resume.TOP_K}={keep}", "trainer.devices=4",
+                f"model.wrap_with_zero={zero1}"]
+    if n_resume is None:
+        n_resume = fixed and not zero1
+    step, most, resumed, piled = 0, 0, 0, 0
     for _ in range(count):
-        newest = max(_complete_steps(root), default=None)
+        newest = max(_complete_steps(root, dp), default=None)
         if fixed:   # launch.sh: resume.py, then a top k of keep - 1 when resuming
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
@@ -283,7 +293,7 @@ def _allocations(root: Path, keep: int, fixed: bool, seed: int, count: int) -> i
         if chosen is not None:
             assert resume.STEP.search(chosen).group(1) == str(newest)   # type: ignore[union-attr]
             step, resumed = newest, resumed + 1
-        callback = NemoCheckpointing(root, top_k, n_resume=fixed, restore_path=chosen)
+        callback = NemoCheckpointing(root, top_k, n_resume, restore_path=chosen, dp=dp)
         ends_after = rng.randint(1, 3 * keep)        # saves until the allocation ends
         try:
             for save in range(ends_after + 1):
@@ -294,12 +304,16 @@ def _allocations(root: Path, keep: int, fixed: bool, seed: int, count: int) -> i
                 def write(filepath: str, last: bool = last, how: str = how) -> None:
                     name = os.path.basename(filepath)
                     for i, folder in enumerate(FOLDERS):
+                        for rank in range(dp):
+                            write_ckpt(root / folder / "optim" / f"dp_rank_{rank:03d}" /
+                                       resume.optimizer_name(name))
                         partial = last and how in ("mid-save", "ckpt-before-others") and i == 1
                         write_ckpt(root / folder / name, ckpt_first=how == "ckpt-before-others",
                                    written=rng.randint(0, TENSORS - 1) if partial else None)
                     if last and how in ("mid-save", "ckpt-before-others"):
                         raise Killed
-                    complete = _complete_steps(root) - {int(resume.STEP.search(name).group(1))}
+                    complete = _complete_steps(root, dp) - {
+                        int(resume.STEP.search(name).group(1))}  # type: ignore[union-attr]
                     nonlocal most
                     most = max(most, len(complete))
                     if last and how == "before-delete":
@@ -308,24 +322,40 @@ def _allocations(root: Path, keep: int, fixed: bool, seed: int, count: int) -> i
                 if last and how == "between":
                     raise Killed
                 callback.save(step, write)
-                most = max(most, len(_complete_steps(root)))
+                most = max(most, len(_complete_steps(root, dp)))
         except Killed:
             pass
-        if fixed:
-            # Nothing else piles up: at most keep steps and the one being written have files.
-            assert len(_steps_on_disk(root)) <= keep + 1
+        piled = max(piled, len(_steps_on_disk(root)))
     assert resumed == count - 1    # each allocation saved something the next resumed from
-    return most
+    return most, piled
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_keep_holds_across_allocations_with_nemos_callback(tmp_path: Path, seed: int) -> None:
     keep = 2 + seed % 2
-    assert _allocations(tmp_path, keep, fixed=True, seed=seed, count=4) <= keep
+    most, piled = _allocations(tmp_path, keep, fixed=True, seed=seed, count=4)
+    # Nothing else piles up either: at most keep steps and the one being written have files.
+    assert most <= keep and piled <= keep + 1
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_keep_holds_with_zero1_optimizer_files(tmp_path: Path, seed: int) -> None:
+    """With ZeRO-1 resume_if_exists stays off (see the next test): only the resumed checkpoint
+    is kept at the start, and the callback's top k of keep - 1 rolls beside it."""
+    most, piled = _allocations(tmp_path, 3, fixed=True, seed=seed, count=4, zero1=True)
+    assert most <= 3 and piled <= 4
+
+
+def test_with_zero1_nemos_restore_would_stop_deleting(tmp_path: Path) -> None:
+    """Why: the callback's restore counts each rank folder's optimizer file as a checkpoint of
+    its own (uninject keeps their optim/ folder), so its top k never fills to exactly k again
+    and Lightning deletes nothing for the rest of the allocation."""
+    most, _ = _allocations(tmp_path, 3, fixed=True, seed=1, count=4, zero1=True, n_resume=True)
+    assert most > 3
 
 
 def test_without_the_fix_every_allocation_keeps_its_own(tmp_path: Path) -> None:
-    assert _allocations(tmp_path, 3, fixed=False, seed=1, count=4) > 3
+    assert _allocations(tmp_path, 3, fixed=False, seed=1, count=4)[0] > 3
 
 
 def test_the_launcher_resumes_with_a_top_k_of_keep_minus_one(
@@ -368,3 +398,12 @@ def test_keep_1_is_refused() -> None:
     with pytest.raises(ConfigError, match="keeps at least 2"):
         api.job_spec("neox20b", 1, site="local", backend="slurm",
                      overrides=("checkpoint.keep=1",))
+
+
+def test_zero1_renders_without_resume_if_exists() -> None:
+    def train(*overrides: str) -> list[str]:
+        s = api.job_spec("neox20b", 1, site="local", backend="slurm", overrides=overrides)
+        return list(payloads.for_spec(s, "slurm").train_args)
+    assert "exp_manager.resume_if_exists=True" in train()
+    zero1 = train("parallelism.zero1=true")
+    assert "exp_manager.resume_if_exists=False" in zero1 and "model.wrap_with_zero=True" in zero1

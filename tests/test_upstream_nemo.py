@@ -132,6 +132,14 @@ def test_the_launcher_resume_override_reaches_the_config(tmp_path: Path) -> None
     cfg = compose(tmp_path, [f"model.resume_from_checkpoint={hydra_string(path)}"])
     resolved = OmegaConf.to_container(OmegaConf.create(cfg), resolve=False)
     assert OmegaConf.create(resolved).model.resume_from_checkpoint == path
+    # The same path for exp_manager (ExpManagerConfig.explicit_ckpt_path, d22aabf
+    # nemo/utils/exp_manager.py L135; the config file lacks it: `+`), and the top k the launcher
+    # puts in place of the rendered one.
+    cfg = compose(tmp_path, [f"+exp_manager.explicit_ckpt_path={hydra_string(path)}",
+                             "exp_manager.checkpoint_callback_params.save_top_k=2"])
+    resolved = OmegaConf.to_container(OmegaConf.create(cfg), resolve=False)
+    assert OmegaConf.create(resolved).exp_manager.explicit_ckpt_path == path
+    assert resolved["exp_manager"]["checkpoint_callback_params"]["save_top_k"] == 2
 
 
 @pytest.mark.parametrize("override", ["model.optim.eps=1e-8", "+model.optim.lr=0.1",

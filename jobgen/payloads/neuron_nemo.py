@@ -139,7 +139,10 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # in turn; otherwise each allocation starts an empty top k and keeps `keep` more. The
         # launcher names the file (explicit_ckpt_path, read only where dirpath is set) and
         # removes, before the trainer starts, what the callback cannot (resume.py).
-        "exp_manager.resume_if_exists": train,
+        # Not with ZeRO-1: the restore would count each rank's optimizer file (optim/dp_rank_*)
+        # as a checkpoint of its own and then never delete again; resume.py keeps only the
+        # resumed checkpoint then, and the callback's top k rolls beside it.
+        "exp_manager.resume_if_exists": train and not p.zero1,
         "exp_manager.resume_ignore_no_checkpoint": True,
         # No save in the compile pass: NeMo's XLACheckpointIO skips saving while graphs are
         # extracted (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile), so NeMo's save

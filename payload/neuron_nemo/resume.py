@@ -263,8 +263,10 @@ def main(argv: list[str]) -> int:
         print("usage: resume.py CHECKPOINTS_DIR HYDRA_OVERRIDE...", file=sys.stderr)
         return 2
     root, layout = Path(argv[0]), Layout.of(argv[1:])
-    # keep - 1 stay beside the one NeMo will hold for resuming; with no top k known, one.
-    kept, rest = plan(root, layout, max(1, layout.keep - 1))
+    # keep - 1 stay beside the one NeMo will hold for resuming; with no top k known, one. With
+    # ZeRO-1 the callback does not take over the old ones (resume_if_exists is off: its restore
+    # counts each rank's optimizer file as a checkpoint): only the resumed one stays.
+    kept, rest = plan(root, layout, 1 if layout.dp else max(1, layout.keep - 1))
     if layout.keep:
         for unit in rest:
             print(f"resume.py: removing {unit.name} (not among the newest {len(kept) or 'no'} "
