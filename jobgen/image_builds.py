@@ -76,7 +76,8 @@ def build_commands(site_ref: Optional[str], context: str, full_digest: str,
     for image, repos, recipes in needed.values():
         tag = images.tag(image, full_digest)
         lines.append(f"# {image.name}: {image.trainer} on {', '.join(image.platforms)} (torch "
-                     f"{image.torch}, {image.sdk}), for {', '.join(recipes)}")
+                     f"{image.torch}, Python {image.python}, {image.sdk}), for "
+                     f"{', '.join(recipes)}")
         args = images.build_args(image, region)
         login(args[0][1].split("/")[0])
         build = [f"docker build -f {q(context + '/env/containers/' + image.dockerfile)}"]
