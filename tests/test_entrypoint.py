@@ -659,6 +659,26 @@ def test_the_watch_judges_each_way_a_child_ends() -> None:
     assert beat_interval({}) == 5.0 and beat_interval({"JOBGEN_NODE_SILENCE": "8"}) == 2.0
 
 
+def test_a_child_whose_flow_fails_ends_the_main_nodes_attempt_with_its_status(
+        fake: Fake) -> None:
+    """A child's training pass fails (status 5) while the main node's ranks would wait for it
+    (HCCL waits for its collective timeout): after half the silence limit the main node stops
+    its pass and ends the attempt with the child's status, which the retry strategy judges as
+    the training's own failure (not retried)."""
+    port = free_port()
+    envs = [fake.env(0, port, FAKE_SLEEP="120", JOBGEN_COMPILE_MODE="never",
+                     JOBGEN_NODE_SILENCE="4"),
+            fake.env(1, port, FAKE_EXIT_TRAIN="5", JOBGEN_COMPILE_MODE="never",
+                     JOBGEN_NODE_SILENCE="4")]
+    main, child = fake.run(*envs, timeout=60)
+    assert child.returncode == 5, child.output
+    assert main.returncode == 5, main.output
+    assert (f"{PREFIX0} node 1 failed: its flow ended with status 5; ending this attempt"
+            in main.output)
+    assert f"{PREFIX0} node 1's flow failed with status 5; this attempt ends with it" \
+        in main.output
+
+
 def test_children_that_finish_end_nothing(fake: Fake) -> None:
     """A child that finishes says goodbye before its connection closes: the main node's own
     status stands, and no node is called lost."""

@@ -11,7 +11,7 @@ the attempt when a child goes:
 - it says nothing for SILENCE_S seconds (a host gone from the network sends no reset) -> "lost";
 - it says goodbye with a status other than 0 (finished) or 143 (stopped on the service's signal,
   its last step saved: the other nodes saved it with it) -> "failed STATUS", acted on only if
-  this node's pass has not ended by itself FAILED_GRACE_S seconds later.
+  this node's pass has not ended by itself FAILED_GRACE_S seconds later (or half SILENCE_S).
 
 usage: node_watch.py serve PORT NODES SILENCE_S NOTIFY_PID RECORD   (the main node)
        node_watch.py beat HOST PORT NODE                            (each child, in the background)
@@ -36,6 +36,7 @@ BEAT_S = 5.0            # a child says it is alive this often
 CONNECT_TIMEOUT_S = 3.0
 FINE = ("0", "143")     # goodbyes that end nothing: finished, or stopped and saved
 FAILED_GRACE_S = 30.0   # how long a child's failure may take to end this node's pass by itself
+#                         (at most half the silence limit)
 
 
 def say(text: str) -> None:
@@ -153,7 +154,7 @@ def serve(port: int, nodes: int, silence_s: float, notify: int, record: Path) ->
             # A child's failure mostly reaches this node's ranks by itself (a failed collective,
             # a failed rendezvous), and its own status and words say more: the watcher acts only
             # where they would hang (HCCL waits for its collective timeout).
-            deadline = time.monotonic() + FAILED_GRACE_S
+            deadline = time.monotonic() + min(FAILED_GRACE_S, silence_s / 2)
             while alive(notify) and time.monotonic() < deadline:
                 time.sleep(0.5)
             if not alive(notify):
