@@ -182,4 +182,7 @@ def test_neuron_image_pins_the_releases_the_payloads_were_checked_against() -> N
         "commit"]
     assert arg["NEMO_REF"] == json.loads((upstream / "neuron_nemo.json").read_text())["commit"]
     assert "sdk2.20" in arg["BASE_IMAGE"]
-    assert "torch.__version__.startswith('1.13')" in dockerfile   # NeMo's torch pin is checked
+    # NeMo's torch pin is checked: the build compares the base's torch with the declared one.
+    from jobgen import images
+    assert images.declared().images["trn1-nemo"].torch == "1.13.1"
+    assert "python3 /tmp/jobgen-build-check.py base" in dockerfile
