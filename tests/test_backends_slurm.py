@@ -319,8 +319,9 @@ NEMO_DIFFERENCES = {
     "exp_manager.explicit_log_dir",
     # TensorBoard
     "exp_manager.create_tensorboard_logger",
-    # checkpointing
-    "exp_manager.create_checkpoint_callback", "exp_manager.checkpoint_callback_params.save_last",
+    # checkpointing and resuming (payload/neuron_nemo/launch.sh)
+    "exp_manager.create_checkpoint_callback", "+exp_manager.checkpoint_callback_params.dirpath",
+    "exp_manager.resume_if_exists",
 }
 
 
@@ -339,8 +340,12 @@ def test_nemo_passes_differ_only_where_documented(jobgen: Callable, tmp_path: Pa
     assert train_pass["trainer.max_steps"] == "10000"
     assert compile_pass["exp_manager.explicit_log_dir"] == f"{run_dir}/compile"
     assert train_pass["exp_manager.explicit_log_dir"] == f"{run_dir}/nemo"
+    key = "+exp_manager.checkpoint_callback_params.dirpath"
+    assert (compile_pass[key], train_pass[key]) == (f"{run_dir}/compile/checkpoints",
+                                                    f"{run_dir}/nemo/checkpoints")
     for key in NEMO_DIFFERENCES - {"trainer.max_steps", "trainer.val_check_interval",
-                                   "exp_manager.explicit_log_dir"}:
+                                   "exp_manager.explicit_log_dir",
+                                   "+exp_manager.checkpoint_callback_params.dirpath"}:
         assert (compile_pass[key], train_pass[key]) == ("False", "True"), key
     assert train_pass["trainer.num_nodes"] == str(nodes)
     assert train_pass["trainer.devices"] == "32"

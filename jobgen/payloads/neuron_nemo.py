@@ -148,8 +148,8 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # extracted (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile), so NeMo's save
         # graphs compile at its first real save; only the real trainer can do otherwise.
         "exp_manager.create_checkpoint_callback": train,
-        "+exp_manager.checkpoint_callback_params.dirpath": (
-            posixpath.join(spec.run_dir, "nemo", "checkpoints") if train else None),
+        "+exp_manager.checkpoint_callback_params.dirpath": posixpath.join(
+            spec.run_dir, "nemo" if train else "compile", "checkpoints"),
         # What the callback's restore parses: the monitored step after "step=" in each name,
         # the highest kept (as the upstream config has them, set here so they cannot drift).
         "exp_manager.checkpoint_callback_params.monitor": "step",
