@@ -229,6 +229,10 @@ def test_sagemaker_retry_resumes_every_instance_from_a_step_all_of_them_hold(
     first = Containers(spec, "attempt-1", tmp_path, JOBGEN_SMOKE_FAIL_AT_STEP="11").start()
     assert first.wait(timeout=300) == [1, 1], first.text(0)[-3000:]
     assert [e["phase"] for e in first.events(0, "start")] == ["compile", "train"]
+    # The compile pass's scratch save (a whole checkpoint) went to the instance's unsynced
+    # scratch, not into the folder SageMaker uploads.
+    (scratch_save,) = first.events(0, "compile_save")
+    assert f"/algo-1/tmp/jobgen/{spec.run_name}/compile-save/" in scratch_save["path"]
     for node in (0, 1):
         # Each instance cleared, wrote and sealed its own part of each step on its own disk.
         disk = sync.local_path(first, node) / ckpts

@@ -47,6 +47,7 @@ def target_step(phase: str, current: int, max_steps: int, compile_steps: int,
 
 
 COMPILE_SAVE = "compile-save"   # beside checkpoints/: where the compile pass saves, then removes
+NODE_SCRATCH_ENV = "JOBGEN_NODE_SCRATCH"   # a node's unsynced scratch folder, where a job has one
 STOP_SIGNAL_ENV = "JOBGEN_STOP_SIGNAL"   # set by the job where the trainer may be asked to stop
 STOPPED_FILE = "stopped.json"           # written by rank 0 in JOBGEN_LOG_DIR when it did
 # What the flow writes in JOBGEN_LOG_DIR before it sends the stop signal (job_flow.sh): the
@@ -210,10 +211,17 @@ def compile_save(runner: Runner) -> None:
     mid-run; it saves into COMPILE_SAVE beside the checkpoint folder, which the training pass
     never reads, and removes it (rank 0, and each node's leader on a disk of its own, after the
     save's last barrier: nobody writes there any more), with the folder around it if the save
-    made that: the compile pass leaves no trace."""
+    made that: the compile pass leaves no trace. Where the job names a node scratch folder
+    (JOBGEN_NODE_SCRATCH: SageMaker, whose run folder every instance syncs to S3), it saves
+    there instead: a whole checkpoint never uploaded, and never left in the S3 prefix (so
+    restored by every retry) when an attempt dies in it."""
+    import os
     import shutil
 
     scratch = Path(runner.ckpt_root).parent / COMPILE_SAVE
+    node_scratch, run_dir = os.environ.get(NODE_SCRATCH_ENV), os.environ.get("JOBGEN_RUN_DIR")
+    if node_scratch and run_dir:
+        scratch = Path(node_scratch) / Path(run_dir).name / COMPILE_SAVE
     made = not scratch.parent.exists()
     runner.save(root=scratch)
     _, _, leader, own_disk = node_place()

@@ -200,6 +200,8 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
     lau = payloads.for_spec(spec, "sagemaker")
     contract = node.contract(spec, lau, "sagemaker", rdzv_timeout_s=sm.rendezvous_timeout_s)
     env = node.environment(spec, lau, contract)
+    # The compile pass's scratch save goes there, not into the synced run folder (loop.py).
+    env["JOBGEN_NODE_SCRATCH"] = SCRATCH + "/"
     hyper = spill(node.flow_args(lau), env)
     if recipe.payload == "smp_fsdp" and spec.rehearsal is None:
         from ...payloads.smp_fsdp import smp_parameters
