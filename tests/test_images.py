@@ -263,6 +263,50 @@ def test_the_habana_image_keeps_its_bases_fabric_libraries() -> None:
     assert '"${LIBFABRIC_VERSION:?}"' in check
 
 
+def _fabric_check(tmp: Path, loads: str, reports: str) -> subprocess.CompletedProcess[str]:
+    """The Habana build's fabric check, run as the build runs it, on a file tree laid out as
+    Habana's base lays it out (under `tmp`), with `ldd` and `fi_info` standing in: the wrapper
+    resolves libfabric.so.1 to `loads`, and fi_info reports libfabric `reports`."""
+    check = next(s for s in _instructions("habana.Dockerfile") if "libhccl_ofi_wrapper.so" in s)
+    wrapper = tmp / "usr/lib/habanalabs/libhccl_ofi_wrapper.so"
+    root = tmp / "opt/habanalabs/libfabric-1.20.0"
+    for path in (wrapper, root / "lib/libfabric.so.1", tmp / "opt/amazon/efa/lib/libfabric.so.1"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("", encoding="utf-8")
+    stubs = tmp / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "ldd").write_text("#!/bin/bash\nprintf '\\tlibc.so.6 => /lib/libc.so.6 (0x1)\\n"
+                               f"\\tlibfabric.so.1 => {loads}\\n'\n", encoding="utf-8")
+    (stubs / "fi_info").write_text(f"#!/bin/bash\necho 'fi_info: 1.20.0'\necho 'libfabric: "
+                                   f"{reports}'\necho 'libfabric api: 1.20'\n",
+                                   encoding="utf-8")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    script = check[len("RUN "):].replace("/usr/lib/habanalabs/libhccl_ofi_wrapper.so",
+                                         str(wrapper))
+    env = {"PATH": f"{stubs}:{os.environ['PATH']}", "LIBFABRIC_ROOT": str(root),
+           "LIBFABRIC_VERSION": "1.20.0"}
+    return subprocess.run(["bash", "-o", "pipefail", "-c", script], env=env, cwd=tmp,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_habana_fabric_check_passes_only_on_the_bases_libfabric(tmp_path: Path) -> None:
+    base = tmp_path / "opt/habanalabs/libfabric-1.20.0/lib/libfabric.so.1"
+    efa = tmp_path / "opt/amazon/efa/lib/libfabric.so.1"
+    ok = _fabric_check(tmp_path, f"{base} (0x7f)", "1.20.0")
+    assert ok.returncode == 0, ok.stderr
+    assert f"loads libfabric from {base}" in ok.stdout
+    efa_first = _fabric_check(tmp_path, f"{efa} (0x7f)", "1.20.0")   # the EFA installer's
+    assert efa_first.returncode == 1
+    assert efa_first.stderr == (f"the OFI wrapper loads {efa}, not the base's under "
+                                f"{tmp_path / 'opt/habanalabs/libfabric-1.20.0'}\n")
+    missing = _fabric_check(tmp_path, "not found", "1.20.0")
+    assert missing.returncode == 1 and "loads no libfabric" in missing.stderr
+    other = _fabric_check(tmp_path, f"{base} (0x7f)", "1.22.0")
+    assert other.returncode == 1
+    assert other.stderr == "fi_info loads libfabric 1.22.0, not the base's 1.20.0\n"
+
+
 # --- the container rehearsal: the image's file tree, the real site's paths -----------------------
 
 def _free_port() -> int:

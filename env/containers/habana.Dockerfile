@@ -55,7 +55,7 @@ RUN set -eu; \
     root=${LIBFABRIC_ROOT:?the base image sets no LIBFABRIC_ROOT: not Habana base image}; \
     wrapper=/usr/lib/habanalabs/libhccl_ofi_wrapper.so; \
     if [ ! -f "$wrapper" ]; then echo "no $wrapper in the base image" >&2; exit 1; fi; \
-    loaded=$(ldd "$wrapper" | awk '$1 == "libfabric.so.1" { print $3 }'); \
+    loaded=$(ldd "$wrapper" | awk '$1 == "libfabric.so.1" && $3 ~ /^\// { print $3 }'); \
     echo "HCCL's OFI wrapper $wrapper loads libfabric from ${loaded:-nowhere}"; \
     case "$(readlink -f "${loaded:-/none}")" in \
       "$(readlink -f "$root")"/lib/*) ;; \
