@@ -165,9 +165,11 @@ fi
 
 flow_node "$@"
 status=$?
+stopping=0   # on the service's signal (a terminate, a time-out): this node's own status stands
+case $FLOW_STOPPING in TERM | INT) stopping=1 ;; esac
 if [ -n "$watch_pid" ] && [ "$is_main" -eq 0 ]; then
   "$FLOW_PYTHON" "$watch_tool" bye "$MASTER_ADDR" "$watch_port" "$node_rank" "$status"
-elif [ -n "$watch_pid" ] && [ "$status" -ne 0 ] && [ -z "$lost" ]; then
+elif [ -n "$watch_pid" ] && [ "$status" -ne 0 ] && [ -z "$lost" ] && [ "$stopping" -eq 0 ]; then
   # A peer's death often reaches this node's ranks (a reset connection) a moment before the
   # watcher hears of it: give the watcher a few seconds to say which it was.
   for _ in 1 2 3 4 5 6 7 8 9 10; do
@@ -177,7 +179,7 @@ elif [ -n "$watch_pid" ] && [ "$status" -ne 0 ] && [ -z "$lost" ]; then
   [ -n "$lost" ] || { read -r lost <"$watch_record"; } 2>/dev/null || lost=""
 fi
 [ -z "$watch_pid" ] || kill "$watch_pid" 2>/dev/null
-if [ -n "$lost" ] && [ "$status" -ne 0 ]; then
+if [ -n "$lost" ] && [ "$status" -ne 0 ] && [ "$stopping" -eq 0 ]; then
   read -r lost_node lost_kind lost_status _ <<<"$lost"
   if [ "$lost_kind" = failed ] && flow_is_count "$lost_status"; then
     say "node $lost_node's flow failed with status $lost_status; this attempt ends with it"
