@@ -9,9 +9,9 @@ of torch's own (800 MB for 2.4.1 on Python 3.11, and its CUDA wheels) is downloa
 
 A package that runs with or without torch says which torch it runs on in its `torch` extra
 (transformers 5.24: `torch>=2.6; extra == "torch"`, and its import turns PyTorch off on 2.4.1
-with "Disabling PyTorch because PyTorch >= 2.6 is required"; 5.15 already needs 2.5). That requirement is
-checked for every resolved package, whether or not the image asks for the extra: it is how a
-package that would disable itself on this torch is found, from the package's own metadata.
+with "Disabling PyTorch because PyTorch >= 2.6 is required"; 5.15 already needs 2.5). That
+requirement is checked for every resolved package, whether or not the image asks for the extra:
+it is how a package that would disable itself on this torch is found, from its own metadata.
 
 These tests need a package index (PyPI or the one pip is configured with): without one they
 skip, and fail under JOBGEN_REQUIRE_ALL=1 (CI). The rehearsal at the end, which installs the
