@@ -4,8 +4,9 @@
 with the reason; a render error, a shellcheck warning or an `sbatch --test-only` refusal is a
 failure, and so is a check that could not run (shellcheck missing, unless --no-shellcheck; no
 Slurm controller answering --test-only): a check that did not happen must not read as passed.
-With --paths (on the cluster's login node), the site's paths are looked for first, as `jobgen
-submit` does: any missing is named, one line each, and nothing is rendered (exit 2)."""
+With --site, the site's paths are looked for on this host first, as `jobgen submit` does, and
+each one missing is named in a line of its own; with --paths (on the cluster's login node) a
+missing one is an error and nothing is rendered (exit 2)."""
 from __future__ import annotations
 
 import os
@@ -167,17 +168,21 @@ def _test_only(rows: list[Row], report: Report, partition: Optional[str]) -> Non
     report.notes.append(f"sbatch --test-only: checked against partition {name} ({size} nodes)")
 
 
-def _site_paths(site: Optional[str], names: list[str], backend: Backend, look: bool) -> str:
-    """--paths: the site's paths that jobs of these recipes read or make, looked for on this
-    host (jobgen/site_paths.py), before anything is rendered; raises MissingPaths naming every
-    one not there. Returns the note the report carries."""
+def _site_paths(site: Optional[str], names: list[str], backend: Backend,
+                look: bool) -> list[str]:
+    """The site's paths that jobs of these recipes read or make, looked for on this host
+    (jobgen/site_paths.py), before anything is rendered. With --paths a missing one is an error
+    (MissingPaths names every one); with a --site and no --paths each missing one is named in a
+    note of its own, and the check goes on (a CI machine is not the cluster's login node).
+    Returns the notes the report carries."""
     from . import backends, site_paths
     from . import site as sites
     if not backends.declaration(backend).run_dir_here:
-        return (f"site paths: not looked for (--backend {backend}: they are on its instances "
-                "or in its images)")
-    if not look:
-        return "site paths: not looked for (--paths looks for them on this host)"
+        return [f"site paths: not looked for (--backend {backend}: they are on its instances "
+                "or in its images)"]
+    if not look and site is None:
+        return ["site paths: not looked for (--site SITE names them; --paths makes a missing "
+                "one an error)"]
     profile = sites.load(site)
     loaded = []
     for name in names:
@@ -186,10 +191,16 @@ def _site_paths(site: Optional[str], names: list[str], backend: Backend, look: b
         except JobgenError:   # the matrix fails its rows
             continue
     needs = site_paths.host_paths(profile, loaded)
-    site_paths.refuse(site_paths.missing(sites.locate(site)[1], needs), submitting=False)
+    lines = site_paths.missing(sites.locate(site)[1], needs)
+    if look:
+        site_paths.refuse(lines, submitting=False)
     if not needs:
-        return "site paths: none to look for on this host (node_only_paths)"
-    return f"site paths: {len(needs)} found on this host ({', '.join(n.key for n in needs)})"
+        return ["site paths: none to look for on this host (node_only_paths)"]
+    if lines:
+        return [f"site path not on this host: {line}" for line in lines] + [
+            f"site paths: {len(lines)} of {len(needs)} not on this host (a submit from here "
+            "refuses; --paths makes them an error here)"]
+    return [f"site paths: {len(needs)} found on this host ({', '.join(n.key for n in needs)})"]
 
 
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
@@ -218,7 +229,7 @@ def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
     report = Report(_render_matrix(site, names, backend, counts))
     report.notes.append(f"node counts 1 to {counts.stop - 1} (site {profile.name} allows "
                         f"{limit}; bound {max_nodes})")
-    report.notes.append(looked)
+    report.notes += looked
     # What the backend checked beyond rendering (schemas, service models), or could not.
     notes, problems = backends.get(backend).checked()
     report.notes += notes

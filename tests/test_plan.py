@@ -168,7 +168,9 @@ def test_render_honours_the_shells_umask(tmp_path: Path, umask: str, backend: st
     proc = subprocess.run(["bash", "-c", f'umask {umask} && exec "$@"', "bash", str(JOBGEN_EXE),
                            "render", "neox20b", "--backend", backend, "-o", str(out)],
                           capture_output=True, text=True, check=False)
-    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.returncode == 0, proc.stderr
+    # Only notes on stderr (Batch: NeMo cannot save on its stop signal), no error.
+    assert all(line.startswith("note: ") for line in proc.stderr.splitlines()), proc.stderr
     assert [p.name for p in out.iterdir()] == [name]
     assert mode(out / name) == expected
 

@@ -175,6 +175,15 @@ def test_submit_and_check_name_every_missing_path_before_anything(
     assert proc.stderr.splitlines() == expected + [
         "error: 3 site paths not on this host: create them or correct the site; a path only "
         "the nodes have goes in node_only_paths"]
+    # Without --paths (a CI machine is not the login node) `check --site` names each one and
+    # goes on to render.
+    proc = _run(submit_dir, fake_sbatch, "check", "--site", shown, "--recipe", "neox20b",
+                "--no-shellcheck", "--max-nodes", "4")
+    assert proc.returncode == 0, proc.stderr
+    named = [line for line in proc.stdout.splitlines() if "site path not on this host" in line]
+    assert [line.split("site path not on this host: ", 1)[1] for line in named] == \
+        [line[len("error: "):] for line in expected]
+    assert "site paths: 3 of 6 not on this host" in proc.stdout
 
     # What the samples' setup makes (the venv, the clone, the data), then the job is queued.
     activate = root / "home/ubuntu/aws_neuron_venv_pytorch/bin/activate"

@@ -113,6 +113,8 @@ class Declaration:
     #                                       Slurm's controller forwards its time-limit warning,
     #                                       a container's flow turns the service's SIGTERM into it
     stop_grace_s: int = 0                 # a container's seconds from SIGTERM to SIGKILL
+    node_scratch: str = ""                # a node's own unsynced scratch folder, where its
+    #                                       run folder is mirrored elsewhere (SageMaker's S3)
     command: bool = False                 # it brings `jobgen NAME ...` (its package's cli.py)
     shellcheck: bool = False              # what it renders is a shell script shellcheck reads
     # The scheduler's words (upper case) -> State.

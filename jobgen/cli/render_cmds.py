@@ -121,8 +121,8 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
 @click.option("--no-shellcheck", is_flag=True,
               help="Do not lint with shellcheck (without this, a missing shellcheck fails).")
 @click.option("--paths", is_flag=True,
-              help="First look on this host (the cluster's login node) for the site's paths, as "
-                   "submit does; each one missing is named (exit 2).")
+              help="A site path missing on this host (the cluster's login node) is an error, as "
+                   "at submit (exit 2); without it, --site names each one and goes on.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=128, show_default=True,
               help="Try every node count from 1 to this (or the site's limit, if lower).")
 @_backend_option(lambda d: d.checks, "Check sbatch scripts, Batch job definitions, SageMaker "

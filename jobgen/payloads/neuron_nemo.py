@@ -56,9 +56,10 @@ def index_dir(spec: JobSpec) -> Optional[str]:
     times. Index files built in advance beside the data are linked in there first."""
     if not spec.site.paths.data_read_only:
         return None
-    if spec.backend == "sagemaker":
-        from ..backends.sagemaker.request import SCRATCH
-        return posixpath.join(SCRATCH, spec.run_name, "index_mappings")
+    from .. import backends
+    scratch = backends.declaration(spec.backend).node_scratch
+    if scratch:
+        return posixpath.join(scratch, spec.run_name, "index_mappings")
     return posixpath.join(spec.run_dir, "nemo", "index_mappings")
 
 

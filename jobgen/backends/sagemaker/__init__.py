@@ -18,6 +18,9 @@ DECLARATION = Declaration(
     # At MaxRuntimeInSeconds (and on StopTrainingJob) SageMaker sends SIGTERM, then SIGKILL
     # 120 s later: the entrypoint's flow asks the trainers to save and stop.
     forwards_stop_signal=True, stop_grace_s=120,
+    # Each instance's own disk outside the checkpoint folder SageMaker syncs to S3: what is
+    # written here is never uploaded, nor restored on a retry.
+    node_scratch="/tmp/jobgen",
     watch=True,
     logs_per_node=True,
     options=frozenset({"endpoint_url", "region", "profile"}),

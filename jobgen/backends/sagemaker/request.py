@@ -23,6 +23,7 @@ from ...cache import sha256
 from ...errors import ConfigError, RuleError
 from ...recipe import time_limit_seconds
 from ...spec import JobSpec
+from . import DECLARATION
 
 MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30
 # CheckpointConfig's LocalPath: where a node keeps the run and its compile cache, synced to the
@@ -31,7 +32,7 @@ MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30
 CHECKPOINTS = "/opt/ml/checkpoints"
 # Each instance's scratch, never synced (SageMaker's documented scratch space): what every
 # instance makes for itself, like NeMo's dataset index files (jobgen/payloads/neuron_nemo.py).
-SCRATCH = "/tmp/jobgen"
+SCRATCH = DECLARATION.node_scratch
 # SageMaker's model-parallel library v2 runs on these GPU instance types only.
 SMP_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
 # Loss and gradient norm from the payloads' step events, as SageMaker metrics.
