@@ -1,9 +1,10 @@
 """`jobgen check`: render every recipe at every node count from 1 to the site's limit (at most
 `--max-nodes`, 128 by default) for CI: sbatch scripts, or AWS Batch job definitions with
---backend batch. Combinations that the parallelism arithmetic forbids are listed as skipped
-with the reason; a render error, a shellcheck warning or an `sbatch --test-only` refusal is a
-failure, and so is a check that could not run (shellcheck missing, unless --no-shellcheck; no
-Slurm controller answering --test-only): a check that did not happen must not read as passed.
+--backend batch. Combinations that the parallelism arithmetic forbids are skipped with the
+reason (summarised per recipe and kind of reason; --verbose and --json list every row); a
+render error, a shellcheck warning or an `sbatch --test-only` refusal is a failure, and so is a
+check that could not run (shellcheck missing, unless --no-shellcheck; no Slurm controller
+answering --test-only): a check that did not happen must not read as passed.
 With --site, the site's paths are looked for on this host first, as `jobgen submit` does, and
 each one missing is named in a line of its own; with --paths (on the cluster's login node) a
 missing one is an error and nothing is rendered (exit 2)."""
@@ -61,15 +62,49 @@ class Report:
                            "failed": counts["FAILED"]}}
 
     def table(self) -> str:
+        """Every row (--verbose)."""
         width = max([len(r.recipe) for r in self.rows] + [6])
         lines = [f"{'recipe':<{width}}  nodes  status   detail"]
         for r in self.rows:
             lines.append(f"{r.recipe:<{width}}  {r.nodes:>5}  {r.status:<7}  {r.detail}".rstrip())
+        return "\n".join(lines + self._closing())
+
+    def summary(self) -> str:
+        """One line per recipe, status and kind of detail, naming its node counts: rows whose
+        details differ only in their numbers (the batch arithmetic at each node count) are one
+        line, with the first one's detail; a failure's detail must match exactly."""
+        groups: dict[tuple[str, str, str], list[Row]] = {}
+        for r in self.rows:
+            kind = r.detail if r.status == "FAILED" else re.sub(r"\d+", "#", r.detail)
+            groups.setdefault((r.recipe, r.status, kind), []).append(r)
+        shown = [(rows[0].recipe, rows[0].status, f"{len(rows)} at {node_ranges(rows)}",
+                  rows[0].detail) for rows in groups.values()]
+        width = max([len(g[0]) for g in shown] + [6])
+        counted = max([len(g[2]) for g in shown] + [5])
+        lines = [f"{'recipe':<{width}}  status   {'nodes':<{counted}}  detail (the first one's)"]
+        lines += [f"{recipe:<{width}}  {status:<7}  {nodes:<{counted}}  {detail}".rstrip()
+                  for recipe, status, nodes, detail in shown]
+        if len(shown) < len(self.rows):
+            lines.append("(--verbose lists every node count, --json too)")
+        return "\n".join(lines + self._closing())
+
+    def _closing(self) -> list[str]:
         counts = {s: sum(r.status == s for r in self.rows) for s in ("ok", "skipped", "FAILED")}
-        lines += self.notes
-        lines += [f"FAILED: {p}" for p in self.problems]
-        lines.append(f"{counts['ok']} ok, {counts['skipped']} skipped, {counts['FAILED']} failed")
-        return "\n".join(lines)
+        return [*self.notes, *[f"FAILED: {p}" for p in self.problems],
+                f"{counts['ok']} ok, {counts['skipped']} skipped, {counts['FAILED']} failed"]
+
+
+def node_ranges(rows: list[Row]) -> str:
+    """The rows' node counts as runs: "1-3, 5, 9-15"."""
+    counts = sorted(r.nodes for r in rows)
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}, {b}" if b == a + 1 else str(a) if a == b else f"{a}-{b}"
+                     for a, b in runs)
 
 
 def _render_matrix(site: Optional[str], names: list[str], backend: Backend,

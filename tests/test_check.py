@@ -32,7 +32,9 @@ def rows(table: str) -> dict[tuple[str, int], tuple[str, str]]:
 
 
 def run_check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(JOBGEN_EXE), "check", *args], capture_output=True, text=True,
+    """`jobgen check --verbose ARGS`: every row, for rows() to read."""
+    return subprocess.run([str(JOBGEN_EXE), "check", "--verbose", *args], capture_output=True,
+                          text=True,
                           env={**os.environ, **(env or {})}, timeout=300, check=False)
 
 
@@ -110,7 +112,7 @@ def test_test_only_without_a_controller_fails(jobgen: Callable,
 
 def test_check_one_recipe(jobgen: Callable) -> None:
     result = jobgen("check", "--recipe", "llama2-7b", "--site", "trn1-pcluster",
-                    "--no-shellcheck", "--max-nodes", "8")
+                    "--no-shellcheck", "--max-nodes", "8", "--verbose")
     assert result.exit_code == 0, result.output
     table = rows(result.stdout)
     assert set(table) == {("llama2-7b", n) for n in range(1, 9)}
@@ -123,7 +125,7 @@ def test_a_site_that_breaks_rendering_fails_the_check(jobgen: Callable,
                                                       write_site: Callable) -> None:
     site = write_site("local", {"name": "no-nemo"}, delete=["paths.nemo_dir"])
     result = jobgen("check", "--site", str(site), "--recipe", "neox20b", "--recipe", "llama2-7b",
-                    "--no-shellcheck", "--max-nodes", "8")
+                    "--no-shellcheck", "--max-nodes", "8", "--verbose")
     assert result.exit_code == 1
     table = rows(result.stdout)
     message = ("site no-nemo: paths.nemo_dir is required by payload neuron_nemo (the "
@@ -185,6 +187,56 @@ def test_report_table() -> None:
     assert [r.nodes for r in report.failed] == [2]
 
 
+def test_report_summary_is_one_line_per_kind_of_row() -> None:
+    """Rows that differ only in their numbers are one line naming their node counts, with the
+    first one's detail; failures are grouped only where their details are the same."""
+    report = check.Report(
+        [check.Row("a", n) for n in (1, 2, 4, 8)]
+        + [check.Row("a", n, "skipped", f"{256} not divisible by {n * 3} at {n} nodes")
+           for n in (3, 5, 6, 7)]
+        + [check.Row("b", 1, "FAILED", "bad x"), check.Row("b", 2, "FAILED", "bad x"),
+           check.Row("b", 3, "FAILED", "bad 3")], ["a note"], ["it broke"])
+    assert report.summary().splitlines() == [
+        "recipe  status   nodes            detail (the first one's)",
+        "a       ok       4 at 1, 2, 4, 8",
+        "a       skipped  4 at 3, 5-7      256 not divisible by 9 at 3 nodes",
+        "b       FAILED   2 at 1, 2        bad x",
+        "b       FAILED   1 at 3           bad 3",
+        "(--verbose lists every node count, --json too)",
+        "a note",
+        "FAILED: it broke",
+        "4 ok, 4 skipped, 3 failed"]
+    assert check.node_ranges([check.Row("a", n) for n in (9, 1, 2, 3, 5, 6)]) == "1-3, 5, 6, 9"
+
+
+def test_check_summarises_the_skipped_rows_and_json_lists_them(jobgen: Callable) -> None:
+    """By default one line per recipe and kind of row (482 skipped rows on the local site are
+    5 lines); --verbose and --json still give every node count."""
+    args = ("check", "--recipe", "pythia6.9b", "--recipe", "neox20b", "--no-shellcheck",
+            "--max-nodes", "8")
+    result = jobgen(*args)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[:5] == [
+        "recipe      status   nodes            detail (the first one's)",
+        "pythia6.9b  ok       4 at 1, 2, 4, 8",
+        "pythia6.9b  skipped  4 at 3, 5-7      recipes/pythia6.9b.yaml: parallelism."
+        "global_batch_size: 256 is not divisible by micro_batch_size 2 x data-parallel 12 = 24 "
+        "at 3 nodes",
+        "neox20b     ok       4 at 1, 2, 4, 8",
+        "neox20b     skipped  4 at 3, 5-7      recipes/neox20b.yaml: parallelism."
+        "global_batch_size: 256 is not divisible by micro_batch_size 1 x data-parallel 3 = 3 at "
+        "3 nodes"]
+    assert lines[-1] == "8 ok, 8 skipped, 0 failed" and not rows(result.stdout)
+    verbose = rows(jobgen(*args, "--verbose").stdout)
+    assert len(verbose) == 16 and verbose[("neox20b", 6)][0] == "skipped"
+    import json
+    data = json.loads(jobgen(*args, "--json").stdout)
+    assert [(r["recipe"], r["nodes"]) for r in data["rows"]] == \
+        [(name, n) for name in ("pythia6.9b", "neox20b") for n in range(1, 9)]
+    assert data["rows"][6]["detail"].endswith("data-parallel 28 = 56 at 7 nodes")
+
+
 def _model_keys() -> list[str]:
     import dataclasses
 
@@ -195,7 +247,7 @@ def _model_keys() -> list[str]:
 def test_check_batch_validates_every_definition(jobgen: Callable) -> None:
     """--backend batch: every definition passes botocore + the multi-node rules, at every node
     count up to the site's batch.max_nodes."""
-    result = jobgen("check", "--backend", "batch", "--site", "dl1-batch")
+    result = jobgen("check", "--backend", "batch", "--site", "dl1-batch", "--verbose")
     assert result.exit_code == 0, result.output
     table = rows(result.output)
     names = recipes.recipe_names()

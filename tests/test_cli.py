@@ -101,8 +101,8 @@ def test_check_command(jobgen: Callable) -> None:
     result = jobgen("check", "--recipe", "pythia6.9b", "--no-shellcheck", "--max-nodes", "8")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "4 ok, 4 skipped, 0 failed"
-    assert "pythia6.9b      3  skipped  recipes/pythia6.9b.yaml: parallelism.global_batch_size" \
-        in result.stdout
+    assert "pythia6.9b  skipped  4 at 3, 5-7      recipes/pythia6.9b.yaml: parallelism." \
+        "global_batch_size" in result.stdout
 
 
 def test_check_failure_exits_1(jobgen: Callable, tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ def test_more_nodes_than_the_cluster_are_refused(slurm_cluster: int, tmp_path: P
 
 
 def test_check_against_the_cluster(slurm_cluster: int) -> None:
-    proc = subprocess.run([str(JOBGEN_EXE), "check", "--test-only", "--no-shellcheck"],
+    proc = subprocess.run([str(JOBGEN_EXE), "check", "--test-only", "--no-shellcheck",
+                           "--verbose"],
                           capture_output=True, text=True, timeout=600, check=False,
                           env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout + proc.stderr

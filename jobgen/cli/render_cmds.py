@@ -127,9 +127,11 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
               help="Try every node count from 1 to this (or the site's limit, if lower).")
 @_backend_option(lambda d: d.checks, "Check sbatch scripts, Batch job definitions, SageMaker "
                                       "training job requests or EKS manifests.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="List every recipe and node count (by default rows alike are one line).")
 @_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
-          no_shellcheck: bool, paths: bool, max_nodes: int, backend: str,
+          no_shellcheck: bool, paths: bool, max_nodes: int, backend: str, verbose: bool,
           as_json: bool) -> None:
     """Dry-run every recipe at every node count the site allows (up to --max-nodes): render,
     shellcheck, optionally `sbatch --test-only`. Exits 1 if anything failed or a check could
@@ -142,7 +144,7 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
     if as_json:
         _echo_json(report.as_dict())
     else:
-        click.echo(report.table())
+        click.echo(report.table() if verbose else report.summary())
     if not report.ok:
         raise SystemExit(1)
 
