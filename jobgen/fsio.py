@@ -208,6 +208,23 @@ def write_file(path: Union[str, Path], data: Union[bytes, str], mode: Optional[i
         os.close(folder)
 
 
+def write_or_refuse(path: Union[str, Path], data: Union[bytes, str], option: str,
+                    mode: Optional[int] = None) -> None:
+    """write_file for a path the user named with `option` (--html, --plot): any refusal or
+    OSError becomes one line naming the option and the path (ConfigError, exit 2)."""
+    try:
+        write_file(path, data, mode)
+    except NotRegularFile as exc:
+        raise ConfigError(f"{option} {exc}") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if exc.errno == errno.ENAMETOOLONG:
+            reason += " (a file name holds at most 255 bytes)"
+        elif exc.errno == errno.ENOTDIR:
+            reason += " (a part of the path is a file, not a folder)"
+        raise ConfigError(f"{option} {path}: cannot write: {reason}") from None
+
+
 def append(path: Union[str, Path], data: Union[bytes, str], mode: int = 0o644) -> None:
     """Append `data` to the regular file `path` in one write (concurrent writers of whole
     lines do not interleave), creating it with `mode`. A FIFO is not waited on (O_NONBLOCK),

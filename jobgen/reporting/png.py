@@ -1,16 +1,32 @@
 """`jobgen report --plot FILE.png`: the HTML page's picture as one image (matplotlib, the
-`plot` extra): the timeline per allocation and node, then loss, gradient norm and LR."""
+`plot` extra): the timeline per allocation and node, then loss, gradient norm and LR, in the
+page's colours, ticks and legends (reporting/layout.py). Text is drawn as it stands (no
+mathtext: a `$` in a run name is a dollar sign), and the file goes through the one writer."""
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from pathlib import Path
+from typing import Any
 
+from .. import fsio
 from ..errors import ConfigError
-from .account import counted
+from .layout import (
+    COLOURS,
+    MARKS,
+    allocation_colour,
+    legend,
+    log_ticks,
+    plain,
+    rows,
+    spans_decades,
+    time_ticks,
+)
 from .report import Report
-from .svg import COLOURS, MARKS, rows
+
+# Text as it stands: no TeX, no $...$ maths (a run may be named "a$b$c").
+RC: dict[str, Any] = {"text.usetex": False, "text.parse_math": False,
+                      "axes.formatter.useoffset": False, "axes.formatter.use_mathtext": False}
 
 
 def write(r: Report, path: Path) -> None:
@@ -20,72 +36,90 @@ def write(r: Report, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'jobgen[plot]'") from None
+    with matplotlib.rc_context(RC):  # type: ignore[arg-type]
+        fig = _figure(r, plt)
+        try:
+            out = io.BytesIO()
+            fig.savefig(out, format="png", dpi=100)
+        finally:
+            plt.close(fig)
+    fsio.write_or_refuse(path, out.getvalue(), "--plot")
+
+
+def _figure(r: Report, plt: Any) -> Any:
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
     t = r.timeline
     lines = rows(r)
-    fig, axes = plt.subplots(4, 1, figsize=(11, 3 + 0.28 * len(lines) + 6),
-                             gridspec_kw={"height_ratios": [max(2, 0.3 * len(lines)), 2, 2, 1.5]})
+    fig, axes = plt.subplots(4, 1, figsize=(11, 5 + 0.3 * len(lines) + 7), layout="constrained",
+                             gridspec_kw={"height_ratios": [max(2, 0.32 * len(lines)), 2, 2, 2]})
     ax = axes[0]
     t0 = t.allocations[0].start if t.allocations else 0.0
-    segs = counted(t.segments)
-    for i, (alloc, node, _) in enumerate(lines):
+    span = max((max(a.end for a in t.allocations) - t0) if t.allocations else 1.0, 1e-9)
+    narrow = span / 300          # the SVG's 3-pixel least width, on this axis
+    for i, row in enumerate(lines):
         y = len(lines) - 1 - i
-        for s in segs:
-            if s.allocation == alloc and s.kind != "gap":
-                ax.barh(y, (s.end - s.start) / 60, left=(s.start - t0) / 60, height=0.8,
-                        color=COLOURS[s.kind], linewidth=0)
-        a = t.allocations[alloc]
-        if a.failure_at is not None and a.failed_node == node:
-            ax.plot([(a.failure_at - t0) / 60], [y], "x", color="black", markersize=9, mew=2)
-        if a.excluded and node == 0:
-            ax.text((a.end - t0) / 60, y, f"  left out {', '.join(a.excluded)}", va="center",
+        for s in row.segments:
+            tall = s.kind in ("checkpoint", "gate")
+            ax.barh(y, max(s.end - s.start, narrow if s.kind in ("checkpoint", "gate", "gap")
+                           else 0), left=s.start - t0, height=0.95 if tall else 0.75,
+                    color=COLOURS[s.kind], linewidth=0)
+        a = t.allocations[row.allocation]
+        if a.failure_at is not None and a.failed_node == row.node:
+            ax.plot([a.failure_at - t0], [y], "x", color="black", markersize=9, mew=2)
+        if a.excluded and row is next(w for w in lines if w.allocation == row.allocation):
+            ax.text(a.end - t0, y, f"  left out: {', '.join(a.excluded)}", va="center",
                     fontsize=8, color=COLOURS["gate"])
+    ticks = time_ticks(span)
+    ax.xaxis.set_major_locator(FixedLocator([v for v, _ in ticks]))
+    ax.set_xticklabels([label for _, label in ticks])
+    ax.set_xlim(0, span * 1.12)
+    ax.grid(True, axis="x", alpha=0.3)
     ax.set_yticks(range(len(lines)))
-    ax.set_yticklabels([label for *_, label in reversed(lines)], fontsize=7)
-    ax.set_xlabel("minutes since the first allocation started")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in COLOURS.items() if k != "gap"]
-    ax.legend(handles, [k for k in COLOURS if k != "gap"], ncol=9, fontsize=7, loc="upper center",
-              bbox_to_anchor=(0.5, -0.35))
+    ax.set_yticklabels([row.label for row in reversed(lines)], fontsize=7)
+    ax.set_xlabel("time since the first allocation started")
+    kinds = {s.kind for row in lines for s in row.segments}
+    handles = [Patch(color=c, label=words) for c, words in legend(kinds)]
+    if any(a.failure_at is not None for a in t.allocations):
+        handles.append(plt.Line2D([], [], marker="x", color="black", linestyle="none",
+                                  label="the node whose failure ended the allocation"))
+    ax.legend(handles=handles, ncol=3, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.2))
     ax.set_title(f"jobgen report {r.name}: effective utilisation "
                  f"{100 * r.account.utilisation:.2f} % of {r.account.allocated_h:.3f} node-hours",
                  fontsize=10)
     c = r.curves
+    plain_ticks = FuncFormatter(lambda v, _: plain(v))
     for ax, key, label in zip(axes[1:], ("loss", "grad_norm", "lr"),
                               ("loss", "gradient norm", "learning rate")):
+        values = []
         for alloc in sorted({p["allocation"] for p in c.series}):
             pts = [(p["step"], p[key]) for p in c.series if p["allocation"] == alloc
                    and p[key] is not None and math.isfinite(p[key])]
+            values += [v for _, v in pts]
             if pts:
-                ax.plot(*zip(*pts), "-", linewidth=1.2, label=f"allocation {alloc}")
+                ax.plot(*zip(*pts), "-", linewidth=1.2, color=allocation_colour(alloc),
+                        label=f"allocation {alloc}")
         for m in c.restarts:
-            ax.axvline(m["step"], color=MARKS["restart"], linestyle=":", linewidth=0.8)
+            if m.get("step") is not None:
+                ax.axvline(m["step"], color=MARKS["restart"], linestyle="--", linewidth=0.8)
         for m in c.marks:
             if m["step"] is not None:
                 ax.axvline(m["step"], color=MARKS.get(m["kind"], "black"), linewidth=1.2,
                            alpha=0.7)
-        if key == "grad_norm" and any((p[key] or 0) > 0 for p in c.series):
+        if spans_decades(values):
             ax.set_yscale("log")
+            positive = [v for v in values if v > 0]
+            ax.yaxis.set_major_locator(FixedLocator(log_ticks(min(positive), max(positive))))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            label += " (log scale)"
+        ax.yaxis.set_major_formatter(plain_ticks)
+        ax.xaxis.set_major_formatter(plain_ticks)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(True, alpha=0.3)
-    axes[-1].set_xlabel("step (dotted: an allocation resumed there; solid: watch's marks)")
-    fig.tight_layout()
-    _save(fig, plt, path)
-
-
-def _save(fig: object, plt: object, path: Path) -> None:
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=folder)
-    except OSError as exc:
-        plt.close(fig)  # type: ignore[attr-defined]
-        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            fig.savefig(out, format="png", dpi=100)  # type: ignore[attr-defined]
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None
-    finally:
-        plt.close(fig)  # type: ignore[attr-defined]
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if values and ax is axes[1]:
+            if c.restarts:
+                ax.plot([], [], color=MARKS["restart"], linestyle="--", linewidth=0.8,
+                        label="an allocation resumed at this step")
+            ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("step (dashed: an allocation resumed there; solid: watch's marks)")
+    return fig

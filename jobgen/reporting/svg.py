@@ -1,6 +1,8 @@
 """The report's picture as inline SVG (no script, no network): the timeline, one row per
-allocation and node, and the loss, gradient-norm and learning-rate curves with watch's marks.
-The colours are declared once here and used by the PNG too (reporting/png.py)."""
+allocation and node with that node's own phases, and the loss, gradient-norm and learning-rate
+curves with watch's marks. Every SVG scales to the page's width (viewBox), so nothing is cut
+at a narrow window. The palette, the ticks and the rows are reporting/layout.py's, shared
+with the PNG (reporting/png.py)."""
 from __future__ import annotations
 
 import math
@@ -8,146 +10,179 @@ from html import escape
 from typing import Any, Sequence
 
 from .account import LABELS
+from .layout import (
+    COLOURS,
+    MARKS,
+    NARROW,
+    allocation_colour,
+    legend,
+    log_ticks,
+    plain,
+    rows,
+    spans_decades,
+    time_ticks,
+    value_ticks,
+)
 from .report import Report
 
-COLOURS = {
-    "startup": "#b0b7c3", "gate": "#8e6cc2", "compile": "#e0a030", "train": "#3a9a52",
-    "repeat": "#e07b7b", "checkpoint": "#3577c4", "failure": "#c0282d", "stop": "#f2c84b",
-    "idle": "#e6e6e6", "gap": "#ffffff",
-}
-MARKS = {"grad_spike": "#e07b00", "sustained_spike": "#e07b00", "loss_spike": "#a0522d",
-         "divergence": "#c0282d", "nonfinite": "#c0282d", "throughput_drop": "#777777",
-         "bad_node": "#c0282d", "rollback": "#7b3fb0", "restart": "#222222"}
 WIDTH = 960
+LABEL_W = 190        # the timeline's row labels
+ROW_H, ROW_GAP = 16, 5
+
+__all__ = ["COLOURS", "MARKS", "WIDTH", "charts", "legend_html", "picture", "timeline_svg"]
 
 
-def rows(r: Report) -> list[tuple[int, int, str]]:
-    """(allocation, node, label) for every row of the timeline."""
-    out = []
-    for a in r.timeline.allocations:
-        for n in a.nodes or ():
-            out.append((a.index, n.node, f"#{a.index} node {n.node} {n.host}".strip()))
-        if not a.nodes:
-            out.append((a.index, 0, f"#{a.index}"))
-    return out
+def _open(width: int, height: float) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height:.0f}" '
+            f'width="100%" style="max-width:{width}px" font-family="sans-serif" '
+            'font-size="11" role="img">')
 
 
-def _timeline(r: Report) -> str:
+def timeline_svg(r: Report) -> str:
     t = r.timeline
     if not t.allocations:
         return ""
     t0, t1 = t.allocations[0].start, max(a.end for a in t.allocations)
     span = max(t1 - t0, 1e-9)
-    left, width, height = 170, WIDTH - 190, 16
+    left, width = LABEL_W, WIDTH - LABEL_W - 110   # room on the right for "left out: ..."
     lines = rows(r)
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-           f'height="{len(lines) * (height + 4) + 60}" font-family="sans-serif" font-size="11">']
+    axis_y = 10 + len(lines) * (ROW_H + ROW_GAP) + 4
+    svg = [_open(WIDTH, axis_y + 22)]
 
     def x(when: float) -> float:
         return left + (when - t0) / span * width
 
-    for i, (alloc, node, label) in enumerate(lines):
-        y = 10 + i * (height + 4)
-        svg.append(f'<text x="4" y="{y + 12}">{escape(label)}</text>')
-        for s in r.timeline.segments:
-            if s.allocation != alloc and not (s.kind == "gap" and s.allocation == alloc + 1):
-                continue
-            kind = s.kind
-            if kind == "train" and s.step is not None and _repeated(r, s.allocation, s.step):
-                kind = "repeat"
-            wide = max(x(s.end) - x(s.start), 0.5)
-            svg.append(f'<rect x="{x(s.start):.1f}" y="{y}" width="{wide:.1f}"'
-                       f' height="{height}" fill="{COLOURS[kind]}"><title>{escape(LABELS[kind])}'
-                       f'{"" if s.step is None else f" step {s.step}"}: {s.end - s.start:.1f} s'
-                       f'</title></rect>')
-        a = t.allocations[alloc]
-        if a.failure_at is not None and a.failed_node == node:
+    for tick, label in time_ticks(span):
+        tx = left + tick / span * width
+        svg.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="6" y2="{axis_y}" stroke="#ddd"/>'
+                   f'<text x="{tx:.1f}" y="{axis_y + 14}" text-anchor="middle">'
+                   f'{escape(label)}</text>')
+    for i, row in enumerate(lines):
+        y = 10 + i * (ROW_H + ROW_GAP)
+        svg.append(f'<text x="4" y="{y + 12}">{escape(row.label[:34])}'
+                   f'<title>{escape(row.label)}</title></text>')
+        for s in row.segments:
+            wide = max(x(s.end) - x(s.start), NARROW.get(s.kind, 0.5))
+            tall = s.kind in ("checkpoint", "gate")   # short events stand out of the row
+            svg.append(f'<rect x="{x(s.start):.1f}" y="{y - 2 if tall else y}" '
+                       f'width="{wide:.1f}" height="{ROW_H + 4 if tall else ROW_H}" '
+                       f'fill="{COLOURS[s.kind]}"><title>{escape(LABELS[s.kind])}'
+                       f'{"" if s.step is None else f" step {s.step}"}: '
+                       f'{s.end - s.start:,.1f} s</title></rect>')
+        a = t.allocations[row.allocation]
+        if a.failure_at is not None and a.failed_node == row.node:
             fx = x(a.failure_at)
-            svg.append(f'<path d="M{fx - 5:.1f},{y - 2} L{fx + 5:.1f},{y + height + 2} '
-                       f'M{fx + 5:.1f},{y - 2} L{fx - 5:.1f},{y + height + 2}" stroke="#000" '
+            svg.append(f'<path d="M{fx - 5:.1f},{y - 2} L{fx + 5:.1f},{y + ROW_H + 2} '
+                       f'M{fx + 5:.1f},{y - 2} L{fx - 5:.1f},{y + ROW_H + 2}" stroke="#000" '
                        f'stroke-width="2"><title>failure of {escape(a.failed_host)}</title></path>')
-        if a.excluded and node == 0:
-            svg.append(f'<text x="{x(a.end) + 4:.1f}" y="{y + 12}" fill="#8e6cc2">left out: '
-                       f'{escape(", ".join(a.excluded))}</text>')
-    y = 10 + len(lines) * (height + 4) + 12
-    svg.append(f'<text x="{left}" y="{y}">0 s</text><text x="{left + width - 60}" y="{y}">'
-               f'{span / 60:.1f} min</text>')
-    lx = left
-    for kind in COLOURS:
-        if kind == "gap":
-            continue
-        svg.append(f'<rect x="{lx}" y="{y + 10}" width="10" height="10" fill="{COLOURS[kind]}"/>'
-                   f'<text x="{lx + 13}" y="{y + 19}">{escape(kind)}</text>')
-        lx += 13 + 7 * len(kind) + 12
+        if a.excluded and row is next(w for w in lines if w.allocation == row.allocation):
+            svg.append(f'<text x="{x(a.end) + 4:.1f}" y="{y + 12}" fill="{COLOURS["gate"]}">'
+                       f'left out: {escape(", ".join(a.excluded))[:40]}</text>')
     svg.append("</svg>")
     return "".join(svg)
 
 
-def _repeated(r: Report, allocation: int, step: int) -> bool:
-    later = [s for s in r.timeline.segments
-             if s.kind == "train" and s.step == step and s.allocation > allocation]
-    return bool(later)
+def legend_html(items: Sequence[tuple[str, str]], marker: str = "box") -> str:
+    """A legend that wraps with the page (HTML, not SVG: never cut at a narrow window)."""
+    out = []
+    for colour, words in items:
+        swatch = (f'<span class="sw" style="background:{colour}"></span>' if marker == "box"
+                  else f'<span class="ln" style="border-top:3px {marker} {colour}"></span>')
+        out.append(f"<li>{swatch}{escape(words)}</li>")
+    return f'<ul class="legend">{"".join(out)}</ul>'
+
+
+def timeline_legend(r: Report) -> str:
+    kinds = {s.kind for row in rows(r) for s in row.segments}
+    items = legend(kinds)
+    if any(a.failure_at is not None for a in r.timeline.allocations):
+        items.append(("#000000", "x: the node whose failure ended the allocation"))
+    return legend_html(items)
 
 
 def _chart(title: str, points: Sequence[tuple[float, float, int]], marks: list[dict[str, Any]],
            restarts: list[dict[str, Any]], log: bool = False) -> str:
-    width, height, left = WIDTH, 180, 60
+    width, height, left = WIDTH, 180, 70
     finite = [(s, v, a) for s, v, a in points if v is not None and math.isfinite(v)
               and (v > 0 or not log)]
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 30}" '
-           f'font-family="sans-serif" font-size="11"><text x="4" y="14">{escape(title)}</text>']
+    svg = [_open(width, height + 30), f'<text x="4" y="14">{escape(title)}</text>']
     if not finite:
-        svg.append('<text x="60" y="60">no values</text></svg>')
+        svg.append('<text x="70" y="60">no values</text></svg>')
         return "".join(svg)
     f = (lambda v: math.log10(v)) if log else (lambda v: v)
     s0, s1 = min(p[0] for p in finite), max(p[0] for p in finite)
     v0, v1 = min(f(p[1]) for p in finite), max(f(p[1]) for p in finite)
+    if v1 - v0 < 1e-12:
+        v0, v1 = v0 - (abs(v0) * 0.05 or 0.5), v1 + (abs(v1) * 0.05 or 0.5)
     sx = (width - left - 20) / max(s1 - s0, 1)
-    sy = (height - 30) / max(v1 - v0, 1e-12)
+    sy = (height - 30) / (v1 - v0)
 
     def xy(step: float, value: float) -> tuple[float, float]:
         return left + (step - s0) * sx, 20 + (v1 - f(value)) * sy
 
+    ticks = log_ticks(10 ** v0, 10 ** v1) if log else value_ticks(v0, v1)
+    for v in ticks:
+        _, ty = xy(s0, v)
+        svg.append(f'<line x1="{left}" x2="{width - 20}" y1="{ty:.1f}" y2="{ty:.1f}" '
+                   f'stroke="#e4e4e4"/><text x="{left - 6}" y="{ty + 4:.1f}" '
+                   f'text-anchor="end">{plain(v)}</text>')
+    for st in value_ticks(s0, s1, 8) if s1 > s0 else [s0]:
+        if float(st).is_integer():
+            sx_, _ = xy(st, finite[0][1])
+            svg.append(f'<text x="{sx_:.1f}" y="{height + 6}" text-anchor="middle">'
+                       f'{plain(st)}</text>')
+    svg.append(f'<text x="{width - 20}" y="{height + 22}" text-anchor="end">step</text>')
     for m in restarts:
-        if m.get("step") is not None:
+        if m.get("step") is not None and s0 <= m["step"] <= s1:
             x, _ = xy(m["step"], finite[0][1])
             svg.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="20" y2="{height - 10}" '
-                       f'stroke="{MARKS["restart"]}" stroke-dasharray="3,3"><title>allocation '
+                       f'stroke="{MARKS["restart"]}" stroke-dasharray="4,3"><title>allocation '
                        f'{m["allocation"]} resumed from step {m["step"]}</title></line>')
     for alloc in sorted({p[2] for p in finite}):
         mine = [p for p in finite if p[2] == alloc]
         path = " ".join(f"{'M' if i == 0 else 'L'}{xy(s, v)[0]:.1f},{xy(s, v)[1]:.1f}"
                         for i, (s, v, _) in enumerate(mine))
-        svg.append(f'<path d="{path}" fill="none" stroke="{_shade(alloc)}" stroke-width="1.5"/>')
+        svg.append(f'<path d="{path}" fill="none" stroke="{allocation_colour(alloc)}" '
+                   'stroke-width="1.5"/>')
     for m in marks:
         if m.get("step") is None or m["step"] < s0 or m["step"] > s1:
             continue
         x, _ = xy(m["step"], finite[0][1])
         svg.append(f'<circle cx="{x:.1f}" cy="24" r="4" fill="{MARKS.get(m["kind"], "#000")}">'
                    f'<title>{escape(m["kind"])}: {escape(m["message"])}</title></circle>')
-    top = f"{10 ** v1:.3g}" if log else f"{v1:.3g}"
-    bottom = f"{10 ** v0:.3g}" if log else f"{v0:.3g}"
-    svg.append(f'<text x="4" y="28">{top}</text><text x="4" y="{height - 10}">{bottom}</text>'
-               f'<text x="{left}" y="{height + 20}">step {s0:g}</text>'
-               f'<text x="{width - 90}" y="{height + 20}">step {s1:g}</text></svg>')
+    svg.append("</svg>")
     return "".join(svg)
 
 
-def _shade(allocation: int) -> str:
-    palette = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-    return palette[allocation % len(palette)]
+def _log_scale(values: Sequence[float]) -> bool:
+    return spans_decades(values)
 
 
 def charts(r: Report) -> list[str]:
     c = r.curves
     out = []
-    for key, title, log in (("loss", "loss", False), ("grad_norm", "gradient norm (log)", True),
-                            ("lr", "learning rate", False)):
+    for key, title in (("loss", "loss"), ("grad_norm", "gradient norm"),
+                       ("lr", "learning rate")):
         points = [(p["step"], p[key], p["allocation"]) for p in c.series]
-        out.append(_chart(title, points, c.marks, c.restarts, log))
+        log = _log_scale([v for _, v, _ in points if v is not None])
+        out.append(_chart(title + (" (log scale)" if log else ""), points, c.marks, c.restarts,
+                          log))
     return out
 
 
-def picture(r: Report) -> list[str]:
-    return [_timeline(r), *charts(r)]
+def curves_legend(r: Report) -> str:
+    c = r.curves
+    items = [(allocation_colour(a), f"allocation {a}")
+             for a in sorted({p["allocation"] for p in c.series})]
+    lines = legend_html(items, "solid")
+    extra = []
+    if c.restarts:
+        lines += legend_html([(MARKS["restart"], "an allocation resumed at this step")],
+                             "dashed")
+    for kind in sorted({m["kind"] for m in c.marks}):
+        extra.append((MARKS.get(kind, "#000000"), f"dot: watch's {kind.replace('_', ' ')}"))
+    return lines + (legend_html(extra) if extra else "")
 
+
+def picture(r: Report) -> list[str]:
+    return [timeline_svg(r), *charts(r)]
