@@ -5,12 +5,15 @@ logs), each node's health.json and job.status, and the scheduler's start and end
 answers."""
 from __future__ import annotations
 
-import json
+import math
+import re
 import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .. import fsio
+from ..errors import ConfigError
 from ..record import record
 from ..watching.observations import Observation
 from ..watching.readers import ALLOCATION, parse_lines
@@ -36,6 +39,7 @@ class NodeInfo:
     host: str
     status: Optional[int]       # the node's flow exit status (None: not recorded yet)
     ended_at: Optional[float]
+    gate: Optional[tuple[float, float]] = None   # this node's own health gate (start, end)
 
 
 @record
@@ -67,56 +71,76 @@ class Timeline:
     notes: tuple[str, ...] = ()
 
 
-def _events(path: Path, allocation: int) -> list[Observation]:
+SMALL = 1 << 16          # a host, a job.status, a health.json: far below this
+NODE = re.compile(r"node-([0-9]{1,6})")      # ASCII digits only (not node-²)
+STATUS = re.compile(r"[0-9]{1,3}")
+
+
+def _read(path: Path, limit: int = fsio.MAX_BYTES) -> Optional[str]:
+    """A run file's text through the one reader (a FIFO, a device or a file past `limit` is
+    not read), or None."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        return fsio.read_text(path, limit)
+    except (OSError, ConfigError):
+        return None
+
+
+def _mtime(path: Path) -> Optional[float]:
+    try:
+        return path.stat().st_mtime
     except OSError:
+        return None
+
+
+def _events(path: Path, allocation: int) -> list[Observation]:
+    text = _read(path)
+    if text is None:
         return []
     return [o for o in parse_lines(text.splitlines(), "events", allocation, 0) if o.kind != "beat"]
 
 
 def _json(path: Path) -> Optional[dict[str, Any]]:
+    text = _read(path, SMALL)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = fsio.loads(text) if text is not None else None
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def _seconds(value: Any) -> float:
+    """A duration a node wrote (health.json's seconds): finite, 0 to a week, else 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return 0.0
+    try:
+        found = float(value)
+    except (ValueError, OverflowError):
+        return 0.0
+    return found if math.isfinite(found) and 0 <= found <= 7 * 86400 else 0.0
 
 
 def _nodes(folder: Path) -> list[NodeInfo]:
     out = []
     for entry in sorted(folder.glob("node-*"), key=lambda p: p.name):
-        if not entry.name[5:].isdigit():
+        number = NODE.fullmatch(entry.name)
+        if number is None:
             continue
-        try:
-            host = (entry / "host").read_text(encoding="utf-8").strip()
-        except OSError:   # a node the gate stopped wrote no host file: its report names it
+        host = _read(entry / "host", SMALL)
+        if host is None:   # a node the gate stopped wrote no host file: its report names it
             host = str((_json(entry / "health.json") or {}).get("host") or "")
-        status, at = None, None
-        try:
-            code = (entry / "job.status").read_text(encoding="utf-8").split()
-            status = int(code[0]) if code and code[0].isdigit() else None
-            at = (entry / "job.status").stat().st_mtime
-        except OSError:
-            pass
-        out.append(NodeInfo(int(entry.name[5:]), host, status, at))
+        code = (_read(entry / "job.status", SMALL) or "").split()
+        status = int(code[0]) if code and STATUS.fullmatch(code[0]) else None
+        at = _mtime(entry / "job.status") if code else None
+        out.append(NodeInfo(int(number.group(1)), host.strip()[:200], status, at))
     return sorted(out, key=lambda n: n.node)
 
 
 def _health_log(run_dir: Path) -> list[dict[str, Any]]:
     try:
-        lines = (run_dir / "jobgen-health.jsonl").read_text(encoding="utf-8").splitlines()
-    except OSError:
+        found, _ = fsio.read_records(run_dir / "jobgen-health.jsonl", lambda item: item)
+    except (OSError, ConfigError):   # a FIFO or a device where the log should be
         return []
-    out = []
-    for line in lines:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+    return found
 
 
 def _folders(run_dir: Path) -> list[tuple[str, int, Path]]:
@@ -127,7 +151,8 @@ def _folders(run_dir: Path) -> list[tuple[str, int, Path]]:
     out = []
     for job in jobs:
         found = [(int(m.group(2)), e) for e in job.iterdir()
-                 if (m := ALLOCATION.match(e.name)) and e.is_dir()]
+                 if (m := ALLOCATION.match(e.name)) and m.group(2).isascii()
+                 and len(m.group(2)) <= 9 and e.is_dir()]
         out += [(job.name, k, e) for k, e in sorted(found)]
     return out
 
@@ -152,11 +177,14 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                 steps_elsewhere: Sequence[tuple[float, int]]) -> tuple[Allocation, list[Segment]]:
     nodes = _nodes(folder)
     gates = []   # (when each node's gate ended, its report)
-    for n in nodes:
+    for i, n in enumerate(nodes):
         path = folder / f"node-{n.node}" / "health.json"
         found = _json(path)
-        if found is not None:
-            gates.append((path.stat().st_mtime, found))
+        ended = _mtime(path) if found is not None else None
+        if found is not None and ended is not None:
+            gates.append((ended, found))
+            nodes[i] = NodeInfo(n.node, n.host, n.status, n.ended_at,
+                                (ended - _seconds(found.get("seconds")), ended))
     gate = [g for _, g in gates]
     gate_times = [t for t, _ in gates]
     compile_ev = _events(folder / "node-0" / "compile.log", index)
@@ -166,13 +194,13 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     if not train_ev and steps_elsewhere:
         # No JSON events (NeMo): the steps' times from its TensorBoard files, within this
         # allocation (the scheduler's span, else the times of the node folders' files).
-        marks = [p.stat().st_mtime for p in folder.glob("node-*/*") if p.is_file()]
+        marks = [t for p in folder.glob("node-*/*") if p.is_file() and (t := _mtime(p))]
         lo = span.start if span else min(marks, default=now)
         hi = span.end if span and span.end else (now if is_last else max(marks, default=now))
         train_ev = [Observation("step", t, "tensorboard", index, step=n)
                     for t, n in steps_elsewhere if lo <= t <= hi]
     start = span.start if span else min(
-        [t - float(g.get("seconds") or 0) for t, g in zip(gate_times, gate)] + times or [now])
+        [t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)] + times or [now])
     # The newest allocation runs on until every node has recorded how its flow ended.
     over = not is_last or (nodes and all(n.ended_at for n in nodes))
     end = span.end if span and span.end else (max(times) if times and over else now)
@@ -180,7 +208,7 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                      if str(h.get("allocation")) == str(k) and h.get("job") == job)
     b = _Builder(index, start)
     if gate_times:
-        b.to(min(t - float(g.get("seconds") or 0) for t, g in zip(gate_times, gate)), "startup")
+        b.to(min(t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)), "startup")
         b.to(max(gate_times), "gate")
     if compile_ev:
         b.to(compile_ev[0].time, "startup")
