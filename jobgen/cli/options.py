@@ -88,6 +88,16 @@ TEXT = _Text()
 
 def _spec_options(func: F) -> F:
     """The options every command that resolves a recipe takes (defined once)."""
+    return _spec_option_group(func, slurm_shown=True)
+
+
+def _run_spec_options(func: F) -> F:
+    """The same options for `jobgen run`: the Slurm ones are still parsed (so that `--time` is
+    refused in one line saying why) but not listed by `--help`, since run takes none of them."""
+    return _spec_option_group(func, slurm_shown=False)
+
+
+def _spec_option_group(func: F, slurm_shown: bool) -> F:
     for option in reversed((
         click.option("--nodes", "-n", type=int, help="Node count (default: the recipe's)."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -102,8 +112,9 @@ def _spec_options(func: F) -> F:
                           "name resumes from its checkpoints."),
         click.option("--smoke", is_flag=True,
                      help="Rehearse on CPU: the same job, a tiny model of the recipe's family."),
-        *_SLURM_OPTIONS,
+        *(_SLURM_OPTIONS if slurm_shown else _HIDDEN_SLURM_OPTIONS),
         click.option("--sbatch-opt", "slurm_sbatch_opt", multiple=True, metavar="NAME=VALUE",
+                     hidden=not slurm_shown,
                      help="Slurm: one more #SBATCH --NAME=VALUE (or --NAME) that jobgen does not "
                           "own: constraint, gres, mem, mail-type, comment, dependency, ... "
                           "(repeatable; after the site's slurm.extra_options)."),
@@ -114,17 +125,22 @@ def _spec_options(func: F) -> F:
 
 # Per-job overrides of the site's Slurm values (spec.SLURM_OPTIONS): they land in click's
 # keyword arguments under the `slurm_` prefix and reach the spec as one mapping.
+_SLURM_OPTION_TEXTS = (
+    ("partition", "NAME", "Slurm: the partition (default: the site's slurm.partition)."),
+    ("account", "NAME", "Slurm: the account to charge (default: the site's)."),
+    ("qos", "NAME", "Slurm: the quality of service (default: the site's slurm.qos)."),
+    ("reservation", "NAME", "Slurm: run in this reservation (default: the site's)."),
+    ("time", "LIMIT", "Slurm: the time limit, e.g. 2-00:00:00 (default: the recipe's "
+                      "job.time_limit, else the partition's)."),
+    ("exclude", "HOSTS", "Slurm: nodes not to use, e.g. n[3-4],n9."),
+    ("nodelist", "HOSTS", "Slurm: nodes the job must include."))
 _SLURM_OPTIONS = tuple(
     click.option(f"--{name}", f"slurm_{name}", type=TEXT, metavar=metavar, help=text)
-    for name, metavar, text in (
-        ("partition", "NAME", "Slurm: the partition (default: the site's slurm.partition)."),
-        ("account", "NAME", "Slurm: the account to charge (default: the site's)."),
-        ("qos", "NAME", "Slurm: the quality of service (default: the site's slurm.qos)."),
-        ("reservation", "NAME", "Slurm: run in this reservation (default: the site's)."),
-        ("time", "LIMIT", "Slurm: the time limit, e.g. 2-00:00:00 (default: the recipe's "
-                          "job.time_limit, else the partition's)."),
-        ("exclude", "HOSTS", "Slurm: nodes not to use, e.g. n[3-4],n9."),
-        ("nodelist", "HOSTS", "Slurm: nodes the job must include.")))
+    for name, metavar, text in _SLURM_OPTION_TEXTS)
+_HIDDEN_SLURM_OPTIONS = tuple(
+    click.option(f"--{name}", f"slurm_{name}", type=TEXT, metavar=metavar, help=text,
+                 hidden=True)
+    for name, metavar, text in _SLURM_OPTION_TEXTS)
 
 
 def _slurm_overrides(kwargs: dict[str, Any]) -> dict[str, Optional[str]]:

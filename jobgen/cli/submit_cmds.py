@@ -12,6 +12,7 @@ from .options import (
     _backend_option,
     _Backends,
     _endpoint_option,
+    _run_spec_options,
     _Seconds,
     _slurm_overrides,
     _spec,
@@ -204,7 +205,7 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
 
 @click.command()
 @click.argument("recipe")
-@_spec_options
+@_run_spec_options
 @click.option("--dry-run", is_flag=True,
               help="Print each emulated node's command and environment; run nothing.")
 @click.option("--backend", "run_backend", type=_Backends(lambda d: d.rehearses),
@@ -249,4 +250,22 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     if status == 75:
         click.echo("jobgen: the health gate found a bad node (the lines above name it and the "
                    "check); nothing was compiled or trained", err=True)
+    again = ["jobgen", "run", recipe, "--nodes", str(spec.nodes),
+             *[word for item in overrides for word in ("--set", item)],
+             *(["--site", site] if site else []), *(["--run-name", run_name] if run_name else []),
+             *(["--smoke"] if smoke else []),
+             *(["--backend", run_backend] if run_backend != "local" else []),
+             *(["--compile", compile_mode] if compile_mode != "auto" else [])]
+    click.echo(closing_line(spec.run_dir, status, again))
     raise SystemExit(status)
+
+
+def closing_line(run_dir: str, status: int, again: list[str]) -> str:
+    """The rehearsal's last line: where its folder is and what to run next (every word quoted
+    so that it pastes into a shell as it stands)."""
+    from ..errors import printable
+    from ..render import shell_quote
+    folder = shell_quote(str(run_dir))
+    return printable(f"jobgen: run ended with status {status}; its folder: {folder}; next: "
+                     f"jobgen report --run-dir {folder}, jobgen watch --run-dir {folder}; "
+                     f"resume (or rerun) with: {shell_quote(again)}")

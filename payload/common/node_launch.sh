@@ -29,8 +29,16 @@ classify_failure() {
 }
 
 node_setup() {
-  # 32 workers per node open many files; "Too many open files" shows up as RX timeouts.
-  ulimit -n 65535 2>/dev/null || node_say "could not raise the open-file limit (now $(ulimit -n))"
+  # 32 workers per node open many files; "Too many open files" shows up as RX timeouts. The soft
+  # limit goes as high as the hard one allows (at most 65535); a line says so only where what is
+  # left is short of about 1,024 files per worker (a CPU rehearsal's few workers need no more).
+  local hard need=$(( ${JOBGEN_WORKERS_PER_NODE:-32} * 1024 ))
+  hard=$(ulimit -Hn)
+  if [ "$hard" = unlimited ] || [ "$hard" -gt 65535 ]; then hard=65535; fi
+  ulimit -Sn "$hard" 2>/dev/null || true
+  if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ] && [ "$(ulimit -n)" -lt 65535 ]; then
+    node_say "open-file limit $(ulimit -n) (the hard limit) is short of about $need for ${JOBGEN_WORKERS_PER_NODE:-32} workers: raise it (limits.conf, the container's ulimits) if the pass fails with 'Too many open files'"
+  fi
   # Keep the rendezvous port out of the ephemeral range. Needs privileges that a container or a
   # user job may not have, so it is best effort.
   if ! { sudo -n sysctl -w "net.ipv4.ip_local_reserved_ports=$MASTER_PORT" \

@@ -92,3 +92,29 @@ def build_optimizer(kind: str, model: torch.nn.Module, accel: Accelerator, lr: f
     from lamb import Lamb  # the script's own directory is on sys.path
 
     return Lamb(groups, lr=lr, betas=betas, eps=eps), "payload.Lamb"
+
+
+SHM_OP = "deepspeed_shm_comm"   # the op DeepSpeed's communication builds on a CPU accelerator
+
+
+def shm_op_to_build() -> bool:
+    """Whether DeepSpeed will compile its shared-memory op when communication starts on CPU: it
+    is neither in the installed wheel (DS_BUILD_SHM_COMM=1) nor in torch's extension cache. The
+    build takes about 2 minutes on one core, once, and prints nothing until it ends."""
+    try:
+        from deepspeed.git_version_info import installed_ops
+    except ImportError:
+        return False
+    if installed_ops.get(SHM_OP):
+        return False
+    from torch.utils.cpp_extension import get_default_build_root
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    import glob
+    return not glob.glob(os.path.join(root, "*", SHM_OP, f"{SHM_OP}*.so"))
+
+
+def say_if_building(accel: Accelerator, rank: int) -> None:
+    """One line before a silent first build (rank 0 only: the other ranks wait on its lock)."""
+    if accel.name == "cpu" and rank == 0 and shm_op_to_build():
+        print("building DeepSpeed's CPU communication op (first run only, about 2 minutes "
+              "on one core)...", flush=True)

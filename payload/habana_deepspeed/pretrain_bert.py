@@ -165,7 +165,7 @@ class Trainer:
     def __init__(self, args: argparse.Namespace, data: Any, ranks_from: str) -> None:
         import torch
         import torch.distributed as dist
-        from accelerators import build_optimizer, choose_accelerator
+        from accelerators import build_optimizer, choose_accelerator, say_if_building
 
         self.args, self.data, self.torch, self.dist = args, data, torch, dist
         self.rank, self.world, local_rank = dist_coords()
@@ -174,6 +174,7 @@ class Trainer:
         import deepspeed.utils
 
         deepspeed.utils.logger.setLevel("WARNING")
+        say_if_building(self.accel, self.rank)
         deepspeed.init_distributed(dist_backend=self.accel.backend,
                                    timeout=process_group_timeout())
         torch.manual_seed(args.seed)  # identical initial weights on every rank
