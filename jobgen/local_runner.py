@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from . import node, payloads
 from .spec import JobSpec
@@ -189,6 +189,7 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
     from . import backends
     declared = backends.declaration(spec.backend)
     place_payload(spec)
+    held = _hold(spec, job_id)
     procs, pumps = [], []
     for index, (argv, env) in enumerate(commands(spec, job_id)):
         full_env = dict(os.environ)
@@ -218,4 +219,20 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
         status = 130
     for pump in pumps:
         pump.join(timeout=5)
+    if held is not None:
+        from .reporting import held as spans
+        spans.write(held[0], spans.Held(held[1].start, time.time(), held[1].nodes, held[1].by))
     return status
+
+
+def _hold(spec: JobSpec, job_id: str) -> Optional[tuple[Path, Any]]:
+    """Record that the rehearsal holds this machine's `spec.nodes` emulated nodes from the
+    command's start (`jobgen report` measures the run's allocation by it), in the job's log
+    folder; run() records the end."""
+    from .reporting import held as spans
+    env = commands(spec, job_id, write=False)[0][1]
+    folder = Path(env["JOBGEN_LOG_DIR"]) if env.get("JOBGEN_LOG_DIR") else \
+        Path(env.get("JOBGEN_RUN_DIR") or spec.run_dir) / "logs" / job_id
+    record = spans.Held(spans.process_start(), None, spec.nodes, "jobgen run")
+    spans.write(Path.cwd() / folder, record)
+    return Path.cwd() / folder, record

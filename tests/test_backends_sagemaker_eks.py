@@ -583,10 +583,16 @@ def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
 @pytest.mark.slow
 def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
                                                         tmp_path: Path) -> None:
+    began = time.time()
     out = _rehearse(jobgen_proc, tmp_path, "eks")
+    ended = time.time()
     assert "jobgen[eks pod 0]" in out and "jobgen[eks pod 1]" in out
     assert "training pass finished" in out
     run = tmp_path / "jobgen-runs" / "rh-eks"
+    # `jobgen report` on it: node-hours as measured around the command, the compile pass from
+    # its launch to its exit (tests/test_report_accounts.py).
+    from test_report_accounts import assert_account
+    assert_account(run, 2, began, ended)
     assert (run / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
     (logs,) = (run / "logs").iterdir()
     # The nodes' logs only: under JobSet (this machine's site) no pod beats on the claim

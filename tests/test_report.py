@@ -158,6 +158,9 @@ def test_a_missing_run_is_one_line_and_status_2(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nosuchrun: no run of that name" in err
     assert main(["report", "--run-dir", str(tmp_path)]) == 2
+    assert "no run in it" in capsys.readouterr().err
+    (tmp_path / "logs").mkdir()
+    assert main(["report", "--run-dir", str(tmp_path)]) == 2
     assert "nothing to report yet" in capsys.readouterr().err
 
 

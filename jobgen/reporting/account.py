@@ -8,6 +8,7 @@ from typing import Optional
 
 from ..planning import failures as model
 from ..record import record
+from .bounds import relabel
 from .timeline import KINDS, Segment, Timeline
 
 LABELS = {
@@ -63,14 +64,9 @@ class Account:
 
 def counted(segments: tuple[Segment, ...]) -> list[Segment]:
     """Relabel steps: a step trained again later (after a restart resumed before it) counts
-    only in its last training; its earlier runs are `repeat`."""
-    last: dict[int, int] = {}
-    for i, s in enumerate(segments):
-        if s.kind == "train" and s.step is not None:
-            last[s.step] = i
-    return [Segment("repeat", s.start, s.end, s.allocation, s.step)
-            if s.kind == "train" and s.step is not None and last[s.step] != i else s
-            for i, s in enumerate(segments)]
+    only in its last training; its earlier runs are `repeat` (the timeline is built so
+    already: reporting/bounds.py)."""
+    return relabel(list(segments))
 
 
 def _mean(values: list[float]) -> Optional[float]:

@@ -2,6 +2,7 @@
 account and curves, for every output (text, JSON, HTML, PNG)."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +27,7 @@ def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
     if run_dir is not None:
         if not run_dir.is_dir():
             raise ConfigError(f"--run-dir {run_dir}: no such folder")
+        one_run(run_dir)
         return ref or run_dir.name, run_dir
     if not ref:
         raise ConfigError("jobgen report: name a recorded run (jobgen runs lists them) or "
@@ -38,6 +40,27 @@ def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
     return found.name, Path(found.run_dir)
 
 
+def one_run(folder: Path) -> None:
+    """Refuse a folder that is not one run: a folder of runs (the work dir) would mix their
+    allocations and alerts, and a folder with no run in it has nothing to report."""
+    from ..watching.runfolder import is_run
+    if is_run(folder):
+        return
+    try:
+        inside = sorted(p.name for p in folder.iterdir() if p.is_dir() and is_run(p))
+    except OSError:
+        inside = []
+    shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+    if len(inside) > 1:
+        raise ConfigError(f"--run-dir {folder}: a folder of {len(inside)} runs ({shown}), not "
+                          "one run: give one of them (or its name)")
+    if inside:
+        raise ConfigError(f"--run-dir {folder}: not a run folder; it holds one run, {shown}: "
+                          f"--run-dir {shlex.quote(str(folder / inside[0]))}")
+    raise ConfigError(f"--run-dir {folder}: no run in it (no logs, train or nemo folder, no "
+                      "jobgen-run.json)")
+
+
 def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
          now: Optional[float] = None) -> Report:
     name, folder = locate(ref, run_dir)
@@ -46,6 +69,6 @@ def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
                    "tensorboard"]
     timeline = build(folder, now=now, use_sacct=use_sacct, steps_elsewhere=tensorboard)
     if not timeline.allocations and not curves.series:
-        raise ConfigError(f"{folder}: no allocation logs (logs/JOB/restart-N or attempt-N) "
-                          "and no metrics: nothing to report yet")
+        raise ConfigError(f"{folder}: no allocation logs (logs/JOB/node-K, restart-N or "
+                          "attempt-N) and no metrics: nothing to report yet")
     return Report(name, timeline, account(timeline), curves)

@@ -35,9 +35,11 @@ def plan_options(a: Account) -> list[str]:
 
 
 def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
+    running = bool(t.allocations) and t.allocations[-1].ending == "running"
     lines = [f"run {name}: {len(t.allocations)} allocation(s) on {a.nodes} node(s)"
              + (f", {_clock(t.allocations[0].start)} to {_clock(t.allocations[-1].end)} UTC"
-                if t.allocations else "")]
+                if t.allocations else "")
+             + (" (in progress: counted to now)" if running else "")]
     lines.append("")
     lines.append("node-hours")
     lines.append(f"  {'waiting for nodes (not allocated)':44} {a.waiting_h:10.4f}")

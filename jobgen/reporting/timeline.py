@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..record import record
 from ..watching.observations import Observation
 from ..watching.readers import ALLOCATION, parse_lines
-from . import sacct
+from . import held, sacct
 
 # Segment kinds, in the account's order; `gap` lies between allocations.
 KINDS = ("startup", "gate", "compile", "train", "repeat", "checkpoint", "failure", "stop",
@@ -153,6 +153,8 @@ def _folders(run_dir: Path) -> list[tuple[str, int, Path]]:
         found = [(int(m.group(2)), e) for e in job.iterdir()
                  if (m := ALLOCATION.match(e.name)) and m.group(2).isascii()
                  and len(m.group(2)) <= 9 and e.is_dir()]
+        if not found and any(NODE.fullmatch(e.name) and e.is_dir() for e in job.iterdir()):
+            found = [(0, job)]   # `jobgen run`: one allocation, its nodes' folders in the job's
         out += [(job.name, k, e) for k, e in sorted(found)]
     return out
 
@@ -189,8 +191,10 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     gate_times = [t for t, _ in gates]
     compile_ev = _events(folder / "node-0" / "compile.log", index)
     train_ev = _events(folder / "node-0" / "train.log", index)
+    compile_span = held.pass_span(folder, [n.node for n in nodes], "compile")
     times = [o.time for o in compile_ev + train_ev] + gate_times + \
-        [n.ended_at for n in nodes if n.ended_at]
+        [n.ended_at for n in nodes if n.ended_at] + \
+        [t for t in compile_span if t]
     if not train_ev and steps_elsewhere:
         # No JSON events (NeMo): the steps' times from its TensorBoard files, within this
         # allocation (the scheduler's span, else the times of the node folders' files).
@@ -210,9 +214,13 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     if gate_times:
         b.to(min(t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)), "startup")
         b.to(max(gate_times), "gate")
-    if compile_ev:
-        b.to(compile_ev[0].time, "startup")
-        b.to(compile_ev[-1].time, "compile")
+    # The compile pass held the nodes from its launch to its exit (the trainer's events start
+    # after its imports and rendezvous, and end before its shutdown).
+    launch, exited = compile_span
+    if compile_ev or launch is not None:
+        b.to(launch if launch is not None else compile_ev[0].time, "startup")
+        b.to(exited if exited is not None else compile_ev[-1].time if compile_ev else None,
+             "compile")
     steps = [o for o in train_ev if o.training_step]
     resume = next((o for o in train_ev if o.kind == "resume"), None)
     began = next((o.time for o in train_ev if o.kind == "start"), None)
@@ -278,7 +286,7 @@ def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
     for i, (job, k, folder) in enumerate(folders):
         if job not in by_job:
             by_job[job] = sacct.spans(job) if use_sacct else None
-            if by_job[job] is None and use_sacct:
+            if by_job[job] is None and use_sacct and job.isdigit():
                 notes.append(f"job {job}: no scheduler accounting (sacct); allocation times "
                              "are the run's own first and last records")
         spans = by_job[job] or []
@@ -289,6 +297,10 @@ def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
             segments.append(Segment("gap", allocations[-1].end, alloc.start, i))
         allocations.append(alloc)
         segments += segs
+    # Held spans, each segment within its allocation, steps trained again labelled so.
+    from . import bounds
+    allocations, segments, more = bounds.apply(run_dir, allocations, segments, now)
+    notes += more
     first = by_job.get(folders[0][0]) if folders else None
     waiting = 0.0
     if first and first[0].submit is not None:

@@ -30,6 +30,12 @@ FLOW_CONFIG_ERROR=78
 FLOW_WHO=${FLOW_WHO:-jobgen}
 
 flow_say() { printf '%s: %s\n' "$FLOW_WHO" "$*" >&2; }
+# flow_now: the time as epoch seconds, with nanoseconds where date has them (GNU date).
+flow_now() {
+  local t
+  t=$(date +%s.%N 2>/dev/null)
+  case $t in '' | *[!0-9.]*) date +%s ;; *) printf '%s\n' "$t" ;; esac
+}
 flow_is_count() { case $1 in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 # flow_next_attempt ROOT NODE: the folder of this node's next attempt under ROOT
 # (ROOT/attempt-N, N counting the attempts this node already logged there), for services that
@@ -218,11 +224,15 @@ FLOW_PASS_PID=""
 FLOW_PASS=""
 FLOW_STOPPING=""
 flow_node_pass() {
-  local pass=$1 status log before=0
+  local pass=$1 status log before=0 times
   shift
   FLOW_PASS=$pass
   log="$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$pass.log"
   [ -f "$log" ] && before=$(wc -c <"$log")
+  # When the pass was launched and when it exited: the nodes were held for it in between
+  # (`jobgen report` reads it; the trainer's own events start later and end sooner).
+  times="$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$pass.times"
+  printf 'launch %s\n' "$(flow_now)" >>"$times" 2>/dev/null || true
   if command -v setsid >/dev/null 2>&1; then
     setsid -w bash "$FLOW_LAUNCHER" "$pass" "$@" &
   else
@@ -237,6 +247,7 @@ flow_node_pass() {
     status=$?
   done
   FLOW_PASS_PID=""
+  printf 'exit %s %s\n' "$(flow_now)" "$status" >>"$times" 2>/dev/null || true
   # grep reads to the end (no -q): under pipefail, a grep that stops at the first match leaves
   # tail writing into a closed pipe, and tail's SIGPIPE would read as "no match".
   if [ "$status" -ne 0 ] && [ -f "$log" ] &&

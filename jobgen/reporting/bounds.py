@@ -1,0 +1,88 @@
+"""A timeline's allocations held to the clock that measured them: a rehearsal's own span
+(``logs/JOB/held.json``: the nodes were held from the command's start to its end, before the
+first record a node wrote and after its last), every segment kept within its allocation (a
+node's clock ahead of this machine's cannot make an allocation train longer than it lasted),
+and a step trained again labelled so on every allocation where it was (the account, the
+timeline, the page and the PNG all read these labels)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from . import held
+from .timeline import Allocation, Segment
+
+# How an allocation's last stretch is labelled when the command outlived its nodes' last record.
+TAIL = {"done": "idle", "stopped": "stop", "failed": "failure", "unhealthy": "gate"}
+
+
+def relabel(segments: list[Segment]) -> list[Segment]:
+    """A step trained again later (after a restart resumed before it) counts only in its last
+    training; its earlier runs are `repeat`."""
+    last: dict[int, int] = {}
+    for i, s in enumerate(segments):
+        if s.kind in ("train", "repeat") and s.step is not None:
+            last[s.step] = i
+    return [dataclasses.replace(s, kind="repeat")
+            if s.kind == "train" and s.step is not None and last[s.step] != i else s
+            for i, s in enumerate(segments)]
+
+
+def _held(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
+          now: float) -> tuple[list[Allocation], list[Segment]]:
+    allocs, segs = list(allocations), list(segments)
+    for job in dict.fromkeys(a.job for a in allocs):
+        mine = [i for i, a in enumerate(allocs) if a.job == job]
+        if any(allocs[i].from_scheduler for i in mine):
+            continue
+        span = held.read(run_dir / "logs" / job)
+        if span is None:
+            continue
+        first, last = allocs[mine[0]], allocs[mine[-1]]
+        if span.start < first.start:
+            segs.append(Segment("startup", span.start, first.start, first.index))
+        allocs[mine[0]] = first = dataclasses.replace(first, start=span.start)
+        if last.index == first.index:
+            last = first
+        end = span.end if span.end is not None else max(last.end, now)
+        ending = last.ending
+        if span.end is not None and ending == "running":
+            ending = "ended"     # the command ended before every node recorded how it ended
+        if end > last.end:
+            segs.append(Segment(TAIL.get(ending, "startup" if span.end is None else "idle"),
+                                last.end, end, last.index))
+        allocs[mine[-1]] = dataclasses.replace(last, end=end, ending=ending)
+    return allocs, segs
+
+
+def _clip(s: Segment, lo: float, hi: float) -> Optional[Segment]:
+    start, end = max(s.start, lo), min(s.end, hi)
+    return dataclasses.replace(s, start=start, end=end) if end > start else None
+
+
+def apply(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
+          now: float) -> tuple[list[Allocation], list[Segment], list[str]]:
+    """The allocations and segments bounded as above, and notes for the reader."""
+    notes = []
+    allocs, segs = _held(run_dir, allocations, segments, now)
+    allocs = [a if a.end >= a.start else dataclasses.replace(a, end=a.start) for a in allocs]
+    ahead = max((s.end for s in segs), default=0.0) - now
+    if ahead > held.AHEAD_S:
+        notes.append(f"the run's records reach {ahead:,.0f} s past this machine's clock; "
+                     "each is counted only within its allocation")
+    out = []
+    for s in segs:
+        if s.kind == "gap":
+            lo = allocs[s.allocation - 1].end if s.allocation >= 1 else s.start
+            hi = allocs[s.allocation].start if s.allocation < len(allocs) else s.end
+        else:
+            a = allocs[s.allocation]
+            lo, hi = a.start, a.end
+        clipped = _clip(s, lo, hi)
+        if clipped is not None:
+            out.append(clipped)
+    out.sort(key=lambda s: (s.allocation, s.start))
+    if any(a.ending == "running" for a in allocs):
+        notes.append("the run is in progress: its last allocation is counted to now")
+    return allocs, relabel(out), notes
