@@ -4,11 +4,11 @@ the declaration's build arguments, tag them for the site's repositories and push
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Callable, Optional
 
 from . import images
-from .errors import JobgenError
+from .errors import JobgenError, printable
+from .render import shell_path, shell_quote
 
 # Registries that need a `docker login` through the AWS CLI before a pull or a push.
 ECR_HOST_RE = re.compile(r"[0-9]{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?")
@@ -37,7 +37,7 @@ def _needed(site_ref: Optional[str], say: Callable[[str], None]
                 rec, source = recipe.load(name, backend=backend)
                 image = images.for_recipe(rec.platform, rec.payload, source)
             except JobgenError as exc:
-                say(f"note: {name} on {backend}: no image needed ({exc})")
+                say(printable(f"note: {name} on {backend}: no image needed ({exc})"))
                 continue
             _, repos, recipes = out.setdefault(image.name, (image, [], []))
             if repository not in repos:
@@ -54,8 +54,8 @@ def _login(registry: str) -> Optional[str]:
     found = ECR_HOST_RE.fullmatch(registry)
     if found is None:
         return None
-    return (f"aws ecr get-login-password --region {found.group(1)} | docker login --username "
-            f"AWS --password-stdin {registry}")
+    return (f"aws ecr get-login-password --region {shell_quote(found.group(1))} | docker login "
+            f"--username AWS --password-stdin {shell_quote(registry)}")
 
 
 def build_commands(site_ref: Optional[str], context: str, full_digest: str,
@@ -65,7 +65,7 @@ def build_commands(site_ref: Optional[str], context: str, full_digest: str,
     needed, region = _needed(site_ref, say)
     lines: list[str] = []
     logged_in: set[str] = set()
-    q = shlex.quote
+    q = shell_quote   # the one choke point: no raw control character, every word quoted
 
     def login(registry: str) -> None:
         command = _login(registry)
@@ -75,17 +75,17 @@ def build_commands(site_ref: Optional[str], context: str, full_digest: str,
 
     for image, repos, recipes in needed.values():
         tag = images.tag(image, full_digest)
-        lines.append(f"# {image.name}: {image.trainer} on {', '.join(image.platforms)} (torch "
-                     f"{image.torch}, Python {image.python}, {image.sdk}), for "
-                     f"{', '.join(recipes)}")
+        lines.append(printable(f"# {image.name}: {image.trainer} on "
+                               f"{', '.join(image.platforms)} (torch {image.torch}, Python "
+                               f"{image.python}, {image.sdk}), for {', '.join(recipes)}"))
         args = images.build_args(image, region)
         login(args[0][1].split("/")[0])
-        build = [f"docker build -f {q(context + '/env/containers/' + image.dockerfile)}"]
+        build = [f"docker build -f {shell_path(context + '/env/containers/' + image.dockerfile)}"]
         build += [f"--build-arg {q(f'{k}={v}')}" for k, v in args]
-        build += [f"--label io.jobgen.payload={full_digest}",
-                  f"--label io.jobgen.image={image.name}"]
+        build += [f"--label {q(f'io.jobgen.payload={full_digest}')}",
+                  f"--label {q(f'io.jobgen.image={image.name}')}"]
         build += [f"-t {q(f'{repo}:{tag}')}" for repo in repos]
-        lines.append(" ".join(build + [q(context)]))
+        lines.append(" ".join(build + [shell_path(context)]))
         for repo in repos:
             if "/" in repo:   # a registry to push to (a bare name stays on this machine)
                 login(repo.split("/")[0])

@@ -21,6 +21,7 @@ _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 # What sbatch reads on an #SBATCH line without quotes (a constraint's & | ( ) * ! included).
 _SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]&|()*!-]{1,200}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class Verbatim(str):
@@ -40,8 +41,30 @@ def shell_quote(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return " ".join(shell_quote(v) for v in value)
     text = str(value)
+    if _CONTROL.search(text):
+        # A control character (ESC, NUL, a line break) is never printed raw: bash's $'...'
+        # form writes each as an escape, so the word pastes as it stands and means the same.
+        return "$'" + "".join(_ansi_c(c) for c in text) + "'"
     # Plain words stay bare for readability; everything else is single-quoted by shlex.
     return text if _SAFE_WORD.fullmatch(text) else shlex.quote(text)
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if not _CONTROL.fullmatch(char):
+        return char
+    return f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}"
+
+
+def shell_path(value: Any) -> str:
+    """A path as one shell word for a printed command: quoted as shell_quote does, and a
+    relative path that starts with "-" written as ./-name, so no command takes it for an
+    option."""
+    text = str(value)
+    if text.startswith("-"):
+        text = "./" + text
+    return shell_quote(text)
 
 
 def ident(value: str) -> Verbatim:

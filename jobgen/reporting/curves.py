@@ -43,7 +43,8 @@ def read(run_dir: Path) -> Curves:
         out.marks.append({"kind": alert.kind, "step": alert.step, "time": alert.time,
                           "message": alert.message, "host": alert.host})
     for folder in sorted((run_dir / "train").glob("rolled-back-*")):
-        steps = sorted(int(p.name[5:]) for p in folder.glob("step_*") if p.name[5:].isdigit())
+        steps = sorted(int(p.name[5:]) for p in folder.glob("step_*")
+                       if p.name[5:].isascii() and p.name[5:].isdigit() and len(p.name) < 20)
         if steps:
             out.marks.append({"kind": "rollback", "step": steps[0], "time": None,
                               "message": f"checkpoints {steps[0]}..{steps[-1]} set aside "

@@ -106,6 +106,9 @@ def parse_time(text: Any) -> Optional[float]:
     return value if plausible_time(value) else None
 
 
+HUGE = 1e300
+
+
 def number(value: Any, present: bool) -> Optional[float]:
     """A reported number: NaN for a reported non-finite value (null in our JSON), None when the
     source did not report it."""
@@ -116,9 +119,12 @@ def number(value: Any, present: bool) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        return float(value)
+        found = float(value)
     except OverflowError:      # an integer past float's range: reported, and not finite
         return math.inf
+    # Past 1e300 a number is an overflow that happened to print (1e308): counted as not
+    # finite, so that no sum or mean of a few of them overflows in turn (fsum).
+    return found if abs(found) <= HUGE else math.copysign(math.inf, found)
 
 
 def finite(value: Optional[float]) -> bool:

@@ -27,7 +27,7 @@ from .runfolder import event_files
 from .runfolder import mtime as _mtime
 from .tfrecord import EventFile, read_from
 
-ALLOCATION = re.compile(r"^(restart|attempt)-(\d+)$")
+ALLOCATION = re.compile(r"^(restart|attempt)-([0-9]{1,9})$")   # ASCII digits (not -²)
 MAX_LINE = fsio.MAX_LINE
 LIFECYCLE = ("start", "resume", "checkpoint", "done", "stopped")
 # TensorBoard tags, first match wins: NeMo's (neuronx-nemo-megatron logs these names), then the
@@ -150,7 +150,7 @@ class Allocation:
         found = []
         for entry in self.folder.glob("node-*"):
             text = entry.name[5:]
-            if text.isdigit():
+            if text.isascii() and text.isdigit() and len(text) <= 6:   # not node-²
                 found.append(int(text))
         return sorted(found)
 

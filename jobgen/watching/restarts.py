@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from ..render import shell_quote
 from .observations import Alert
 from .readers import NodeEnd
 from .rules import Rules
@@ -33,8 +34,9 @@ class RestartDetector:
         for who, allocations in counts.items():
             if len(allocations) >= self.rules.restarts_per_node and who not in self.bad_hosts:
                 self.bad_hosts.add(who)
-                drain = (f"; drain it: scontrol update nodename={who} state=drain "
-                         f"reason=jobgen-watch" if not who.startswith("node ") else "")
+                drain = ("; drain it: scontrol update "
+                         f"{shell_quote('nodename=' + who)} state=drain reason=jobgen-watch"
+                         if not who.startswith("node ") else "")
                 alerts.append(Alert("bad_node", None, f"{who} ended {len(allocations)} "
                                     f"allocations of this job (restarts "
                                     f"{', '.join(map(str, allocations))}){drain}",
