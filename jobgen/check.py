@@ -20,7 +20,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Optional
 
-from . import api, payloads
+from . import api, fsio, payloads
 from . import recipe as recipe_module
 from .errors import ConfigError, JobgenError, RemoteError, RuleError
 from .record import record
@@ -162,7 +162,7 @@ def _shellcheck(rows: list[Row]) -> Optional[str]:
         paths = {}
         for i, group in enumerate(shapes.values()):
             path = Path(tmp, f"{i}.sh")
-            path.write_text(group[0].script or "", encoding="utf-8")
+            fsio.write_file(path, group[0].script or "")
             paths[str(path)] = group
         proc = subprocess.run([exe, *SHELLCHECK_ARGS, *paths], capture_output=True, text=True,
                               check=False)

@@ -266,14 +266,14 @@ def recorded_spec(data: dict[str, Any], folder: Path) -> tuple[JobSpec, Path, Pa
     """The run's newest submission resolved again from its recorded recipe and site files,
     overrides and payload (files written into `folder`); refused where this jobgen resolves it
     to other training values. Returns (spec, recipe file, site file, that submission)."""
-    from . import payloads
+    from . import fsio, payloads
     from . import recipe as recipes
     from . import site as sites
     from .backends import spec_backend
     last = data["submissions"][-1]
     recipe_file, site_file = folder / "recipe.yaml", folder / "site.yaml"
-    recipe_file.write_text(last["recipe_text"], encoding="utf-8")
-    site_file.write_text(last["site_text"], encoding="utf-8")
+    fsio.write_file(recipe_file, last["recipe_text"])
+    fsio.write_file(site_file, last["site_text"])
     backend = spec_backend(last["backend"])
     rec, source = recipes.load_file(recipe_file, last["recipe"], list(last["overrides"]),
                                     backend)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ... import fsio
 from ...local_runner import image_moves, relocate
 from ...spec import JobSpec
 from .request import SCRATCH, training_job
@@ -32,13 +33,12 @@ def commands(spec: JobSpec, job_id: str, root: Path,
         config = opt_ml / "input" / "config"
         if write:
             config.mkdir(parents=True, exist_ok=True)
-            (config / "resourceconfig.json").write_text(json.dumps({
+            fsio.write_file(config / "resourceconfig.json", json.dumps({
                 "current_host": host, "current_instance_type": request["ResourceConfig"][
                     "InstanceType"], "current_group_name": "homogeneousCluster",
-                "hosts": hosts, "network_interface_name": "eth0"}), encoding="utf-8")
-            (config / "hyperparameters.json").write_text(json.dumps({
-                k: relocate(v, moves) for k, v in request["HyperParameters"].items()}),
-                encoding="utf-8")
+                "hosts": hosts, "network_interface_name": "eth0"}))
+            fsio.write_file(config / "hyperparameters.json", json.dumps({
+                k: relocate(v, moves) for k, v in request["HyperParameters"].items()}))
         env = {k: relocate(v, moves) for k, v in request["Environment"].items()}
         env.update({"TRAINING_JOB_NAME": job_id, "SM_INPUT_CONFIG_DIR": str(config),
                     # algo-1 resolves inside SageMaker's network; here every instance is local
