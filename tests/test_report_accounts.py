@@ -200,3 +200,21 @@ def test_report_on_a_local_rehearsal_agrees_with_the_clock_outside(tmp_path: Pat
                              env=env, capture_output=True, text=True, timeout=120, check=False)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "it holds one run, llama2-7b-2n-smoke" in refused.stderr
+
+
+def test_a_slurm_allocation_without_sacct_starts_when_its_controller_began(
+        tmp_path: Path) -> None:
+    """The batch script's setup before the health gate is held time too (allocation.times)."""
+    run = _flat_run(tmp_path)
+    job = run / "logs" / "local-1700000000-7"
+    slurm = run / "logs" / "4242" / "restart-0"
+    slurm.parent.mkdir(parents=True)
+    job.rename(slurm)
+    (slurm / "held.json").unlink()
+    (slurm / "allocation.times").write_text(f"launch {T0 - 30}\n")
+    made = report.make(None, run, use_sacct=False, now=T0 + 500)
+    (alloc,) = made.timeline.allocations
+    assert alloc.start == T0 - 30 and alloc.end == T0 + 90   # the last node's recorded end
+    # Setup to the gate (T0-30..T0+2), the gate to the compile launch (T0+4..5), the compile
+    # pass's exit to the trainer's start (T0+31..38).
+    assert _parts(made)["startup"] == pytest.approx(32 + 1 + 7)

@@ -203,7 +203,9 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
         hi = span.end if span and span.end else (now if is_last else max(marks, default=now))
         train_ev = [Observation("step", t, "tensorboard", index, step=n)
                     for t, n in steps_elsewhere if lo <= t <= hi]
-    start = span.start if span else min(
+    # A Slurm job's controller records when its allocation began (payload/common/job_flow.sh).
+    launched = [t for t in held.times(folder / "allocation.times")[:1] if t is not None]
+    start = span.start if span else min(launched +
         [t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)] + times or [now])
     # The newest allocation runs on until every node has recorded how its flow ended.
     over = not is_last or (nodes and all(n.ended_at for n in nodes))

@@ -637,7 +637,8 @@ flow_wait_step() {
 
 # flow_slurm_job COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the sbatch script's controller.
 flow_slurm_job() {
-  local allocation=${SLURM_RESTART_COUNT:-0} restart=0 job=$SLURM_JOB_ID first_node status_line status what step_pid
+  local allocation=${SLURM_RESTART_COUNT:-0} restart=0 job=$SLURM_JOB_ID first_node status_line status what step_pid began
+  began=$(flow_now)
   flow_init || exit "$?"
   flow_activate || exit 1
   # A task of a job array (a sweep) is named as squeue and jobgen name it: ARRAYID_TASK.
@@ -646,6 +647,8 @@ flow_slurm_job() {
   fi
   export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$job/restart-$allocation"
   mkdir -p "$JOBGEN_LOG_DIR" "$JOBGEN_COMPILE_CACHE" || exit 1
+  # When the allocation began (`jobgen report` starts it there where sacct cannot say).
+  printf 'launch %s\n' "$began" >>"$JOBGEN_LOG_DIR/allocation.times" 2>/dev/null || true
   # Restarts after failures: Slurm's count of requeues (ours, and its own after a node
   # failure) less the requeues at the time limit, which are not failures (counted in a file).
   local timed_out=0 limits_file="$JOBGEN_RUN_DIR/logs/$job/time-limit-requeues"
