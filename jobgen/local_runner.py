@@ -220,8 +220,10 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
     for pump in pumps:
         pump.join(timeout=5)
     if held is not None:
+        import dataclasses
+
         from .reporting import held as spans
-        spans.write(held[0], spans.Held(held[1].start, time.time(), held[1].nodes, held[1].by))
+        spans.write(held[0], dataclasses.replace(held[1], end=time.time()))
     return status
 
 
@@ -229,10 +231,13 @@ def _hold(spec: JobSpec, job_id: str) -> Optional[tuple[Path, Any]]:
     """Record that the rehearsal holds this machine's `spec.nodes` emulated nodes from the
     command's start (`jobgen report` measures the run's allocation by it), in the job's log
     folder; run() records the end."""
+    import socket
+
     from .reporting import held as spans
     env = commands(spec, job_id, write=False)[0][1]
     folder = Path(env["JOBGEN_LOG_DIR"]) if env.get("JOBGEN_LOG_DIR") else \
         Path(env.get("JOBGEN_RUN_DIR") or spec.run_dir) / "logs" / job_id
-    record = spans.Held(spans.process_start(), None, spec.nodes, "jobgen run")
+    record = spans.Held(spans.process_start(), None, spec.nodes, "jobgen run", os.getpid(),
+                        socket.gethostname())
     spans.write(Path.cwd() / folder, record)
     return Path.cwd() / folder, record

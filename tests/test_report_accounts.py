@@ -218,3 +218,15 @@ def test_a_slurm_allocation_without_sacct_starts_when_its_controller_began(
     # Setup to the gate (T0-30..T0+2), the gate to the compile launch (T0+4..5), the compile
     # pass's exit to the trainer's start (T0+31..38).
     assert _parts(made)["startup"] == pytest.approx(32 + 1 + 7)
+
+
+def test_a_rehearsal_killed_before_recording_its_end_is_not_in_progress(tmp_path: Path) -> None:
+    run = _flat_run(tmp_path, end=None)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    held.write(run / "logs" / "local-1700000000-7",
+               held.Held(T0, None, 2, "jobgen run", dead.pid, socket.gethostname()))
+    made = report.make(None, run, use_sacct=False, now=T0 + 5000)
+    (alloc,) = made.timeline.allocations
+    assert alloc.ending == "ended" and alloc.end == T0 + 60   # its last record, not now
+    assert "in progress" not in report_text(run, T0 + 5000)

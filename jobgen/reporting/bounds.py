@@ -45,9 +45,13 @@ def _held(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
         allocs[mine[0]] = first = dataclasses.replace(first, start=span.start)
         if last.index == first.index:
             last = first
-        end = span.end if span.end is not None else max(last.end, now)
+        killed = held.gone(span)
+        if killed:   # counted to its nodes' last record (where the fill to now begins)
+            tail = [s for s in segs if s.allocation == last.index and s.end >= last.end]
+            last = dataclasses.replace(last, end=min((s.start for s in tail), default=last.end))
+        end = span.end if span.end is not None else last.end if killed else max(last.end, now)
         ending = last.ending
-        if span.end is not None and ending == "running":
+        if (span.end is not None or killed) and ending == "running":
             ending = "ended"     # the command ended before every node recorded how it ended
         if end > last.end:
             segs.append(Segment(TAIL.get(ending, "startup" if span.end is None else "idle"),

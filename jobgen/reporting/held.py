@@ -27,6 +27,8 @@ class Held:
     end: Optional[float]        # None: the command has not ended (in progress, or killed)
     nodes: int
     by: str
+    pid: int = 0                # the command's process, on `host`
+    host: str = ""
 
 
 def _time(value: Any) -> Optional[float]:
@@ -53,7 +55,8 @@ def process_start() -> float:
 
 def write(folder: Path, held: Held) -> None:
     """Record the span (best effort: a rehearsal is not stopped for its report's record)."""
-    data = {"by": held.by, "nodes": held.nodes, "start": held.start, "end": held.end}
+    data = {"by": held.by, "nodes": held.nodes, "start": held.start, "end": held.end,
+            "pid": held.pid, "host": held.host}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fsio.write_file(folder / FILE, _as_json(data))
@@ -80,7 +83,26 @@ def read(folder: Path) -> Optional[Held]:
         return None
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 < nodes < 100_000:
         nodes = 0
-    return Held(start, end, nodes, str(data.get("by") or "")[:40])
+    pid = data.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31:
+        pid = 0
+    return Held(start, end, nodes, str(data.get("by") or "")[:40], pid,
+                str(data.get("host") or "")[:200])
+
+
+def gone(held: Held) -> bool:
+    """Whether the command that holds the nodes is known to have ended without recording its
+    end (killed): its process is no longer there on this host. Elsewhere: not known."""
+    import socket
+    if held.end is not None or not held.pid or held.host != socket.gethostname():
+        return False
+    try:
+        os.kill(held.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def times(path: Path) -> tuple[Optional[float], Optional[float]]:
