@@ -95,9 +95,13 @@ def _image_root() -> Path:
     return Path.cwd() / ".jobgen-rehearsal" / "image"
 
 
-def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None]) -> None:
+def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None],
+          quiet: threading.Event) -> None:
+    """The node's lines, prefixed, until `quiet` is set (a cancelled run: the nodes' words on
+    being stopped are in their logs, not on the terminal); the rest is read and dropped."""
     for line in stream:
-        emit(prefix + line.rstrip("\n"))
+        if not quiet.is_set():
+            emit(prefix + line.rstrip("\n"))
 
 
 def _tree(pid: int) -> list[int]:
@@ -131,20 +135,24 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     there after `grace_s`: the group and every descendant, in whatever session."""
     if proc.poll() is not None:
         return
+    tree = _tree(proc.pid)   # before the group goes: its workers outlive it in their sessions
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        tree = _tree(proc.pid)
-        os.killpg(proc.pid, signal.SIGKILL)
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        tree += _tree(proc.pid)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait()
     except ProcessLookupError:
         pass
+    for pid in tree:    # what is left of the node's processes, in whatever session
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def commands(spec: JobSpec, job_id: str,
@@ -182,30 +190,35 @@ def _first_end(procs: list[subprocess.Popen], any_failure: bool) -> int:
 
 
 def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str] = None,
-        grace_s: float = 30.0) -> int:
-    """Start every node, stream their output with a node prefix, return the main node's status.
-    When the main node ends, the others get `grace_s` to finish (Batch stops them too)."""
-    job_id = job_id or f"local-{int(time.time())}"
-    from . import backends
+        grace_s: float = 30.0, master_port: Optional[int] = None) -> int:
+    """Start every node, stream their output with a node prefix, return the main node's status
+    (130 where Ctrl-C stopped them: every process the nodes started is stopped).
+    When the main node ends, the others get `grace_s` to finish (Batch stops them too).
+    `master_port`: the rendezvous port instead of the recipe's (jobgen/rehearsal.py)."""
+    from . import backends, runs
+    job_id = job_id or runs.local_job_id()
     declared = backends.declaration(spec.backend)
     place_payload(spec)
     held = _hold(spec, job_id)
     procs, pumps = [], []
-    for index, (argv, env) in enumerate(commands(spec, job_id)):
-        full_env = dict(os.environ)
-        full_env.update(env)
-        # The nodes use the interpreter (and torchrun) of the environment jobgen runs in.
-        full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
-                                            full_env.get("PATH", "")])
-        proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        pump = threading.Thread(target=_pump, args=(proc.stdout, f"[node {index}] ", emit),
-                                daemon=True)
-        pump.start()
-        pumps.append(pump)
+    quiet = threading.Event()
     try:
+        for index, (argv, env) in enumerate(commands(spec, job_id)):
+            full_env = dict(os.environ)
+            full_env.update(env)
+            if master_port is not None and "MASTER_PORT" in full_env:
+                full_env["MASTER_PORT"] = str(master_port)
+            # The nodes use the interpreter (and torchrun) of the environment jobgen runs in.
+            full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
+                                                full_env.get("PATH", "")])
+            proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            procs.append(proc)
+            assert proc.stdout is not None
+            pump = threading.Thread(target=_pump, args=(proc.stdout, f"[node {index}] ", emit,
+                                                        quiet), daemon=True)
+            pump.start()
+            pumps.append(pump)
         status = _first_end(procs, declared.any_node_failure_ends)
         deadline = time.monotonic() + grace_s
         for proc in procs[1:]:
@@ -214,8 +227,13 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
             except subprocess.TimeoutExpired:
                 _stop(proc)
     except KeyboardInterrupt:
-        for proc in procs:
-            _stop(proc)
+        quiet.set()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C waits too
+        try:
+            for proc in procs:
+                _stop(proc)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         status = 130
     for pump in pumps:
         pump.join(timeout=5)

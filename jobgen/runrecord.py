@@ -88,9 +88,11 @@ def _run_dir_file(spec: JobSpec, here: bool) -> Optional[Path]:
 
 
 def read(spec: JobSpec, here: bool) -> Optional[dict[str, Any]]:
-    """The run's record: the run folder's where this machine reaches it, else the state copy."""
-    for path in (_run_dir_file(spec, here), state_path(spec.backend, spec.site.name,
-                                                       spec.run_name)):
+    """The run's record: the run folder's where this machine reaches it (a run of the same name
+    in another folder, whose state copy this may be, is another run), else the state copy."""
+    paths = [_run_dir_file(spec, here)] if here else [state_path(spec.backend, spec.site.name,
+                                                                 spec.run_name)]
+    for path in paths:
         if path is None:
             continue
         data = read_file(path)

@@ -114,12 +114,49 @@ def load_counted() -> tuple[list[Run], int]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
 
 
+def local_job_id() -> str:
+    """The job id of a `jobgen run`: its start time and this process's id, so that two
+    rehearsals started in the same second on one machine do not share one (or one log folder)."""
+    return f"local-{int(time.time())}-{os.getpid()}"
+
+
+def _roots() -> list[str]:
+    """The folders whose runs a name means first: the current folder, and the default site's
+    work_dir (taken from here where it is relative)."""
+    from . import site as sites
+    from .errors import JobgenError
+    roots = [os.path.abspath(os.getcwd())]
+    try:
+        roots.append(os.path.abspath(sites.load(None).paths.work_dir))
+    except (JobgenError, OSError):
+        pass
+    return roots
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
 def find(ref: str) -> Optional[Run]:
-    """The newest submission named `ref`, or the one with job id `ref`; None if neither."""
+    """The submission named `ref` (its newest), or the one with job id `ref`; None if neither.
+    A name means the run in this folder (or the default site's work_dir) first; where the runs
+    of that name are in several other folders, it is refused, naming them."""
     runs = load()
-    for run in reversed(runs):
-        if run.name == ref:
-            return run
+    named = [run for run in runs if run.name == ref]
+    if named:
+        folders = list(dict.fromkeys(run.run_dir for run in reversed(named)))
+        if len(folders) == 1:
+            return named[-1]
+        roots = _roots()
+        here = [folder for folder in folders if _under(folder, roots)]
+        if len(here) == 1:
+            return [run for run in named if run.run_dir == here[0]][-1]
+        from .errors import printable
+        shown = ", ".join(printable(f) for f in (here or folders)[:5])
+        more = f" and {len(here or folders) - 5} more" if len(here or folders) > 5 else ""
+        raise ConfigError(f"{printable(ref)}: runs of that name are in {len(here or folders)} "
+                          f"folders ({shown}{more}); run the command from the folder of the "
+                          "one you mean, or name it by its job id (`jobgen runs` lists them)")
     for run in reversed(runs):
         if ref == run.job_id or ref in run.jobs:
             return run

@@ -138,3 +138,77 @@ def test_node_logs_of_every_restart_oldest_first(tmp_path: Path) -> None:
         "0 compile.log\n", "0 train.log\n", "2 compile.log\n", "2 train.log\n",
         "10 compile.log\n", "10 train.log\n"]
     assert slurm_jobs.node_logs(folder, 0) == []
+
+
+# --- a run stays in its folder (issue 41) ---------------------------------------------------
+
+def test_a_name_means_the_run_in_this_folder(jobgen: Callable, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two folders each hold a run named r: from either folder the name is that folder's run
+    (the other one is newer); from a third folder it is refused, naming both; a job id is
+    always the one run."""
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+    here = _run("r", "local-1-10", "local", run_dir=str(tmp_path / "a" / "jobgen-runs" / "r"))
+    there = _run("r", "local-1-11", "local", run_dir=str(tmp_path / "b" / "jobgen-runs" / "r"))
+    runs.record(here)
+    runs.record(there)
+    monkeypatch.chdir(tmp_path / "a")
+    assert runs.find("r") == here and runs.find("local-1-11") == there
+    monkeypatch.chdir(tmp_path / "b")
+    assert runs.find("r") == there
+    monkeypatch.chdir(tmp_path / "c")
+    for command in (("status", "r"), ("report", "r"), ("runs", "r")):
+        result = jobgen(*command)
+        assert result.exit_code == 2, command
+        assert result.stderr == (
+            f"error: r: runs of that name are in 2 folders ({tmp_path}/b/jobgen-runs/r, "
+            f"{tmp_path}/a/jobgen-runs/r); run the command from the folder of the one you "
+            "mean, or name it by its job id (`jobgen runs` lists them)\n"), command
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_local_job_ids_differ_within_one_second(tmp_path: Path) -> None:
+    """Two `jobgen run`s started in the same second (the clock stands still here) on one
+    machine get two job ids, so two log folders and two rows of `jobgen runs`."""
+    import subprocess
+    import sys
+    script = ("import time; time.time = lambda: 1795750000.5; "
+              "from jobgen import runs; print(runs.local_job_id())")
+    ids = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.strip() for _ in range(2)}
+    assert len(ids) == 2 and all(i.startswith("local-1795750000-") for i in ids)
+
+
+def _local_run(tmp_path: Path, job_id: str) -> Path:
+    folder = tmp_path / "jobgen-runs" / "r"
+    (folder / "logs" / job_id / "node-0").mkdir(parents=True)
+    runs.record(_run("r", job_id, "local", nodes=1, run_dir=str(folder)))
+    return folder / "logs" / job_id
+
+
+def test_status_of_a_cancelled_rehearsal(jobgen: Callable, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the nodes wrote on being stopped (143) is not a failure where jobgen run recorded
+    the Ctrl-C: CANCELLED, with the step, the checkpoint and the command that resumes it."""
+    monkeypatch.chdir(tmp_path)
+    logs = _local_run(tmp_path, "local-5-1")
+    (logs / "node-0" / "job.status").write_text("143 train\n")
+    assert "FAILED" in jobgen("status", "r").stdout
+    (logs / "cancelled.json").write_text(json.dumps(
+        {"step": 7, "checkpoint_step": 4, "checkpoint": "jobgen-runs/r/train/step_4",
+         "resume": "jobgen run bert1.5b --smoke"}))
+    result = jobgen("status", "r")
+    assert (result.exit_code, result.stdout) == (0, (
+        "local-5-1: CANCELLED (Ctrl-C at step 7; last checkpoint: step 4; resume with: "
+        "jobgen run bert1.5b --smoke)\n"))
+    assert json.loads(jobgen("status", "r", "--json").stdout)["state"] == "CANCELLED"
+
+
+def test_status_of_a_rehearsal_does_not_wait_on_a_fifo(jobgen: Callable, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    logs = _local_run(tmp_path, "local-5-2")
+    os.mkfifo(logs / "node-0" / "job.status")
+    result = jobgen("status", "r")
+    assert result.exit_code == 0 and result.stdout.startswith("local-5-2: FAILED (node 0: ?")

@@ -197,10 +197,26 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
         except OSError as exc:
             raise ConfigError(f"{run}: cannot go to {last['cwd']}, where it was submitted "
                               f"from: {exc.strerror}") from None
+        if last.get("rehearsal"):   # a `jobgen run`: it runs here again, in the foreground
+            _rehearse_again(run, spec, recipe_file, site_file, last, dry_run)
         _submit(last["recipe"], spec.nodes, tuple(last["overrides"]), last["site"] or None,
                 spec.compile_mode, spec.run_name, spec.smoke, last["backend"], False,
                 not no_check, wait, poll, None, endpoint_url, dry_run,
                 pinned=(spec, recipe_file, site_file))
+
+
+def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
+                    last: dict[str, Any], dry_run: bool) -> None:
+    """`jobgen resubmit` of a rehearsal: `jobgen run` again with what it recorded."""
+    from .. import backends, rehearsal
+    if dry_run:
+        click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
+        raise SystemExit(0)
+    from ..render import shell_quote
+    raise SystemExit(rehearsal.start(
+        spec, site_ref=last["site"], overrides=last["overrides"], recipe_file=recipe_file,
+        site_file=site_file, resume=shell_quote(["jobgen", "resubmit", run]), emit=click.echo,
+        say=lambda line: click.echo(line, err=True), resubmit=True))
 
 
 @click.command()
@@ -212,9 +228,12 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
               default="local", show_default=True,
               help="Whose nodes to emulate: jobgen's own, the SageMaker training job's "
                    "instances or the EKS job's pods (their rendered commands and environment).")
+@click.option("--amend", is_flag=True,
+              help="Run into an existing run although its training values or payload differ; "
+                   "the run's record keeps every run.")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
         compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
-        run_backend: str, **slurm: Optional[str]) -> None:
+        run_backend: str, amend: bool, **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from .. import local_runner
@@ -234,28 +253,27 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     if dry_run:
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
         return
-    import time
-
-    from .. import runs
-    # Recorded like a submission, so `jobgen runs` and `status` know it (its state is the
-    # status its nodes wrote: jobgen/backends/local.py).
-    job_id = f"local-{int(time.time())}"
-    warning = runs.record(runs.Run(
-        name=spec.run_name, backend="local", job_id=job_id, recipe=spec.recipe.name,
-        nodes=spec.nodes, site=site or "", run_dir=os.path.abspath(spec.run_dir),
-        submitted=runs.now(), jobs=(job_id,), smoke=spec.smoke))
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
-    status = local_runner.run(spec, emit=click.echo, job_id=job_id)
-    if status == 75:
-        click.echo("jobgen: the health gate found a bad node (the lines above name it and the "
-                   "check); nothing was compiled or trained", err=True)
     again = ["jobgen", "run", recipe, "--nodes", str(spec.nodes),
              *[word for item in overrides for word in ("--set", item)],
              *(["--site", site] if site else []), *(["--run-name", run_name] if run_name else []),
              *(["--smoke"] if smoke else []),
              *(["--backend", run_backend] if run_backend != "local" else []),
              *(["--compile", compile_mode] if compile_mode != "auto" else [])]
+    from .. import rehearsal
+    from ..recipe import locate as locate_recipe
+    from ..render import shell_quote
+    from ..site import locate as locate_site
+    from ..userconfig import site as default_site
+    site_ref = site if site is not None else default_site(None)[0]
+    if "/" in site_ref or site_ref.endswith((".yaml", ".yml")):
+        site_ref = os.path.abspath(site_ref)
+    # Recorded as a submission is (`jobgen runs`, and jobgen-run.json in the run folder), so
+    # that `runs NAME`, `status`, `report` and `resubmit` know it (jobgen/rehearsal.py).
+    status = rehearsal.start(spec, site_ref=site_ref, overrides=overrides,
+                             recipe_file=locate_recipe(recipe)[0],
+                             site_file=locate_site(site_ref)[0], resume=shell_quote(again),
+                             emit=click.echo, say=lambda line: click.echo(line, err=True),
+                             amend=amend)
     click.echo(closing_line(spec.run_dir, status, again))
     raise SystemExit(status)
 

@@ -15,5 +15,6 @@ DECLARATION = Declaration(
     watch_note="it runs in the foreground; its nodes write the run folder as they go",
     default_poll_s=1.0,
     health_on_failure="the rehearsal stops, naming the node and the check",
-    states={"RUNNING": State.RUNNING, "COMPLETED": State.COMPLETED, "FAILED": State.FAILED},
+    states={"RUNNING": State.RUNNING, "COMPLETED": State.COMPLETED, "FAILED": State.FAILED,
+            "CANCELLED": State.CANCELLED},
 )

@@ -1,12 +1,12 @@
 """The local backend (`jobgen run`): every node of the job as a process group on this machine,
 no scheduler. It runs in the foreground, so there is no job to ask about afterwards: its logs
-are in the run folder (RUN_DIR/logs/local-<time>/)."""
+are in the run folder (RUN_DIR/logs/local-<time>-<pid>/)."""
 from __future__ import annotations
 
 import json
 from typing import NoReturn, Optional
 
-from ...errors import ConfigError
+from ...errors import ConfigError, printable
 from ...plan import Plan, PlannedFile
 from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
@@ -35,7 +35,7 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
 
 def _foreground(what: str) -> NoReturn:
     raise ConfigError(f"{what}: the local backend runs in the foreground (`jobgen run`); its "
-                      "nodes' logs are in RUN_DIR/logs/local-<time>/")
+                      "nodes' logs are in RUN_DIR/logs/local-<time>-<pid>/")
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
@@ -48,17 +48,33 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 1.0) -> int:
 
 def status(ref: JobRef) -> JobStatus:
     """A finished (or running) `jobgen run`: what its nodes wrote when their flow ended
-    (RUN_DIR/logs/JOB/node-K/job.status: `STATUS PASS`)."""
+    (RUN_DIR/logs/JOB/node-K/job.status: `STATUS PASS`), and whether Ctrl-C stopped it
+    (RUN_DIR/logs/JOB/cancelled.json: jobgen/rehearsal.py)."""
     from pathlib import Path
+
+    from ... import fsio
+    from ...errors import JobgenError
+    from ...rehearsal import read_cancel
     if ref.run is None:
         _foreground("status")
     folder = Path(ref.run.run_dir, "logs", ref.job_id)
     nodes: dict[str, str] = {}
     for path in sorted(folder.glob("node-*/job.status")):
-        nodes[path.parent.name[len("node-"):]] = path.read_text(errors="replace").strip()
+        try:      # through the one reader: a FIFO or a device there is not waited on
+            text = fsio.read_bytes(path, 4096, partial=True).decode("utf-8", "replace")
+        except (OSError, JobgenError) as exc:
+            text = f"? unreadable: {exc}"
+        nodes[path.parent.name[len("node-"):]] = printable(text.strip()[:200])
     codes = [line.split()[0] for line in nodes.values() if line]
+    cancelled = read_cancel(folder)
     if not folder.is_dir():
         state, reason = "UNKNOWN", f"no logs in {folder}"
+    elif cancelled is not None:
+        step, saved = cancelled.get("step"), cancelled.get("checkpoint_step")
+        state, reason = "CANCELLED", printable(
+            f"Ctrl-C at step {step if step is not None else '(none yet)'}; last checkpoint: "
+            + (f"step {saved}" if saved is not None else "none") + "; resume with: "
+            + str(cancelled.get("resume", "the same jobgen run command")))
     elif len(nodes) < ref.run.nodes:
         state, reason = "RUNNING", (f"{len(nodes)} of {ref.run.nodes} nodes ended (or it was "
                                     "interrupted)")

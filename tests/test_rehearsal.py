@@ -1,0 +1,134 @@
+"""`jobgen run` on a busy machine (issue 41): a taken rendezvous port, Ctrl-C and its resume, and
+a job that needs accelerators this machine does not have. Real processes: the console script,
+its nodes, torchrun and DeepSpeed on CPU (jobgen/rehearsal.py, jobgen/local_runner.py)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+JOBGEN = Path(sys.executable).parent / "jobgen"
+# The cheapest rehearsal: one node, no compile pass, bert1.5b's tiny BERT (about 8 s a launch).
+RUN = ["run", "bert1.5b", "--smoke", "--nodes", "1", "--compile", "never"]
+NAME, PORT = "bert1.5b-1n-smoke", 29500      # bert1.5b's job.master_port
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGEN_")}
+    env.update(JOBGEN_STATE_DIR=str(tmp_path / "state"), **extra)
+    return env
+
+
+def _left(marker: str) -> list[str]:
+    """Processes whose command line names `marker` (the rehearsal's folder)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmdline and state not in (b"Z", b"X"):
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path: Path) -> None:
+    """Port 29500 held by a listener here; SIGINT after the first checkpoint: every process is
+    stopped, the run is CANCELLED (not FAILED) with its step and checkpoint, and the command
+    it prints resumes from that checkpoint (the same run folder and record)."""
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        held.bind(("127.0.0.1", PORT))
+        held.listen()
+    except OSError as exc:       # something else holds it already: busy all the same
+        assert exc.errno == errno.EADDRINUSE
+    try:
+        proc = subprocess.Popen([str(JOBGEN), *RUN], cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=_env(tmp_path, JOBGEN_SMOKE_STEP_DELAY="0.5"))
+        assert proc.stdout is not None
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if '"event": "checkpoint"' in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        out.append(proc.stdout.read())
+        status = proc.wait(timeout=120)
+        text = "".join(out)
+        assert status == 130, text
+        assert (f"jobgen: port {PORT} (job.master_port) is in use on this machine; this "
+                "rehearsal's nodes meet on port ") in text
+        assert "Traceback" not in text and "EADDRINUSE" not in text
+        assert "failed with status 143" not in text and "received SIGTERM" not in text
+        cancelled = [line for line in text.splitlines() if "cancelled (Ctrl-C)" in line]
+        assert len(cancelled) == 1, text
+        found = re.search(r"at step (\d+); every process it started is stopped; its last "
+                          r"checkpoint is step (\d+) \(", cancelled[0])
+        assert found, cancelled[0]
+        step, saved = int(found[1]), int(found[2])
+        assert 1 <= saved <= step
+        (resume,) = [line.split("resume it with: ", 1)[1] for line in text.splitlines()
+                     if "resume it with: " in line]
+        assert not _left(str(tmp_path)), "processes outlived Ctrl-C"
+    finally:
+        held.close()
+
+    status_out = subprocess.run([str(JOBGEN), "status", NAME], cwd=tmp_path, text=True,
+                                capture_output=True, env=_env(tmp_path), check=False)
+    assert status_out.returncode == 0, status_out.stderr
+    assert f": CANCELLED (Ctrl-C at step {step}; last checkpoint: step {saved}; resume with: " \
+        f"{resume})" in status_out.stdout
+
+    argv = shlex.split(resume)
+    assert argv[0] == "jobgen"
+    again = subprocess.run([str(JOBGEN), *argv[1:]], cwd=tmp_path, text=True,
+                           capture_output=True, env=_env(tmp_path), check=False, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    events = [json.loads(line.split("] ", 1)[1]) for line in again.stdout.splitlines()
+              if line.startswith("[node 0] {")]
+    (resumed,) = [e for e in events if e["event"] == "resume"]
+    assert resumed["step"] == saved
+    assert [e["step"] for e in events if e["event"] == "step"][0] == saved + 1
+
+    # Both rehearsals are one run: two job ids, one record of two submissions.
+    listed = json.loads(subprocess.run([str(JOBGEN), "runs", "--json"], cwd=tmp_path, text=True,
+                                       capture_output=True, env=_env(tmp_path),
+                                       check=True).stdout)
+    assert [r["name"] for r in listed] == [NAME, NAME]
+    assert [r["state"] for r in listed] == ["CANCELLED", "COMPLETED"]
+    assert len({r["job_id"] for r in listed}) == 2
+    record = json.loads((tmp_path / "jobgen-runs" / NAME / "jobgen-run.json").read_text())
+    assert [s["job_ids"] for s in record["submissions"]] == [[r["job_id"]] for r in listed]
+    assert all(s["rehearsal"] and s["backend"] == "local" for s in record["submissions"])
+
+
+def test_a_job_that_needs_accelerators_says_add_smoke(tmp_path: Path) -> None:
+    """Without --smoke on a machine without Gaudi devices, the health gate stops it at once and
+    the advice is --smoke (not the site's health section)."""
+    if list(Path("/dev").glob("hl[0-9]*")):
+        pytest.skip("this machine has Gaudi devices")
+    started = time.monotonic()
+    proc = subprocess.run([str(JOBGEN), "run", "bert1.5b", "--nodes", "1"], cwd=tmp_path,
+                          text=True, capture_output=True, env=_env(tmp_path), timeout=120,
+                          check=False)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert ("jobgen: this machine has none of the job's accelerators (the health gate found no "
+            "devices; nothing was compiled or trained): add --smoke to rehearse it on CPU\n"
+            ) in proc.stderr
+    assert "the health gate found a bad node" not in proc.stderr
+    print(f"refused after {time.monotonic() - started:.1f} s")
