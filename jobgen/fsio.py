@@ -217,12 +217,38 @@ def write_or_refuse(path: Union[str, Path], data: Union[bytes, str], option: str
     except NotRegularFile as exc:
         raise ConfigError(f"{option} {exc}") from None
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        if exc.errno == errno.ENAMETOOLONG:
-            reason += " (a file name holds at most 255 bytes)"
-        elif exc.errno == errno.ENOTDIR:
-            reason += " (a part of the path is a file, not a folder)"
-        raise ConfigError(f"{option} {path}: cannot write: {reason}") from None
+        raise _cannot(path, option, exc) from None
+
+
+def check_target(path: Union[str, Path], option: str) -> None:
+    """What write_or_refuse would refuse about `path` before anything is written, found before
+    the work that makes its content (a picture takes seconds): a missing folder, a part of the
+    path that is a file, a name over 255 bytes, a target that is not a regular file."""
+    path = Path(path)
+    try:
+        if path.name in ("", ".", "..") or len(os.fsencode(path.name)) > 255:
+            raise OSError(errno.ENAMETOOLONG if path.name else errno.EISDIR,
+                          os.strerror(errno.ENAMETOOLONG if path.name else errno.EISDIR))
+        folder = os.open(path.parent if str(path.parent) else ".",
+                         os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            refuse_special(path.name, folder)
+        finally:
+            os.close(folder)
+    except NotRegularFile as exc:
+        raise ConfigError(f"{option} {str(exc).replace(f'{path.name}:', f'{path}:', 1)}") \
+            from None
+    except OSError as exc:
+        raise _cannot(path, option, exc) from None
+
+
+def _cannot(path: Union[str, Path], option: str, exc: OSError) -> ConfigError:
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno == errno.ENAMETOOLONG:
+        reason += " (a file name holds at most 255 bytes)"
+    elif exc.errno == errno.ENOTDIR:
+        reason += " (a part of the path is a file, not a folder)"
+    return ConfigError(f"{option} {path}: cannot write: {reason}")
 
 
 def append(path: Union[str, Path], data: Union[bytes, str], mode: int = 0o644) -> None:

@@ -18,6 +18,7 @@ from .yamlfile import load_yaml
 
 DEFAULT_SITE = "local"
 # botocore's rule for a region name (a host label), which it checks only when a client is made.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")   # what a terminal or a shell acts on
 REGION_RE = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
 
@@ -266,11 +267,19 @@ def load_file(path: Path, shown: str) -> Site:
         if site.eks.training_operator and site.eks.gang not in (None, "pytorchjob"):
             raise ConfigError(f"{shown}: eks.training_operator: true contradicts eks.gang: "
                               f"{site.eks.gang} (leave training_operator out)")
+        for key, value in schema.to_plain(site.eks).items():
+            if isinstance(value, str) and CONTROL_RE.search(value):
+                raise ConfigError(f"{shown}: eks.{key}: {schema.describe(value)} holds a control "
+                                  "character")
         for key, value in (("eks.shared_mount", site.eks.shared_mount),
                            ("eks.local_cache_host_path", site.eks.local_cache_host_path)):
             if not value.startswith("/"):
                 raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must be an "
                                   "absolute path")
+            if posixpath.normpath("/" + value.strip("/")) == "/" or ".." in value.split("/"):
+                # Mounted over the container's / (or a host's /): the pod would see no system.
+                raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must be a folder "
+                                  "below / (a mount over / hides the container's own files)")
     for key, number, least in numbers:
         if number < least:
             raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")

@@ -49,7 +49,7 @@ def time_ticks(span_s: float, most: int = 8) -> list[tuple[float, str]]:
 def _time_label(value: float, step: float) -> str:
     if step < 60:
         return f"{value:g} s"
-    if step < 3600:
+    if step < 1800:
         return f"{value / 60:g} min"
     if step < 86400:
         return f"{value / 3600:g} h"
@@ -64,7 +64,7 @@ def value_ticks(low: float, high: float, most: int = 5) -> list[float]:
         return [low]
     raw = (high - low) / most
     power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
     first = math.ceil(low / step)
     return [k * step for k in range(first, int(math.floor(high / step)) + 1)]
 

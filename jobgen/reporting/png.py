@@ -30,6 +30,7 @@ RC: dict[str, Any] = {"text.usetex": False, "text.parse_math": False,
 
 
 def write(r: Report, path: Path) -> None:
+    fsio.check_target(path, "--plot")   # a bad path is said before the seconds of drawing
     try:
         import matplotlib
         matplotlib.use("Agg")
