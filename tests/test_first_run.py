@@ -64,6 +64,35 @@ def test_the_open_file_limit_is_raised_to_the_hard_one_and_said_only_when_short(
                     "the pass fails with 'Too many open files'"]
 
 
+def test_an_unreserved_port_is_said_once_per_allocation(tmp_path: Path) -> None:
+    """Without the privilege to reserve the rendezvous port (no sudo, no sysctl: a user on a
+    laptop), node 0 says so in its first pass only; it was 4 lines per rehearsal."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("sudo", "sysctl"):
+        (stubs / name).write_text("#!/bin/sh\nexit 1\n")
+        (stubs / name).chmod(0o755)
+    logs = tmp_path / "node"
+    logs.mkdir()
+
+    def said(rank: int, pass_: str) -> list[str]:
+        script = (f'source "$1" && node_rank={rank} pass={pass_} log_dir="$2" '
+                  'MASTER_PORT=29999 JOBGEN_WORKERS_PER_NODE=1 && node_setup')
+        proc = subprocess.run(["bash", "-c", script, "bash",
+                               str(PAYLOAD / "common/node_launch.sh"), str(logs)],
+                              capture_output=True, text=True, timeout=30, check=False,
+                              env={"PATH": f"{stubs}:/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stderr.splitlines() if "reserve port" in line]
+
+    assert said(1, "compile") == [] and said(1, "train") == []
+    assert said(0, "compile") == [
+        "jobgen[node 0]: could not reserve port 29999 (no privilege); continuing"]
+    assert len(said(0, "train")) == 1          # no compile pass ran in this allocation
+    (logs / "compile.log").write_text("")
+    assert said(0, "train") == []              # the compile pass said it
+
+
 @pytest.fixture
 def accelerators(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """payload/habana_deepspeed/accelerators.py, with a stand-in for DeepSpeed's record of the

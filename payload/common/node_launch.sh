@@ -40,9 +40,12 @@ node_setup() {
     node_say "open-file limit $(ulimit -n) (the hard limit) is short of about $need for ${JOBGEN_WORKERS_PER_NODE:-32} workers: raise it (limits.conf, the container's ulimits) if the pass fails with 'Too many open files'"
   fi
   # Keep the rendezvous port out of the ephemeral range. Needs privileges that a container or a
-  # user job may not have, so it is best effort.
+  # user job may not have, so it is best effort. Said once per allocation, by node 0 (the port is
+  # bound on its host) in its first pass: not by every node in every pass.
   if ! { sudo -n sysctl -w "net.ipv4.ip_local_reserved_ports=$MASTER_PORT" \
-         || sysctl -w "net.ipv4.ip_local_reserved_ports=$MASTER_PORT"; } >/dev/null 2>&1; then
+         || sysctl -w "net.ipv4.ip_local_reserved_ports=$MASTER_PORT"; } >/dev/null 2>&1 \
+     && [ "${node_rank:-0}" = 0 ] \
+     && { [ "${pass:-}" != train ] || [ ! -f "${log_dir:-}/compile.log" ]; }; then
     node_say "could not reserve port $MASTER_PORT (no privilege); continuing"
   fi
 }
