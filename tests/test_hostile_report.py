@@ -292,3 +292,37 @@ def test_eks_mounts_and_images_are_refused_in_one_line(
     assert said.startswith(f"{path.name}: {key}: ") and "\n" not in said and "\x1b" not in said
     assert main(["check", "--site", str(path), "--recipe", "llama2-7b", "--no-shellcheck"]) == 2
     _one_line_error(capsys, key)
+
+
+def test_following_slurm_logs_passes_over_a_fifo(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from jobgen.backends.slurm import jobs
+    monkeypatch.setattr(jobs, "state", lambda job_id: SimpleNamespace(finished=True))
+    log = tmp_path / "node-0.log"
+    log.write_text("step 1\n")
+    os.mkfifo(tmp_path / "node-1.log")
+    said: list[str] = []
+    jobs.follow(lambda: [log, tmp_path / "node-1.log"], "7", said.append, poll=0)
+    assert said[0] == "step 1\n" and "a FIFO" in said[1] and said[1].count("\n") == 1
+
+
+def test_a_400_deep_run_record_is_not_a_recursion_error(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    run = make_run(tmp_path)
+    deep: object = []
+    for _ in range(400):
+        deep = [deep, {"a": deep}] if isinstance(deep, list) and not deep else [deep]
+    base = {"name": "deep", "backend": "local", "job_id": "7", "recipe": "x", "nodes": 2,
+            "site": "", "run_dir": str(run), "submitted": "2026-01-01T00:00:00+00:00"}
+    lines = [json.dumps(dict(base, **{key: deep})) for key in ("name", "nodes", "extra")]
+    (state / "runs.jsonl").write_text("\n".join(lines + [json.dumps(base)]) + "\n")
+    (run / "jobgen-run.json").write_text(json.dumps({"run": "deep", "submissions": deep}))
+    env = dict(os.environ, JOBGEN_STATE_DIR=str(state))
+    for argv in (["runs"], ["runs", "--json"], ["status", "deep"], ["report", "deep"]):
+        proc = subprocess.run([str(JOBGEN), *argv], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr, argv
+        assert proc.returncode in (0, 2) and proc.stderr.count("\n") <= 1, proc.stderr

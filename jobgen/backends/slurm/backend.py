@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ... import node, payloads
-from ...errors import ConfigError, RemoteError
+from ...errors import ConfigError, RemoteError, printable
 from ...node import Passes
 from ...plan import Plan, PlannedFile
 from ...render import render
@@ -208,8 +208,12 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
     if follow:
         slurm_jobs.follow(files, ref.job_id, echo)
         return
+    from ... import fsio
     for path in files():
-        echo(path.read_text(encoding="utf-8", errors="replace"))
+        try:   # the one reader: a FIFO or a device among the logs is not waited on
+            echo(fsio.read_bytes(path, fsio.MAX_BYTES, partial=True).decode("utf-8", "replace"))
+        except (OSError, ConfigError) as exc:
+            echo(printable(f"jobgen: {exc}; not shown"))
 
 
 def cancel(ref: JobRef) -> str:

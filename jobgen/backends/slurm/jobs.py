@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ...errors import RemoteError
+from ... import fsio
+from ...errors import JobgenError, RemoteError, printable
 from ...record import record
 from .client import _run
 
@@ -265,17 +266,23 @@ def follow(files: Callable[[], list[Path]], job_id: str, emit: Callable[[str], N
     """Print the files as they grow (and as new ones appear) until the job ends, like
     `tail -f` that knows when to stop."""
     offsets: dict[Path, int] = {}
+    refused: set[Path] = set()
     while True:
         done = state(job_id).finished
         for path in files():
             if not path.exists():
                 continue
-            with path.open("r", encoding="utf-8", errors="replace") as fh:
-                fh.seek(offsets.get(path, 0))
-                chunk = fh.read()
-                offsets[path] = fh.tell()
-            if chunk:
-                emit(chunk)
+            try:   # the one reader: a FIFO or a device among the logs is not waited on
+                data = fsio.read_bytes(path, fsio.MAX_BYTES, offset=offsets.get(path, 0),
+                                       partial=True)
+            except (OSError, JobgenError) as exc:
+                if path not in refused:   # said once
+                    refused.add(path)
+                    emit(printable(f"jobgen: {exc}; not followed") + "\n")
+                continue
+            offsets[path] = offsets.get(path, 0) + len(data)
+            if data:
+                emit(data.decode("utf-8", "replace"))
         if done:
             return
         time.sleep(poll)
