@@ -553,7 +553,9 @@ def _rehearse(jobgen_proc: Any, tmp_path: Path, backend: str) -> str:
 @pytest.mark.slow
 def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
         jobgen_proc: Any, tmp_path: Path) -> None:
+    began = time.time()
     out = _rehearse(jobgen_proc, tmp_path, "sagemaker")
+    ended = time.time()
     assert "jobgen[sagemaker algo-1]" in out and "jobgen[sagemaker algo-2]" in out
     starts = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines()
               if '"event": "start"' in line]
@@ -578,6 +580,10 @@ def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
     other = root / "algo-2/opt/ml/checkpoints/rh-sagemaker/train/checkpoints/step_00000024"
     assert sorted(p.name for p in other.glob("*.distcp")) == ["__2_0.distcp", "__3_0.distcp"]
     assert not (other / "COMPLETE").exists()
+    # `jobgen report` on the run folder of node 0's disk (node 1's logs are on its own): both
+    # instances held from the command's start to its end (tests/test_report_accounts.py).
+    from test_report_accounts import assert_account
+    assert_account(root / "algo-1/opt/ml/checkpoints/rh-sagemaker", 2, began, ended)
 
 
 @pytest.mark.slow

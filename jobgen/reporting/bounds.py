@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import held
-from .timeline import Allocation, Segment
+from .timeline import Allocation, NodeInfo, Segment
 
 # How an allocation's last stretch is labelled when the command outlived its nodes' last record.
 TAIL = {"done": "idle", "stopped": "stop", "failed": "failure", "unhealthy": "gate"}
@@ -57,6 +57,12 @@ def _held(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
             segs.append(Segment(TAIL.get(ending, "startup" if span.end is None else "idle"),
                                 last.end, end, last.index))
         allocs[mine[-1]] = dataclasses.replace(last, end=end, ending=ending)
+        for i in mine:   # nodes whose folders are on their own disks (SageMaker's instances)
+            seen = {n.node for n in allocs[i].nodes}
+            if span.nodes > len(seen):
+                extra = [NodeInfo(n, "", None, None) for n in range(span.nodes) if n not in seen]
+                allocs[i] = dataclasses.replace(allocs[i], nodes=tuple(
+                    sorted(allocs[i].nodes + tuple(extra), key=lambda n: n.node)))
     return allocs, segs
 
 
