@@ -212,3 +212,26 @@ def test_status_of_a_rehearsal_does_not_wait_on_a_fifo(jobgen: Callable, tmp_pat
     os.mkfifo(logs / "node-0" / "job.status")
     result = jobgen("status", "r")
     assert result.exit_code == 0 and result.stdout.startswith("local-5-2: FAILED (node 0: ?")
+
+
+def test_a_rehearsal_has_the_record_of_a_submission(jobgen: Callable, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `jobgen run` records before its nodes start: a row of `jobgen runs` and the run's
+    record in its folder, which `runs NAME` shows and `resubmit NAME` runs here again (its dry
+    run: the emulated nodes' commands, not a scheduler's)."""
+    from jobgen import api, rehearsal
+    from jobgen.recipe import locate as locate_recipe
+    from jobgen.site import locate as locate_site
+    monkeypatch.chdir(tmp_path)
+    spec = api.job_spec("bert1.5b", 1, backend="local", smoke=True)
+    warnings = rehearsal.record(spec, "local-9-1", site_ref="local", overrides=[],
+                                recipe_file=locate_recipe("bert1.5b")[0],
+                                site_file=locate_site("local")[0])
+    assert warnings == []
+    assert (tmp_path / spec.run_dir / "jobgen-run.json").is_file()
+    shown = jobgen("runs", spec.run_name)
+    assert shown.exit_code == 0 and shown.stdout.startswith(
+        f"# {tmp_path / spec.run_dir / 'jobgen-run.json'}\n")
+    again = jobgen("resubmit", spec.run_name, "--dry-run")
+    assert again.exit_code == 0, again.output
+    assert [len(json.loads(again.stdout)["nodes"])] == [1]
