@@ -83,7 +83,10 @@ def test_a_local_rehearsal_folder_is_one_allocation_held_to_the_commands_clock(
     assert parts["compile"] == pytest.approx(26.0)
     assert parts["train"] == pytest.approx(22.0)   # start (steps_at - 2) to step 10
     assert sum(parts.values()) == pytest.approx(100.0)
-    assert made.timeline.notes == ()   # a local job has no scheduler to miss
+    # A local job has no scheduler to miss; its clock is named.
+    assert made.timeline.notes == ("job local-1700000000-7: nodes held from the command's start "
+                                   "to its end, as jobgen run measured them "
+                                   "(logs/local-1700000000-7/held.json)",)
 
 
 def test_a_run_in_progress_is_said_to_be_one_and_a_clock_ahead_is_bounded(

@@ -30,7 +30,7 @@ def relabel(segments: list[Segment]) -> list[Segment]:
 
 
 def _held(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
-          now: float) -> tuple[list[Allocation], list[Segment]]:
+          now: float, notes: list[str]) -> tuple[list[Allocation], list[Segment]]:
     allocs, segs = list(allocations), list(segments)
     for job in dict.fromkeys(a.job for a in allocs):
         mine = [i for i, a in enumerate(allocs) if a.job == job]
@@ -39,6 +39,8 @@ def _held(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
         span = held.read(run_dir / "logs" / job)
         if span is None:
             continue
+        notes.append(f"job {job}: nodes held from the command's start to its end, as "
+                     f"{span.by or 'it'} measured them (logs/{job}/{held.FILE})")
         first, last = allocs[mine[0]], allocs[mine[-1]]
         if span.start < first.start:
             segs.append(Segment("startup", span.start, first.start, first.index))
@@ -74,8 +76,8 @@ def _clip(s: Segment, lo: float, hi: float) -> Optional[Segment]:
 def apply(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
           now: float) -> tuple[list[Allocation], list[Segment], list[str]]:
     """The allocations and segments bounded as above, and notes for the reader."""
-    notes = []
-    allocs, segs = _held(run_dir, allocations, segments, now)
+    notes: list[str] = []
+    allocs, segs = _held(run_dir, allocations, segments, now, notes)
     allocs = [a if a.end >= a.start else dataclasses.replace(a, end=a.start) for a in allocs]
     ahead = max((s.end for s in segs), default=0.0) - now
     if ahead > held.AHEAD_S:

@@ -290,7 +290,8 @@ def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
             by_job[job] = sacct.spans(job) if use_sacct else None
             if by_job[job] is None and use_sacct and job.isdigit():
                 notes.append(f"job {job}: no scheduler accounting (sacct); allocation times "
-                             "are the run's own first and last records")
+                             "are the run's own (its controller's start, else its first "
+                             "record, to its last record)")
         spans = by_job[job] or []
         span = spans[k] if k < len(spans) else None
         alloc, segs = _allocation(i, k, job, folder, span, health, now, i == len(folders) - 1,
