@@ -113,15 +113,23 @@ def test_a_first_build_of_deepspeeds_cpu_op_is_announced_once(
         accelerators: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
     cpu = accelerators.Accelerator("cpu", torch.device("cpu"), "gloo")
-    accelerators.say_if_building(cpu, 1)              # rank 1 waits on rank 0's build
-    accelerators.say_if_building(cpu, 0)
-    assert capsys.readouterr().out == ("building DeepSpeed's CPU communication op (first run "
-                                       "only, about 2 minutes on one core)...\n")
+
+    def start(rank: int) -> list[str]:
+        with accelerators.communication_start(cpu, rank):     # DeepSpeed's init, standing in
+            print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+            print("something else DeepSpeed says")
+        return capsys.readouterr().out.splitlines()
+
+    assert start(1) == ["something else DeepSpeed says"]      # rank 1 waits on rank 0's build
+    said = start(0)
+    assert said[0] == ("building DeepSpeed's CPU communication op (first run only, about 2 "
+                       "minutes on one core)...")
+    assert said[1] == "something else DeepSpeed says"
+    assert said[2].startswith("built DeepSpeed's CPU communication op in ") and len(said) == 3
     built = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so"
     built.parent.mkdir(parents=True)
     built.write_bytes(b"")
-    accelerators.say_if_building(cpu, 0)               # cached: nothing to say
+    assert start(0) == ["something else DeepSpeed says"]      # cached: nothing to say
     built.unlink()
     accelerators.installed["deepspeed_shm_comm"] = True
-    accelerators.say_if_building(cpu, 0)               # in the wheel: nothing to say
-    assert capsys.readouterr().out == ""
+    assert start(0) == ["something else DeepSpeed says"]      # in the wheel: nothing to say

@@ -4,9 +4,12 @@ Must run before ``import deepspeed``: DeepSpeed reads ``DS_ACCELERATOR`` once, a
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -113,8 +116,24 @@ def shm_op_to_build() -> bool:
     return not glob.glob(os.path.join(root, "*", SHM_OP, f"{SHM_OP}*.so"))
 
 
-def say_if_building(accel: Accelerator, rank: int) -> None:
-    """One line before a silent first build (rank 0 only: the other ranks wait on its lock)."""
-    if accel.name == "cpu" and rank == 0 and shm_op_to_build():
+@contextlib.contextmanager
+def communication_start(accel: Accelerator, rank: int) -> Iterator[None]:
+    """Around deepspeed.init_distributed: one line before a silent first build of the CPU op and
+    one when it is built (rank 0 only: the other ranks wait on its lock); DeepSpeed's own "built
+    successfully", which every rank prints in every pass, even for a cached op, is left out."""
+    building = accel.name == "cpu" and rank == 0 and shm_op_to_build()
+    if building:
         print("building DeepSpeed's CPU communication op (first run only, about 2 minutes "
               "on one core)...", flush=True)
+    started = time.monotonic()
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            yield
+    finally:
+        for line in printed.getvalue().splitlines():
+            if not (line.startswith("DeepSpeed ") and line.endswith(" built successfully")):
+                print(line)
+    if building:
+        print(f"built DeepSpeed's CPU communication op in {time.monotonic() - started:.0f} s",
+              flush=True)

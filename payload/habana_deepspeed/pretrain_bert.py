@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,7 @@ class Trainer:
     def __init__(self, args: argparse.Namespace, data: Any, ranks_from: str) -> None:
         import torch
         import torch.distributed as dist
-        from accelerators import build_optimizer, choose_accelerator, say_if_building
+        from accelerators import build_optimizer, choose_accelerator, communication_start
 
         self.args, self.data, self.torch, self.dist = args, data, torch, dist
         self.rank, self.world, local_rank = dist_coords()
@@ -174,9 +175,14 @@ class Trainer:
         import deepspeed.utils
 
         deepspeed.utils.logger.setLevel("WARNING")
-        say_if_building(self.accel, self.rank)
-        deepspeed.init_distributed(dist_backend=self.accel.backend,
-                                   timeout=process_group_timeout())
+        # DeepSpeed's ZeRO-1 gathers with a call torch 2.x deprecates: a warning per rank and
+        # pass that says nothing about this run.
+        warnings.filterwarnings("ignore", category=FutureWarning,
+                                message=r"`torch\.distributed\.all_gather_into_tensor` is "
+                                        "deprecated")
+        with communication_start(self.accel, self.rank):
+            deepspeed.init_distributed(dist_backend=self.accel.backend,
+                                       timeout=process_group_timeout())
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         # On its device before the optimizer is built, as Habana's reference does it
         # (Model-References deepspeed-bert run_pretraining.py, prepare_model_and_optimizer): the
