@@ -62,6 +62,8 @@ FLAGS: dict[str, Flag] = _flags(
          help="a tokenized dataset saved by datasets' save_to_disk (input_ids)"),
     Flag("checkpoint-every", int, 1000, help="optimizer steps between checkpoints"),
     Flag("keep-checkpoints", int, 3, help="the newest checkpoints kept"),
+    Flag("sync-save", help="write each checkpoint before training goes on (default: in the "
+                           "background, sealed once complete; recipe checkpoint.async_save)"),
     Flag("log-every", int, 10, help="optimizer steps between step events"),
     # the model
     Flag("family", str, None, choices=FAMILIES),

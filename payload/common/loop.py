@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from common import checkpoints
+from common import background, checkpoints
 from common.events import EventLog, to_tensorboard
 
 
@@ -137,6 +137,7 @@ def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int,
         runner.log.emit("step", phase=phase, step=runner.step,
                         consumed_samples=runner.consumed, **numbers)
         to_tensorboard(runner.tensorboard, runner.step, numbers)
+        background.finish(wait=False)   # seal a background save whose write is complete
         if train and runner.step % checkpoint_every == 0:
             runner.save()
             saved_at = runner.step
@@ -145,6 +146,10 @@ def run_steps(runner: Runner, *, phase: str, target: int, checkpoint_every: int,
             break
     if train and runner.step != saved_at:
         runner.save()  # a bounded, finished or stopped run keeps what it trained
+    background.finish(wait=True)   # a pass ends with its last save sealed
+    settle = getattr(runner, "settle_saves", None)
+    if settle is not None:
+        settle()   # a library's own background saves (NxD's)
     return stopped
 
 
@@ -224,6 +229,7 @@ def compile_save(runner: Runner) -> None:
         scratch = Path(node_scratch) / Path(run_dir).name / COMPILE_SAVE
     made = not scratch.parent.exists()
     runner.save(root=scratch)
+    background.finish(wait=True)
     _, _, leader, own_disk = node_place()
     if runner.log.enabled or (own_disk and leader):
         shutil.rmtree(scratch.parent if made else scratch, ignore_errors=True)
@@ -249,32 +255,61 @@ def agreed_newest(root: Path, rank: int) -> str | None:
 
 
 def sealed_save(root: Path, step: int, state: dict[str, Any], rank: int, keep: int,
-                log: EventLog, write: Callable[[Path], None]) -> None:
+                log: EventLog, write: Callable[[Path], Any]) -> None:
     """Save one checkpoint: the directory is cleared (by rank 0, or by each node's leader on a
     disk of its own), every rank runs ``write`` (which decides who writes what), each node's
     leader seals its node's part, and rank 0 seals the whole with the marker, naming the node
-    count, only after all nodes are done. Each node's leader prunes its own disk."""
+    count, only after all nodes are done. Each node's leader prunes its own disk.
+
+    ``write`` may instead return a future of a background write (its state staged first): the
+    seal then waits for every rank's write to be complete (common/background.py), and training
+    goes on meanwhile. A save in flight is sealed before the next one starts."""
+    import time
+
     import torch.distributed as dist
 
+    background.finish(wait=True)   # at most one save in flight
+    began = time.monotonic()
     node, nodes, leader, own_disk = node_place()
     if rank == 0 or (own_disk and leader):
         # On a disk of its own, a node clears only its own keys (others' restored files stay).
         checkpoints.prepare_save_dir(root, step, node if own_disk else None)
     dist.barrier()
-    write(root / checkpoints.tag_for(step))
+    future = write(root / checkpoints.tag_for(step))
+
+    def seal() -> tuple[str, Path] | None:
+        return _seal(root, step, state, rank, keep, (node, nodes, leader, own_disk))
+
+    if future is None:
+        sealed = seal()
+        if sealed is not None:
+            spent = round(time.monotonic() - began, 3)
+            log.emit(sealed[0], step=step, path=str(sealed[1]), **{"async": False},
+                     stall_s=spent, write_s=spent)
+        return
+    background.start(background.Pending(root, step, future, seal, log, began,
+                                        time.monotonic() - began))
+
+
+def _seal(root: Path, step: int, state: dict[str, Any], rank: int, keep: int,
+          place: tuple[int, int, bool, bool]) -> tuple[str, Path] | None:
+    """Seal a step every rank has written (a collective): each node's leader its node's part,
+    rank 0 the whole; then prune. Returns rank 0's (event, path)."""
+    import torch.distributed as dist
+
+    node, nodes, leader, own_disk = place
     dist.barrier()
     if leader:
         checkpoints.seal_node(root, step, node)
     dist.barrier()
+    done: tuple[str, Path] | None = None
     if rank == 0:
         sealed = checkpoints.mark_complete(root, step, dict(state, nodes=nodes))
-        if root.name == COMPILE_SAVE:
-            log.emit("compile_save", step=step, path=str(sealed.path))
-        else:
-            log.emit("checkpoint", step=step, path=str(sealed.path))
+        done = ("compile_save" if root.name == COMPILE_SAVE else "checkpoint", sealed.path)
     if own_disk and leader:
         checkpoints.prune(root, keep, node)   # this disk's steps, by this node's seals
     elif rank == 0:
         checkpoints.prune(root, keep)
     # Nobody races ahead (or exits) while the leaders are still sealing and pruning.
     dist.barrier()
+    return done

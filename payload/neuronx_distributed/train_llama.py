@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--checkpoint-dir", type=Path, default=None)
     run = p.add_argument_group("run")
     shared.add(run, ("phase", "compile-steps", "steps", "max-steps", "checkpoint-every",
-                     "keep-checkpoints", "log-every", "seed"),
+                     "keep-checkpoints", "sync-save", "log-every", "seed"),
                required=("max-steps",), defaults={"keep-checkpoints": 5, "seed": 12349})
     par = p.add_argument_group("parallelism and precision")
     par.add_argument("--tensor-parallel-size", type=int, default=8)
@@ -351,15 +351,38 @@ class LlamaRunner:
         # NxD seals and prunes its own checkpoints (its "done" marker, num_kept_ckpts): whether
         # a restore on nodes without a shared file system holds every node's part is NxD's to
         # decide, on the real trainer only; jobgen's flow gives it one shared folder (FSx).
+        # With async_save (NxD >= 2.19, as HLAT's 70B script saves) the call stages the state
+        # and returns; NxD writes in a thread, and writes the step's "done" marker only after
+        # every rank's write finished, when the next save begins (it waits for this one: one in
+        # flight) or at finalize_checkpoint. So a step's event is emitted once it is sealed.
         directory = root or self.ckpt_root
+        background = not self.args.sync_save
+        began = time.monotonic()
         self.nxd.save_checkpoint(
             str(directory), f"step_{self.step}", model=self.model,
             optimizer=self.optimizer, scheduler=None,
             user_content={"global_step": self.step, "consumed_samples": self.consumed},
             num_workers=CHECKPOINT_WORKERS, use_xser=True,
-            num_kept_ckpts=self.args.keep_checkpoints)
-        self.log.emit("checkpoint" if root is None else "compile_save", step=self.step,
-                      path=str(directory))
+            num_kept_ckpts=self.args.keep_checkpoints, async_save=background)
+        if background and root is not None:
+            self.nxd.finalize_checkpoint()   # the compile pass removes its scratch save next
+        stall = time.monotonic() - began
+        self._sealed()   # the save before this one, which NxD sealed as this one began
+        event = "checkpoint" if root is None else "compile_save"
+        if background and root is None:
+            self._unsealed = (self.step, str(directory), stall)
+        else:
+            self.log.emit(event, step=self.step, path=str(directory), stall_s=round(stall, 3),
+                          write_s=None if background else round(stall, 3),
+                          **{"async": background})
+
+    def _sealed(self) -> None:
+        """Report the background save NxD has sealed since (write time: NxD does not say)."""
+        pending, self._unsealed = getattr(self, "_unsealed", None), None
+        if pending is not None:
+            step, path, stall = pending
+            self.log.emit("checkpoint", step=step, path=path, stall_s=round(stall, 3),
+                          write_s=None, **{"async": True})
 
     def resume(self) -> None:
         """Continue from the newest complete checkpoint, as the example's ``--loading_step
@@ -375,6 +398,15 @@ class LlamaRunner:
         self.step = int(content["global_step"])
         self.consumed = int(content["consumed_samples"])
         self.log.emit("resume", step=self.step, consumed_samples=self.consumed)
+
+    def settle_saves(self) -> None:
+        """The pass's last background save: written, then sealed (common.loop.run_steps)."""
+        if getattr(self, "_unsealed", None) is not None:
+            began = time.monotonic()
+            self.nxd.finalize_checkpoint()
+            step, path, stall = self._unsealed
+            self._unsealed = (step, path, stall + time.monotonic() - began)
+            self._sealed()
 
     def finish(self) -> None:
         self.xm.rendezvous("train_llama finished")  # nobody exits while others still write

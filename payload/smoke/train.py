@@ -27,6 +27,9 @@ What ``jobgen watch`` catches, in the training pass only (the compile pass train
 - ``JOBGEN_SMOKE_DIVERGE_AT_STEP=N``: from step N on, the learning rate is 1000 times the
   schedule's and gradients are not clipped: the run really diverges.
 - ``JOBGEN_SMOKE_NAN_AT_STEP=N``: step N's loss is NaN, and so are the weights after it.
+- ``JOBGEN_SMOKE_SAVE_FAIL_AT_STEP=N``: the save of step N fails after writing part of its
+  files (in the background unless --sync-save): the step is never sealed.
+- ``JOBGEN_SMOKE_SAVE_DELAY=SECONDS``: every save's write takes this much longer (a slow disk).
 - ``JOBGEN_SMOKE_HANG_AT_STEP=N``: node ``JOBGEN_SMOKE_HANG_NODE`` (default: the last) stops before
   step N and never goes on; the others wait for it in the next collective.
 
@@ -70,6 +73,8 @@ SHARD_FILE = "optim-rank-{rank:05d}.pt"
 STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
 FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
 FAIL_NODE_ENV = "JOBGEN_SMOKE_FAIL_NODE"
+SAVE_FAIL_ENV = "JOBGEN_SMOKE_SAVE_FAIL_AT_STEP"
+SAVE_DELAY_ENV = "JOBGEN_SMOKE_SAVE_DELAY"
 FAULT_STEPS = {fault: f"JOBGEN_SMOKE_{fault.upper()}_AT_STEP"
                for fault in ("spike", "loss_spike", "slow", "diverge", "nan", "hang")}
 SLOW_SECONDS_ENV = "JOBGEN_SMOKE_SLOW_SECONDS"
@@ -82,6 +87,17 @@ LOSS_SPIKE_FACTOR = 30.0
 
 class InjectedFailure(RuntimeError):
     """The failure asked for with JOBGEN_SMOKE_FAIL_AT_STEP."""
+
+
+def _staged(value: Any, torch: Any) -> Any:
+    """A copy of ``value`` whose tensors are detached clones (dicts and lists copied alike)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _staged(item, torch) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_staged(item, torch) for item in value)
+    return value
 
 
 def fault_knobs(env: Any = os.environ) -> tuple[float, int | None]:
@@ -145,7 +161,7 @@ def parser() -> argparse.ArgumentParser:
     shared.add(p, ("constant-steps", "decay-steps", "beta1", "beta2", "eps", "no-decay",
                    "init-std", "scaled-init", "max-steps", "weight-decay", "grad-clip", "seed",
                    "phase", "compile-steps", "steps", "checkpoint-every", "keep-checkpoints",
-                   "output-dir"),
+                   "sync-save", "output-dir"),
                defaults={"beta2": 0.95, "max-steps": 20, "weight-decay": 0.01,
                          "checkpoint-every": 10},
                notes={"no-decay": "absent: matrices are decayed, vectors are not"})
@@ -376,26 +392,51 @@ class SmokeTrainer:
         self.torch.save(value, tmp)
         os.replace(tmp, path)
 
+    def _write_files(self, files: list[tuple[Any, Path]], step: int) -> None:
+        """Write a save's files (on the caller's thread or the background one); the fault knobs
+        slow it or fail it after its first file."""
+        delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
+        for index, (value, path) in enumerate(files):
+            self._save_file(value, path)
+            if delay > 0:
+                time.sleep(delay / len(files))
+            if index == 0 and os.environ.get(SAVE_FAIL_ENV, "").strip() == str(step):
+                raise OSError(f"{SAVE_FAIL_ENV}={step}: the save failed mid-write")
+
     def save(self, root: Path | None = None) -> None:
         info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
                 "world_size": self.world, "global_batch_size": self.global_batch,
                 "family": self.args.family}
+        step = self.step
 
-        def write(directory: Path) -> None:
+        def write(directory: Path) -> Any:
             # Sharded as ZeRO-1 shards it (NxD's and DeepSpeed's optimizers): each rank writes
             # its slice of the optimizer state, rank 0 the weights, so a checkpoint needs every
             # node's part (on SageMaker, each instance's own files).
             optimizer = self.optimizer.state_dict()
             mine = {i: v for i, v in optimizer["state"].items() if i % self.world == self.rank}
-            self._save_file(mine, directory / SHARD_FILE.format(rank=self.rank))
+            files: list[tuple[Any, Path]] = [(mine, directory / SHARD_FILE.format(rank=self.rank))]
             if self.rank == 0:
                 state = dict(info, model=self.model.state_dict(),
                              optimizer={"state": {}, "param_groups": optimizer["param_groups"]},
                              schedule=self.schedule_params())
-                self._save_file(state, directory / STATE_FILE)
+                files.append((state, directory / STATE_FILE))
+            if self.args.sync_save:
+                self._write_files(files, step)
+                return None
+            # Staged: a copy of every tensor, so the next optimizer step cannot change what the
+            # background thread writes (as DCP's async_save stages to CPU memory first).
+            staged = [(_staged(value, self.torch), path) for value, path in files]
+            return self._writer().submit(self._write_files, staged, step)
 
         sealed_save(root or self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
                     self.log, write)
+
+    def _writer(self) -> Any:
+        if getattr(self, "_pool", None) is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="save")
+        return self._pool
 
     def run(self) -> None:
         run_invocation(self, self.args)

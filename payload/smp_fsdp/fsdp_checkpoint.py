@@ -7,6 +7,12 @@ parameter names and offsets, so each TP rank's part goes to its own ``tp{degree}
 folder, written over the FSDP shard group (the model's process group, as SMP made it) by the
 ranks of the first replica (SMP's ranker says which); every rank loads its own TP folder over
 the same group.
+
+Saves run in the background unless --sync-save (torch.distributed.checkpoint.async_save, as
+PyTorch's asynchronous checkpointing recipe does it): the state is staged into CPU memory
+before the call returns, and the write, with DCP's own collectives, runs on a thread over a gloo
+twin of the save's group (common/background.py), so it never shares a communicator with the
+training loop. The step is sealed only once every rank's write is complete.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import smp_v2 as smp
+from common.background import gloo_group
 from common.loop import agreed_newest, sealed_save
 from common.runtime import PayloadError
 
@@ -65,6 +72,15 @@ def resume(trainer: Any) -> None:
                      global_batch_changed=found["global_batch_size"] != trainer.global_batch)
 
 
+def _done() -> Any:
+    """A resolved future: a rank that writes nothing has finished its part at once."""
+    from concurrent.futures import Future
+
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
+
+
 def save(trainer: Any, root: Path | None = None) -> None:
     """Write the checkpoint of the current step, sealed across ranks (common.loop), under the
     run's checkpoints or `root` (the compile pass's scratch save)."""
@@ -75,13 +91,20 @@ def save(trainer: Any, root: Path | None = None) -> None:
             "global_batch_size": trainer.global_batch, "family": trainer.args.family,
             "sharding": trainer.sharding, "schedule": trainer.schedule_params()}
 
-    def write(directory: Path) -> None:
+    def write(directory: Path) -> Any:
         current = state(trainer)   # on every rank: building it may be collective
         folder, group, writes = placement(trainer)
-        if writes:
-            dcp.save(current, checkpoint_id=str(directory / folder), process_group=group)
         if trainer.rank == 0:
             (directory / INFO_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
+        if trainer.args.sync_save:
+            if writes:
+                dcp.save(current, checkpoint_id=str(directory / folder), process_group=group)
+            return None
+        twin = gloo_group("dcp-save", group)   # every rank makes it, writer or not
+        if not writes:
+            return _done()
+        return dcp.async_save(current, checkpoint_id=str(directory / folder),
+                              process_group=twin)
 
     sealed_save(root or trainer.ckpt_root, trainer.step, info, trainer.rank,
                 trainer.args.keep_checkpoints, trainer.log, write)

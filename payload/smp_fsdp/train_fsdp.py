@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     shared.add(data, ("data-dir",))
     data.add_argument("--synthetic", action="store_true", help="the rehearsal's token stream")
     shared.add(p, ("max-steps", "seed", "phase", "compile-steps", "steps", "checkpoint-every",
-                   "keep-checkpoints", "log-every", "output-dir"),
+                   "keep-checkpoints", "sync-save", "log-every", "output-dir"),
                required=("max-steps", "checkpoint-every", "output-dir"),
                defaults={"log-every": 1})
     return p
