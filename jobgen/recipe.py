@@ -117,6 +117,9 @@ class Checkpoint:
     every_steps: Optional[int] = None
     every_seconds: Optional[int] = None
     keep: int = 3
+    # Write checkpoints in the background, sealed once complete (DCP async_save, NxD's and NeMo's
+    # async saves); unset: wherever the payload's library can (not DeepSpeed on Gaudi).
+    async_save: Optional[bool] = None
 
 
 @record

@@ -208,6 +208,21 @@ def test_the_recommended_interval_beats_the_recipes_when_they_differ() -> None:
     assert f.write_s == pytest.approx(result.checkpoint_bytes / 1.2e9)
 
 
+def test_background_saves_cost_their_stall_so_the_recommended_interval_shortens() -> None:
+    """The plan's checkpoint cost is what a save stops training for: in the background, the
+    copy into host memory, not the write; a failure mid-write re-trains a write's worth more."""
+    back = plan("neox20b", "64", node_mtbf_hours=5000.0).rows[0].failures
+    sync = plan("neox20b", "64", "checkpoint.async_save=false",
+                node_mtbf_hours=5000.0).rows[0].failures
+    assert back is not None and sync is not None
+    assert sync.stall_s == sync.write_s and back.write_s == sync.write_s
+    assert back.stall_s is not None and back.stall_s < back.write_s / 5
+    assert back.daly_s < sync.daly_s and back.young_s < sync.young_s
+    assert back.best.steps < sync.best.steps
+    assert back.restart_s == pytest.approx(sync.restart_s + sync.write_s)
+    assert back.best.goodput > sync.best.goodput
+
+
 def test_a_simulation_too_large_to_finish_is_refused(jobgen: Callable) -> None:
     result = jobgen("plan", "bert-large", "--nodes", "1", "--samples", "1e12",
                     "--simulate", "1000000")

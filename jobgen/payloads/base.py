@@ -84,6 +84,7 @@ COMMON_KEYS = frozenset({
     "schedule.name", "schedule.max_steps", "schedule.warmup_steps", "schedule.warmup_fraction",
     "schedule.constant_steps", "schedule.constant_fraction",
     "data.path", "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep",
+    "checkpoint.async_save",
     "compile.steps", "job.max_restarts", "job.master_port", "job.time_limit", "job.health_gate",
 })
 

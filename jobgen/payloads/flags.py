@@ -23,7 +23,7 @@ Value = Union[str, bool, tuple[str, ...], None]
 # Every flag ``shared`` can give (payload/common/args.py declares each).
 SHARED = (
     "phase", "compile-steps", "max-steps", "seed", "output-dir", "data-dir", "checkpoint-every",
-    "keep-checkpoints", "log-every",
+    "keep-checkpoints", "sync-save", "log-every",
     "family", "num-layers", "hidden-size", "num-heads", "intermediate-size", "vocab-size",
     "seq-length", "max-position-embeddings", "init-std", "scaled-init",
     "micro-batch-size", "gradient-accumulation", "lr", "min-lr", "warmup-steps",
@@ -52,6 +52,8 @@ def shared(spec: JobSpec, which: Pass) -> dict[str, Value]:
         "weight-decay": number(o.weight_decay),
         "grad-clip": number(o.grad_clip),
         "no-decay": tuple(o.no_decay) if o.no_decay is not None else None,
+        # Saves run in the background unless the recipe says otherwise (checkpoint.async_save).
+        "sync-save": c.async_save is False,
     }
     t = spec.rehearsal
     if t is None:

@@ -47,6 +47,12 @@ def build(spec: JobSpec) -> Launch:
     if r.checkpoint.every_steps is None:
         raise ConfigError(f"{spec.source}: checkpoint.every_seconds: the BERT program "
                           "checkpoints by step only; set checkpoint.every_steps")
+    # Habana's DeepSpeed 1.16.0 (DeepSpeed 0.14.0) has no non-blocking save: its checkpoint
+    # engines are torch.save and Nebula, which needs Azure's torch_nebula service; the async
+    # and decoupled engines came in later DeepSpeed releases. Its saves stay synchronous.
+    if r.checkpoint.async_save:
+        raise ConfigError(f"{spec.source}: checkpoint.async_save: DeepSpeed on Gaudi (Habana's "
+                          "1.16.0 fork) has no background save; leave it unset or false")
     data_dir = spec.data_path(r.data.path)
     workdir = posixpath.join(spec.payload_dir, "habana_deepspeed")
     return Launch(stop_signal=STOP_SIGNAL, launcher="habana_deepspeed/launch.sh", workdir=workdir,

@@ -159,6 +159,13 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # restore does not count and nothing deletes once the run resumes from it.
         "exp_manager.checkpoint_callback_params.save_last": False,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
+        # Background saves (checkpoint.async_save; unset: on): the config key at d22aabf, read
+        # by megatron_gpt_pretraining.py into NLPCheckpointIO(async_save=...), which waits for
+        # the previous save before the next and deletes an old checkpoint only once the new one
+        # is whole on every rank. NeMo writes no seal of its own: resume.py offers only a
+        # checkpoint whose every archive and tensor file is whole, so one cut off mid-write is
+        # never resumed from.
+        "async_checkpointing": c.async_save is not False,
     }
     if m.activation_checkpointing == "full":
         out.update({"model.activations_checkpoint_granularity": "full",

@@ -61,7 +61,7 @@ ORDER = (
     "no-decay", "scaled-init", "sequence-parallel", "selective-checkpoint", "zero1",
 )
 # The compile pass neither loads nor saves a checkpoint.
-TRAIN_ONLY = ("checkpoint-dir", "checkpoint-every", "keep-checkpoints")
+TRAIN_ONLY = ("checkpoint-dir", "checkpoint-every", "keep-checkpoints", "sync-save")
 
 
 def arguments(spec: JobSpec, which: Pass) -> tuple[str, ...]:

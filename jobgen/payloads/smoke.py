@@ -30,7 +30,7 @@ BERT = (
 )
 GPT = (
     "family", "lr", "min-lr", "warmup-steps", "decay", "decay-steps", "beta1", "beta2", "eps",
-    "init-std", "no-decay", "scaled-init",
+    "init-std", "no-decay", "scaled-init", "sync-save",
 )
 
 

@@ -71,7 +71,7 @@ REHEARSAL_DIMS = (
 TAIL = (
     "decay", "beta1", "beta2", "eps", "weight-decay", "grad-clip", "init-std",
     "activation-checkpointing", "seed", "phase", "compile-steps", "output-dir", "no-decay",
-    "scaled-init",
+    "scaled-init", "sync-save",
 )
 
 

@@ -16,6 +16,19 @@ from .failures import Simulation
 WALL_LIMIT_S = 3.15576e13
 # Random draws a --simulate may take (about 10 s of Python per 10^7).
 SIMULATION_LIMIT = 2e7
+# A background save stalls training only while it copies the state into host memory (then the
+# write goes on beside training): modelled at this many GB/s per node (a device-to-host copy
+# over PCIe; CPU tensors are copied in memory). An assumption, not a measurement.
+STAGE_GB_S_PER_NODE = 10.0
+# Payloads whose library has no background save (DeepSpeed on Gaudi at Habana's 1.16.0).
+SYNC_ONLY = frozenset({"habana_deepspeed"})
+
+
+def saves_in_background(spec: JobSpec) -> bool:
+    """Whether the job's saves run beside training (checkpoint.async_save; unset: where the
+    payload's library can)."""
+    wanted = spec.recipe.checkpoint.async_save
+    return wanted is not False and spec.recipe.payload not in SYNC_ONLY
 
 
 @record
@@ -39,6 +52,7 @@ class Failures:
     daly_s: float
     recipe: Interval
     best: Interval
+    stall_s: Optional[float] = None   # what a save stops training for (= write_s if in place)
 
 
 def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: float,
@@ -53,16 +67,29 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
     write = ckpt_bytes / (write_bw * 1e6)
     load = ckpt_bytes / (read_bw * 1e6)
     restart = restart_fixed + load
+    # The checkpoint's cost to training is its stall. In place, that is the whole write. In the
+    # background, it is the copy into host memory, plus any wait for the previous save when
+    # saves come closer than a write (one in flight); and a failure while a save is still being
+    # written resumes from the one before, which costs a write's worth of training again on
+    # average (failures fall uniformly in time): added to every restart.
+    background = saves_in_background(spec)
+    stall = ckpt_bytes / (STAGE_GB_S_PER_NODE * 1e9 * nodes) if background else write
+    if background:
+        restart += write
     ckpt = spec.recipe.checkpoint
     if ckpt.every_steps:
         recipe_steps = ckpt.every_steps
     else:
         recipe_steps = failures.interval_steps(float(ckpt.every_seconds or 0), step_s)
-    best_steps = failures.interval_steps(failures.daly(write, mtbf), step_s, steps)
+    best_s = failures.daly(stall, mtbf)
+    if background:
+        best_s = max(best_s, write)   # closer saves would wait for each other
+    best_steps = failures.interval_steps(best_s, step_s, steps)
 
     def interval(k: int) -> Interval:
         seconds = min(k, steps) * step_s
-        wall = failures.expected_wall(work, seconds, write, restart, mtbf)
+        per_save = stall + (max(0.0, write - seconds) if background else 0.0)
+        wall = failures.expected_wall(work, seconds, per_save, restart, mtbf)
         if not math.isfinite(wall) or wall > WALL_LIMIT_S:
             raise RuleError(
                 f"at {nodes} nodes a job fails every {mtbf:.3g} s (a node's MTBF of "
@@ -77,9 +104,10 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
                 raise ConfigError(f"--simulate {simulate}: at {nodes} nodes with a "
                                   f"checkpoint every {k:,} steps that is about {draws:.2g} "
                                   f"random draws (at most {SIMULATION_LIMIT:.0e}); use fewer runs")
-            sim = failures.simulate(work, seconds, write, restart, mtbf, simulate, seed)
+            sim = failures.simulate(work, seconds, per_save, restart, mtbf, simulate, seed)
         cost = wall / 3600 * nodes * price if price is not None else None
         return Interval(k, seconds, work / wall, wall, wall / mtbf, cost, sim)
 
-    return Failures(mtbf, write, load, restart, failures.young(write, mtbf),
-                    failures.daly(write, mtbf), interval(recipe_steps), interval(best_steps))
+    return Failures(mtbf, write, load, restart, failures.young(stall, mtbf),
+                    failures.daly(stall, mtbf), interval(recipe_steps), interval(best_steps),
+                    stall)

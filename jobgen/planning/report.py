@@ -93,7 +93,8 @@ def text(result: Result) -> str:
     with_fail = [row for row in r.rows if row.failures is not None]
     if with_fail:
         sim = any(row.failures.recipe.simulation for row in with_fail if row.failures)
-        head = ["nodes", "job MTBF", "write", "restart", "recipe: every (steps)", "goodput"]
+        head = ["nodes", "job MTBF", "stall/write", "restart", "recipe: every (steps)",
+                "goodput"]
         head += ["simulated [95 % CI]"] if sim else []
         head += ["time", "cost $", "recommended: every", "goodput"]
         head += ["simulated [95 % CI]"] if sim else []
@@ -102,7 +103,9 @@ def text(result: Result) -> str:
         for row in with_fail:
             f = row.failures
             assert f is not None
-            cells.append([str(row.nodes), _duration(f.job_mtbf_s), f"{f.write_s:,.0f} s",
+            stall = f.write_s if f.stall_s is None else f.stall_s
+            cells.append([str(row.nodes), _duration(f.job_mtbf_s),
+                          f"{stall:,.3g}/{f.write_s:,.0f} s",
                           f"{f.restart_s:,.0f} s", *_interval_cells(f.recipe),
                           *_interval_cells(f.best)])
         right = set(range(len(head))) - {4, 8 + (1 if sim else 0)}

@@ -46,6 +46,9 @@ class Cluster:
     stops: int                        # time-limit stops (planned, not failures)
     health_requeues: int
     risk_h: float                     # node-hours at risk of a failure
+    # What each save stopped training for, from the checkpoint events (the cost plan's model
+    # takes); None where the trainer does not say. checkpoint_write_s is then the write itself.
+    checkpoint_stall_s: Optional[float] = None
 
 
 @record
@@ -100,10 +103,13 @@ def _cluster(t: Timeline, segs: list[Segment], risk_h: float) -> Cluster:
     step_s = statistics.median(steps) if steps else None
     interval = (statistics.median(gaps) * step_s) if gaps and step_s else None
     rate = len(fails) / risk_h if risk_h > 0 else 0.0
+    saves = [save for a in allocs for save in a.saves]
+    stalls = [s for _, s, _ in saves if s is not None]
+    written = [w for _, _, w in saves if w is not None]
     return Cluster(len(fails), rate, (risk_h / len(fails)) if fails else None,
-                   _mean(restarts), _mean(loads), _mean(writes), interval, step_s,
-                   sum(a.ending == "stopped" for a in allocs),
-                   sum(a.ending == "unhealthy" for a in allocs), risk_h)
+                   _mean(restarts), _mean(loads), _mean(written) if written else _mean(writes),
+                   interval, step_s, sum(a.ending == "stopped" for a in allocs),
+                   sum(a.ending == "unhealthy" for a in allocs), risk_h, _mean(stalls))
 
 
 def _prediction(c: Cluster, work: float, fixed: float, nodes: int
@@ -112,16 +118,17 @@ def _prediction(c: Cluster, work: float, fixed: float, nodes: int
     work, checkpoint interval and write time, restart cost and failure rate; then with the run's
     own costs that model leaves out (first start-up and compile, health requeues, time-limit
     stops, idle at the end) added to the wall time."""
-    if not (work > 0 and c.checkpoint_interval_s and c.checkpoint_write_s is not None):
+    # A save costs training its stall (a background save's write goes on beside training).
+    cost = c.checkpoint_stall_s if c.checkpoint_stall_s is not None else c.checkpoint_write_s
+    if not (work > 0 and c.checkpoint_interval_s and cost is not None):
         return None, None
     mtbf = (c.node_mtbf_hours * 3600 / nodes) if c.node_mtbf_hours else float("inf")
     restart = c.restart_s or 0.0
     if mtbf == float("inf"):
         full, rest = model.segments(work, c.checkpoint_interval_s)
-        wall = work + (full + (1 if rest else 0)) * c.checkpoint_write_s
+        wall = work + (full + (1 if rest else 0)) * cost
     else:
-        wall = model.expected_wall(work, c.checkpoint_interval_s, c.checkpoint_write_s,
-                                   restart, mtbf)
+        wall = model.expected_wall(work, c.checkpoint_interval_s, cost, restart, mtbf)
     return work / wall, work / (wall + fixed)
 
 

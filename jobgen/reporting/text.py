@@ -23,6 +23,10 @@ def _num(x: Optional[float], unit: str = "s") -> str:
     return "-" if x is None else f"{x:,.1f} {unit}"
 
 
+def _secs(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def plan_options(a: Account) -> list[str]:
     """The run's cluster figures as `jobgen plan` options."""
     c = a.cluster
@@ -62,9 +66,19 @@ def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
     lines.append("the cluster, as this run measured it")
     lines.append(f"  failures {c.failures} ({c.failures_per_node_hour:.3g} per node-hour), "
                  f"time-limit stops {c.stops}, health-gate requeues {c.health_requeues}")
+    lines.append(f"  restarts in place {sum(x.restarts_in_place for x in t.allocations)} "
+                 f"(torchrun's, inside an allocation), requeues {max(0, len(t.allocations) - 1)} "
+                 "(allocations after the first)")
     lines.append(f"  restart cost {_num(c.restart_s)} (failure to training again; checkpoint "
-                 f"load {_num(c.load_s)}), checkpoint write {_num(c.checkpoint_write_s)}, "
+                 f"load {_num(c.load_s)}), checkpoint stall {_num(c.checkpoint_stall_s)} "
+                 f"(write {_num(c.checkpoint_write_s)}), "
                  f"every {_num(c.checkpoint_interval_s)} of training; step {_num(c.step_s)}")
+    saves = [save for alloc in t.allocations for save in alloc.saves]
+    if saves:   # each save: what the training loop waited for, apart from the write
+        shown = ", ".join(f"{step}: {_secs(stall)}/{_secs(write)}"
+                          for step, stall, write in saves[-12:])
+        more = f" (the last 12 of {len(saves)})" if len(saves) > 12 else ""
+        lines.append(f"  saves, step: stall/write in s{more}: {shown}")
     options = plan_options(a)
     if options:
         lines.append(f"  as plan's inputs: {' '.join(options)}")

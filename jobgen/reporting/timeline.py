@@ -59,6 +59,12 @@ class Allocation:
     last_step: Optional[int] = None
     training_at: Optional[float] = None   # when its first training step began
     load_s: Optional[float] = None        # trainer start to checkpoint loaded (a resume)
+    # Each save's (step, stall_s, write_s) as its checkpoint event says: the training loop's
+    # wait apart from the write (a background save's write goes on beside training).
+    saves: tuple[tuple[int, Optional[float], Optional[float]], ...] = ()
+    # Its training pass's restarts inside it (torchrun's, job.restarts_in_place): rank 0's starts
+    # of the training pass after the first.
+    restarts_in_place: int = 0
 
 
 @record
@@ -269,8 +275,17 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     alloc = Allocation(index, job, start, end, ending, tuple(nodes),
                        first.node if first else None, first.host if first else "", failure_at,
                        excluded, span is not None, resume.step if resume else None,
-                       steps[-1].step if steps else None, training_at, load_s)
+                       steps[-1].step if steps else None, training_at, load_s,
+                       tuple((o.step, _stat(o.extra.get("stall_s")), _stat(o.extra.get("write_s")))
+                             for o in train_ev if o.kind == "checkpoint" and o.step is not None),
+                       restarts_in_place=max(0, sum(o.kind == "start" for o in train_ev) - 1))
     return alloc, b.segments
+
+
+def _stat(value: Any) -> Optional[float]:
+    """A checkpoint event's figure in seconds, or None (absent, or not a number)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
 
 
 def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,

@@ -98,7 +98,8 @@ def observation(event: dict[str, Any], source: str, restart: int,
         else None,
         samples_per_s=number(event.get("samples_per_s"), "samples_per_s" in event),
         extra={k: v for k, v in event.items() if k in ("max_steps", "world_size", "checkpoint",
-                                                       "signal", "global_batch_size")})
+                                                       "signal", "global_batch_size",
+                                                       "stall_s", "write_s")})
 
 
 class Tally(Protocol):
