@@ -436,6 +436,14 @@ def test_two_nodes_split_arguments_and_run_both_passes(fake: Fake) -> None:
     assert (run_dir / "notes" / "a b.txt").read_text() == "x\ny"
     assert not [p for p in run_dir.rglob(".*") if p.is_file()]
     assert fake.marker().is_file()
+    # What `jobgen report` reads: when the main node's attempt began, each pass's launch and exit.
+    from jobgen.reporting import held
+    attempt = run_dir / "logs" / "job-1" / "attempt-1"
+    assert held.times(attempt / "allocation.times")[0] is not None
+    for node in (0, 1):
+        for name in ("compile", "train"):
+            launch, exited = held.times(attempt / f"node-{node}" / f"{name}.times")
+            assert launch is not None and exited is not None and exited >= launch
     main, child = runs
     said = main.lines(PREFIX0)
     assert any("main node, address 127.0.0.1 (interface lo)" in line for line in said)

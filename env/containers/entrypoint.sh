@@ -113,6 +113,10 @@ fi
 attempt=${AWS_BATCH_JOB_ATTEMPT:-1}
 is_count "$attempt" || attempt=1
 export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$job_id/attempt-$attempt"
+# When this attempt began on the main node (`jobgen report` starts the allocation there).
+if [ "$is_main" -eq 1 ] && mkdir -p "$JOBGEN_LOG_DIR" 2>/dev/null; then
+  printf 'launch %s\n' "$(flow_now)" >>"$JOBGEN_LOG_DIR/allocation.times" 2>/dev/null || true
+fi
 say "job $job_id attempt $attempt: node $node_index of $num_nodes (torchrun node rank $node_rank), $role, port $MASTER_PORT, rendezvous timeout ${JOBGEN_RDZV_TIMEOUT:-torch default} s, logs in $JOBGEN_LOG_DIR"
 
 # ---- the two passes ---------------------------------------------------------------------------
