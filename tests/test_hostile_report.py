@@ -326,3 +326,16 @@ def test_a_400_deep_run_record_is_not_a_recursion_error(tmp_path: Path) -> None:
                               text=True, timeout=120)
         assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr, argv
         assert proc.returncode in (0, 2) and proc.stderr.count("\n") <= 1, proc.stderr
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "long-name", "fifo"])
+def test_plan_plot_to_a_path_that_cannot_be_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "file").write_text("x")
+    out = {"under-a-file": tmp_path / "file" / "p.png", "long-name": tmp_path / ("a" * 300),
+           "fifo": tmp_path / "fifo"}[where]
+    if where == "fifo":
+        os.mkfifo(out)
+    assert main(["plan", "llama2-7b", "--plot", str(out)]) == 2
+    _one_line_error(capsys, "--plot")

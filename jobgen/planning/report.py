@@ -143,10 +143,9 @@ def plot(result: Result, path: Path) -> None:
     import io
 
     from .. import fsio
-    try:    # refused before anything is drawn: a device, FIFO, folder or symlink stays as it is
-        fsio.refuse_special(path)
-    except fsio.NotRegularFile as exc:
-        raise ConfigError(f"--plot {exc}") from None
+    # Refused before anything is drawn: a device, FIFO, folder or symlink stays as it is; a
+    # path under a file or a name over 255 bytes is one line.
+    fsio.check_target(path, "--plot")
 
     rows = list(result.rows)
     xs = [row.nodes for row in rows]
@@ -185,16 +184,12 @@ def plot(result: Result, path: Path) -> None:
     ax1.legend()
     ax2.set_ylabel("goodput %")
     ax2.set_title("goodput with failures", fontsize=10)
-    fig.suptitle(f"jobgen plan {result.recipe} ({result.platform}, site {result.site})")
+    fig.suptitle(f"jobgen plan {result.recipe} ({result.platform}, site {result.site})",
+                 parse_math=False)   # a `$` in a site's name is a dollar, not maths
     fig.tight_layout()
     png = io.BytesIO()
     try:
         fig.savefig(png, format="png", dpi=110)
     finally:
         plt.close(fig)
-    try:
-        fsio.write_file(path, png.getvalue())
-    except fsio.NotRegularFile as exc:
-        raise ConfigError(f"--plot {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc.strerror}") from None
+    fsio.write_or_refuse(path, png.getvalue(), "--plot")
