@@ -101,6 +101,10 @@ def test_a_run_in_progress_is_said_to_be_one_and_a_clock_ahead_is_bounded(
     shown = report_text(run, T0 + 60)
     assert "(in progress: counted to now)" in shown.splitlines()[0]
     assert "past this machine's clock" in shown and "is in progress" in shown
+    # Without the command's record (a Slurm job without sacct): bounded all the same.
+    (run / "logs" / "local-1700000000-7" / held.FILE).unlink()
+    made = report.make(None, run, use_sacct=False, now=T0 + 60)
+    assert 0 <= made.account.utilisation <= 1 and made.account.allocated_h < 1
 
 
 def report_text(run: Path, now: float) -> str:
