@@ -66,6 +66,7 @@ class NodeContract:
     JOBGEN_CACHE_SUFFIX: str          # what follows the folder in it (Habana's options)
     JOBGEN_NODES: str                 # the node count the arguments were computed for
     JOBGEN_MAX_RESTARTS: str          # requeues allowed after a failure (recipe job.max_restarts)
+    JOBGEN_RESTARTS_IN_PLACE: str     # torchrun --max_restarts of the training pass, or "" (none)
     JOBGEN_RDZV_TIMEOUT: str          # seconds the nodes wait for each other, or "" (torch's)
     JOBGEN_COLLECTIVE_TIMEOUT: str    # seconds a collective waits for a peer before it fails
     JOBGEN_NODE_SILENCE: str          # Batch: seconds of a child's silence that end the attempt
@@ -148,6 +149,10 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_NODES=str(spec.nodes),
         # Containers are restarted by their service (retry strategy, backoff limit).
         JOBGEN_MAX_RESTARTS=str(recipe.job.max_restarts) if not container else "",
+        # Where the nodes share the run folder: the agents may rank the nodes otherwise than the
+        # executor does, and a node on a disk of its own keeps its own checkpoint part.
+        JOBGEN_RESTARTS_IN_PLACE=str(recipe.job.restarts_in_place)
+        if recipe.job.restarts_in_place and shared else "",
         JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
         JOBGEN_COLLECTIVE_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
         JOBGEN_NODE_SILENCE="" if node_silence_s is None else str(node_silence_s),

@@ -130,6 +130,9 @@ class Compile:
 @record
 class Job:
     max_restarts: int = 10
+    # Restarts of the training pass inside one allocation (torchrun's elastic agent, per node)
+    # before the job goes back to the scheduler; 0: every failure goes back to it.
+    restarts_in_place: int = 0
     master_port: int = 41000
     time_limit: Optional[str] = None
     log_every_steps: int = 1

@@ -107,8 +107,11 @@ def _show_record(run: str, as_json: bool) -> None:
         raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs)")
     path, data = found
     events = runrecord.health_events(run)
+    from ..restart_counts import counts
+    # Restarts in place apart from requeues, where the record is the run folder's own.
+    restarts = counts(path.parent) if path.name == runrecord.FILE else None
     if as_json:
-        _echo_json({**data, "health": events})
+        _echo_json({**data, "health": events, **({"restarts": restarts} if restarts else {})})
         return
     import yaml
     _echo_text(f"# {path}")
@@ -123,6 +126,9 @@ def _show_record(run: str, as_json: bool) -> None:
                        f"{e.get('allocation', '?')}: node {e.get('node', '?')} "
                        f"({e.get('host', '?')}) failed {e.get('check', '?')}: {e.get('seen', '?')}"
                        f"; needs {e.get('needs', '?')} -> {e.get('action', '?')}")
+    if restarts is not None:
+        _echo_text(f"# restarts: {restarts['restarts_in_place']} in place (torchrun's, inside an "
+                   f"allocation), {restarts['requeues']} requeue(s) (allocations after the first)")
     _echo_text("# the newest submission's resolved spec")
     click.echo(yaml.safe_dump(data["submissions"][-1]["spec"], sort_keys=False, width=100),
                nl=False)

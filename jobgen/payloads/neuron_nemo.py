@@ -224,7 +224,10 @@ PAYLOAD = Payload(
     environment=lambda recipe: neuron_environment(recipe, fp32_accumulation=True,
                                                   bf16_downcasts=False,
                                                   extra={"HYDRA_FULL_ERROR": "1"}),
-    fixed={"model.vocab_size": Fixed(
+    fixed={"job.restarts_in_place": Fixed(0, "launch.sh chooses the checkpoint NeMo resumes from "
+                                           "before torchrun starts: a restart in place would "
+                                           "resume from that one, not the newest"),
+           "model.vocab_size": Fixed(
         50257, "NeMo takes the vocabulary from the GPT-2 BPE tokenizer files (data.vocab_file, "
                "data.merge_file) and pads it to a multiple of parallelism.tensor")},
     refused_values={"optim.name": {"lamb": "the NeMo payload trains with adamw (NeMo's LAMB "

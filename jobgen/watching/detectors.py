@@ -72,6 +72,10 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         self.steps_lost = 0
         self.bad_hosts: set[str] = set()
         self.now = 0.0
+        # Starts of the training pass inside an allocation after its first: torchrun's restarts
+        # in place (job.restarts_in_place), apart from the requeues (new allocations).
+        self.restarts_in_place = 0
+        self.started_in: set[int] = set()
 
     # --- observations ---------------------------------------------------------------------------
 
@@ -82,6 +86,13 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         if obs.phase != "train":
             return []
         if obs.kind == "start":
+            if obs.restart in self.started_in:
+                self.restarts_in_place += 1
+                # What this allocation trained before the restart is trained again after it
+                # (kept under a negative key: _resumed counts it as an earlier allocation's).
+                self.max_step[-1 - obs.restart] = max(self.max_step.get(-1 - obs.restart, 0),
+                                                      self.max_step.pop(obs.restart, 0))
+            self.started_in.add(obs.restart)
             self._started(now)
         elif obs.kind == "resume" and obs.step is not None:
             self._resumed(obs.step)

@@ -98,6 +98,7 @@ def observation(event: dict[str, Any], source: str, restart: int,
         else None,
         samples_per_s=number(event.get("samples_per_s"), "samples_per_s" in event),
         extra={k: v for k, v in event.items() if k in ("max_steps", "world_size", "checkpoint",
+                                                       "allocation", "restart_in_place",
                                                        "signal", "global_batch_size",
                                                        "stall_s", "write_s")})
 
@@ -190,6 +191,7 @@ class RunReader:
         self.allocations: list[Allocation] = []
         self.metrics: Optional[LineReader] = None
         self.metrics_restart = -1
+        self.metrics_start: Optional[Observation] = None
         self.tensorboard: dict[Path, EventFile] = {}
         self.json_seen = False
         self.notes: list[str] = []
@@ -263,11 +265,15 @@ class RunReader:
         out = []
         for found in parse_lines(self.metrics.read(now), "events", max(self.metrics_restart, 0),
                                  tally=self.metrics):
-            if found.kind == "start":   # each invocation of the training pass starts with one
+            # Each invocation of the training pass starts with one; one in the allocation of the
+            # start before it is a restart in place (the same allocation).
+            if found.kind == "start" and not same_allocation(found, self.metrics_start):
                 self.metrics_restart += 1
                 found = _with_restart(found, self.metrics_restart)
             elif self.metrics_restart > 0:
                 found = _with_restart(found, self.metrics_restart)
+            if found.kind == "start":
+                self.metrics_start = found
             out.append(found)
         return out
 
@@ -320,6 +326,13 @@ class RunReader:
             alloc = self.allocations[restart]
             return {node: alloc.host(node) for node in alloc.nodes()}
         return {}
+
+
+def same_allocation(found: Observation, before: Optional[Observation]) -> bool:
+    """Whether start event `found` is in the allocation of start `before` (the flow's log folder
+    its trainer names): a restart in place, not a new allocation."""
+    label = found.extra.get("allocation")
+    return before is not None and label is not None and label == before.extra.get("allocation")
 
 
 def _with_restart(found: Observation, restart: int) -> Observation:

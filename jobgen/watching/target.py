@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .observations import Observation
-from .readers import Allocation, parse_lines
+from .readers import Allocation, parse_lines, same_allocation
 
 
 @dataclass
@@ -33,6 +33,7 @@ class StreamReader:
     notes: list[str] = field(default_factory=list)
     restart: int = 0
     started: bool = False
+    start: Optional[Observation] = None   # node 0's newest start of the training pass
     grew: dict[int, float] = field(default_factory=dict)
     skipped: int = 0               # event lines that are not JSON objects
 
@@ -48,9 +49,9 @@ class StreamReader:
                 self.grew[node] = now
             for found in parse_lines(lines, "events", self.restart, node, self):
                 if found.kind == "start" and node == 0 and found.phase == "train":
-                    if self.started:
+                    if self.started and not same_allocation(found, self.start):
                         self.restart += 1
-                    self.started = True
+                    self.started, self.start = True, found
                 if found.kind == "beat" or node == 0:
                     out.append(found if found.restart == self.restart
                                else _at(found, self.restart))

@@ -41,8 +41,9 @@ def status_text(st: Any) -> str:
 def summary_lines(summary: Any) -> list[str]:
     lines = [f"summary: job {summary.job_id or '-'} {summary.state or '-'}, last step "
              f"{summary.last_step if summary.last_step is not None else '-'}, "
-             f"{summary.allocations} allocation(s), {summary.steps_lost} step(s) trained again "
-             "after restarts"]
+             f"{summary.allocations} allocation(s), "
+             f"{getattr(summary, 'restarts_in_place', 0)} restart(s) in place, "
+             f"{summary.steps_lost} step(s) trained again after restarts"]
     if not summary.alerts:
         lines.append("  no alerts")
     kinds: dict[str, list[Alert]] = {}

@@ -54,6 +54,7 @@ class Summary:
     actions: list[Action] = field(default_factory=list)
     steps_lost: int = 0
     allocations: int = 0
+    restarts_in_place: int = 0        # torchrun's restarts inside an allocation
     last_step: Optional[int] = None
     notes: list[str] = field(default_factory=list)
 
@@ -62,7 +63,8 @@ class Summary:
         for alert in self.alerts:
             counts[alert.kind] = counts.get(alert.kind, 0) + 1
         return {"job_id": self.job_id, "state": self.state, "last_step": self.last_step,
-                "allocations": self.allocations, "steps_lost": self.steps_lost,
+                "allocations": self.allocations, "restarts_in_place": self.restarts_in_place,
+                "steps_lost": self.steps_lost,
                 "alert_counts": counts, "alerts": [a.as_dict() for a in self.alerts],
                 "actions": [a.as_dict() for a in self.actions], "notes": self.notes}
 
@@ -144,6 +146,7 @@ class Watch:
         s.state = self.status.state
         s.steps_lost = self.detectors.steps_lost
         s.allocations = len(self.reader.allocations) or (self.detectors.restart + 1)
+        s.restarts_in_place = self.detectors.restarts_in_place
         s.last_step = self.status.step
         s.notes = list(self.reader.notes) + self.reader.skipped_notes()
         self.view.summary(s)

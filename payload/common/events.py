@@ -49,10 +49,13 @@ class EventLog:
         # node that stops saying so while the others go on is the one that hangs (jobgen watch).
         self.node = node_index(env)
         self.beats = str(env.get("LOCAL_RANK", "0")) == "0"
+        self.attempt = attempt_fields(env)
 
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
             return
+        if event == "start":   # which allocation, and which start in it (restarts in place)
+            fields = {**fields, **self.attempt}
         line = format_event(event, **fields, time=now_iso())
         out = self.stream or sys.stdout
         out.write(line + "\n")
@@ -71,6 +74,21 @@ class EventLog:
         out.write(format_event("beat", phase=phase, node=self.node, step=step,
                                time=now_iso()) + "\n")
         out.flush()
+
+
+def attempt_fields(env: Any) -> dict[str, Any]:
+    """What a ``start`` event says of the attempt: ``allocation``, the flow's log folder of this
+    allocation (``JOB/restart-N``, ``attempt-N``), and ``restart_in_place``, torchrun's count of
+    this node's restarts inside it (TORCHELASTIC_RESTART_COUNT; a node restarted for a peer's
+    failure keeps its count). `jobgen report` counts an allocation's starts."""
+    out: dict[str, Any] = {}
+    folder = str(env.get("JOBGEN_LOG_DIR", "") or "").rstrip("/")
+    if folder:
+        out["allocation"] = "/".join(Path(folder).parts[-2:])
+    count = str(env.get("TORCHELASTIC_RESTART_COUNT", "")).strip()
+    if count.isdigit():
+        out["restart_in_place"] = int(count)
+    return out
 
 
 def node_index(env: Any) -> int:

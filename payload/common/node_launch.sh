@@ -3,7 +3,7 @@
 # Sourced by payload/<payload>/launch.sh, which calls: node_launch PASS TRAINER_ARG...
 #
 # Reads: MASTER_ADDR MASTER_PORT JOBGEN_WORKERS_PER_NODE JOBGEN_LOG_DIR JOBGEN_RUN_DIR JOBGEN_WORKDIR
-#        JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER, and the node's place in the job from
+#        JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER JOBGEN_RESTARTS_IN_PLACE, and the node's place in the job from
 #        JOBGEN_NODE_RANK/JOBGEN_NNODES (AWS Batch entrypoint) or SLURM_NODEID/SLURM_NNODES (srun).
 
 node_say() { printf 'jobgen[node %s]: %s\n' "${node_rank:-?}" "$*" >&2; }
@@ -26,6 +26,46 @@ classify_failure() {
     status=$JOBGEN_CONFIG_ERROR
   fi
   printf '%s\n' "$status"
+}
+
+# What torchrun's agent logs (at its default level) when a worker of this node fails (torch 2.x),
+# and what rank 0 (on the main node) prints each time the training pass's workers start.
+NODE_WORKER_FAILED='failed \(exitcode: -?[0-9]+\)'
+NODE_TRAIN_START='^\{"event": "start", "phase": "train"'
+
+# node_watch_failures LOG FROM PIDFILE RECORD: while torchrun restarts workers in place, a worker
+# failure that no restart can cure (status 78, or the trainer started wrongly: classify_failure's
+# patterns in the log since the previous failure) is recorded in RECORD and ends torchrun (its
+# process id in PIDFILE) instead of being restarted; the flow then stops the job with 78.
+node_watch_failures() {
+  local log=$1 from=$2 pidfile=$3 record=$4 seen=$2 size pid
+  set +o pipefail
+  while sleep 1; do
+    [ -f "$log" ] || continue
+    size=$(wc -c <"$log")
+    [ "$size" -gt "$seen" ] || continue
+    if tail -c "+$((seen + 1))" "$log" | grep -E "$NODE_WORKER_FAILED" >/dev/null; then
+      if tail -c "+$((from + 1))" "$log" | grep -E "failed \(exitcode: $JOBGEN_CONFIG_ERROR\)|$JOBGEN_CONFIG_PATTERNS" >/dev/null; then
+        printf '%s\n' "$JOBGEN_CONFIG_ERROR" >"$record"
+        node_say "a worker failed in a way no restart cures (status $JOBGEN_CONFIG_ERROR or a trainer started wrongly; see $log); not restarted in place"
+        read -r pid <"$pidfile" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
+        return 0
+      fi
+      from=$size
+    fi
+    seen=$size
+  done
+}
+
+# node_count_restarts LOG FROM FILE: on the main node, where rank 0 says when the workers start,
+# how often the training pass restarted in place (its starts in LOG after byte FROM, less the
+# first), recorded in FILE for `jobgen report` and `jobgen runs`.
+node_count_restarts() {
+  local starts
+  starts=$(tail -c "+$(($2 + 1))" "$1" 2>/dev/null | grep -cE "$NODE_TRAIN_START")
+  [ "${starts:-0}" -gt 0 ] || return 0
+  printf '%s\n' "$((starts - 1))" >"$3" 2>/dev/null || true
+  [ "$starts" -eq 1 ] || node_say "the training pass restarted in place $((starts - 1)) time(s)"
 }
 
 node_setup() {
@@ -94,19 +134,64 @@ node_launch() {
   # bounds how long torchrun's static rendezvous waits for the other nodes (torch's default: 600 s).
   # Underscore spellings only: torch 1.13 (neuronx-nemo-megatron's pin) has no hyphenated aliases.
   local -a rdzv=(--rdzv_id "jobgen-$pass")
-  if [ -n "${JOBGEN_RDZV_TIMEOUT:-}" ]; then
-    rdzv+=(--rdzv_conf "timeout=$JOBGEN_RDZV_TIMEOUT")
+  local in_place=${JOBGEN_RESTARTS_IN_PLACE:-0}
+  case $in_place in '' | *[!0-9]*) in_place=0 ;; esac
+  [ "$pass" = train ] || in_place=0
+  if [ "$in_place" -gt 0 ]; then
+    # Restarts inside the allocation: torchrun's elastic agent with the c10d rendezvous, hosted
+    # by the main node's agent. A worker that fails makes every node's agent stop its workers
+    # and start them again (they resume from the newest complete checkpoint), at most
+    # JOBGEN_RESTARTS_IN_PLACE times per node; nothing else of the flow runs again.
+    # The agents rank the nodes by sorting their --local_addr (torch's host name by default):
+    # the main node gives its address (where the first-ranked node's workers meet), every other
+    # node a label that sorts after any address, by its node rank. So torchrun's node ranks
+    # (GROUP_RANK) are the flow's, and rank 0 is on the main node, as without restarts.
+    local conf=is_host=0 addr
+    addr=$(printf '~jobgen-node-%06d' "$node_rank")
+    [ "$node_rank" != 0 ] || conf=is_host=1 addr=$MASTER_ADDR
+    [ -z "${JOBGEN_RDZV_TIMEOUT:-}" ] || conf+=",join_timeout=$JOBGEN_RDZV_TIMEOUT"
+    # The workers meet in a store of their own each round (on a free port of the main node), not
+    # in the agents' store under a prefix named by each node's own restart count: a node
+    # restarted for its peer's failure does not count it, and its new workers would read the
+    # previous round's addresses there and wait for workers that are gone (torch 2.4+ shares it).
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    rdzv=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "jobgen-$pass"
+      --rdzv_conf "$conf" --max_restarts "$in_place" --local_addr "$addr")
+  else
+    rdzv+=(--node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+    [ -z "${JOBGEN_RDZV_TIMEOUT:-}" ] || rdzv+=(--rdzv_conf "timeout=$JOBGEN_RDZV_TIMEOUT")
   fi
-  node_say "$pass pass: node $node_rank of $nnodes, master $MASTER_ADDR:$MASTER_PORT, log $log_dir/$pass.log"
+  local budget=""
+  [ "$in_place" -eq 0 ] || budget=", up to $in_place restarts in place"
+  node_say "$pass pass: node $node_rank of $nnodes, master $MASTER_ADDR:$MASTER_PORT, log $log_dir/$pass.log$budget"
+  local log="$log_dir/$pass.log" before=0 pidfile="$log_dir/$pass.torchrun-pid" watcher=""
+  [ -f "$log" ] && before=$(wc -c <"$log")
+  rm -f "$log_dir/$pass.permanent" "$pidfile"
+  if [ "$in_place" -gt 0 ]; then
+    node_watch_failures "$log" "$before" "$pidfile" "$log_dir/$pass.permanent" &
+    watcher=$!
+  fi
   # pipefail: the status is torchrun's, not tee's. ${a[@]+"${a[@]}"}: an empty array expands to
   # nothing under `set -u` on bash 4.2 too (Amazon Linux 2), where "${a[@]}" is an error.
   set -o pipefail
-  ${wrapper[@]+"${wrapper[@]}"} torchrun \
-    --nproc_per_node "${JOBGEN_WORKERS_PER_NODE:?}" --nnodes "$nnodes" --node_rank "$node_rank" \
-    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" ${rdzv[@]+"${rdzv[@]}"} \
-    "$program" "$@" 2>&1 | tee -a "$log_dir/$pass.log"
+  {
+    printf '%s\n' "$BASHPID" >"$pidfile" 2>/dev/null
+    exec ${wrapper[@]+"${wrapper[@]}"} torchrun \
+      --nproc_per_node "${JOBGEN_WORKERS_PER_NODE:?}" --nnodes "$nnodes" ${rdzv[@]+"${rdzv[@]}"} \
+      "$program" "$@"
+  } 2>&1 | tee -a "$log"
   local status=$?
-  [ "$status" -eq 0 ] || status=$(classify_failure "$status" "$log_dir/$pass.log")
+  if [ -n "$watcher" ]; then
+    kill "$watcher" 2>/dev/null
+    wait "$watcher" 2>/dev/null
+    node_count_restarts "$log" "$before" "$log_dir/$pass.restarts"
+  fi
+  rm -f "$pidfile"
+  if [ -f "$log_dir/$pass.permanent" ]; then
+    status=$JOBGEN_CONFIG_ERROR
+  elif [ "$status" -ne 0 ]; then
+    status=$(classify_failure "$status" "$log")
+  fi
   # For the Slurm job script (pass_status): srun reports the highest status of all nodes, which
   # after one node fails is the SIGTERM of the nodes srun stopped, not the failed trainer's.
   printf '%s\n' "$status" > "$log_dir/$pass.status" || node_say "cannot write $log_dir/$pass.status"
