@@ -252,10 +252,10 @@ def test_image_context_words_paste_as_they_stand(tmp_path: Path) -> None:
     builds = [line for line in proc.stdout.splitlines() if line.startswith("docker build")]
     assert builds
     for line in builds:   # bash reads each word back as written: the folder, not an option
-        said = subprocess.run(["bash", "-c", "printf '%s\\0' " + line[len("docker "):]],
-                              capture_output=True, check=True).stdout.split(b"\0")[:-1]
-        assert said[-1].decode() == "./" + folder and " -rf" not in line
-        assert said[2].decode() == f"./{folder}/env/containers/" + said[2].decode().rsplit(
+        words = subprocess.run(["bash", "-c", "printf '%s\\0' " + line[len("docker "):]],
+                               capture_output=True, check=True).stdout.split(b"\0")[:-1]
+        assert words[-1].decode() == "./" + folder and " -rf" not in line
+        assert words[2].decode() == f"./{folder}/env/containers/" + words[2].decode().rsplit(
             "/", 1)[1]
 
 
@@ -339,3 +339,22 @@ def test_plan_plot_to_a_path_that_cannot_be_is_one_line(
         os.mkfifo(out)
     assert main(["plan", "llama2-7b", "--plot", str(out)]) == 2
     _one_line_error(capsys, "--plot")
+
+
+@pytest.mark.slow
+def test_the_screenshot_script_shoots_both_widths(tmp_path: Path) -> None:
+    """benchmarks/report_screenshots.py (for a person to look at): both screenshots and the
+    PNG come out, at the widths asked for."""
+    import shutil
+    import struct
+    pytest.importorskip("matplotlib")
+    if shutil.which("chromium") is None:
+        pytest.skip("no chromium here (Debian: apt-get install chromium)")
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "report_screenshots.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, timeout=300,
+                   capture_output=True)
+    for name, width in (("wide.png", 1280), ("narrow.png", 720), ("report.png", None)):
+        head = (tmp_path / name).read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        if width is not None:
+            assert struct.unpack(">I", head[16:20])[0] == width
