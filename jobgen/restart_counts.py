@@ -13,7 +13,7 @@ from typing import Any
 from . import fsio
 from .errors import JobgenError
 
-ALLOCATION = re.compile(r"^(restart|attempt)-\d+$")
+ALLOCATION = re.compile(r"^(restart|attempt)-[0-9]{1,9}$")
 
 
 def allocation_folders(run_dir: Path) -> list[Path]:
@@ -37,7 +37,7 @@ def counts(run_dir: Path) -> dict[str, Any]:
             text = fsio.read_text(folder / "node-0" / "train.restarts", 64).strip()
         except (OSError, JobgenError):
             continue
-        if text.isdigit():
+        if text.isascii() and text.isdigit():   # not "²" (a digit to isdigit, not to int)
             by[str(folder.relative_to(run_dir / "logs"))] = int(text)
     return {"restarts_in_place": sum(by.values()), "requeues": max(0, len(folders) - 1),
             "by_allocation": by}

@@ -157,6 +157,8 @@ def test_numbers_that_are_not_numbers_are_skipped(tmp_path: Path) -> None:
     (job / "restart-²").mkdir()
     (job / "restart-2" / "node-0" / "job.status").write_text("9" * 5000 + " train\n")
     (job / "restart-2" / "node-1" / "job.status").write_text("٣ train\n")
+    (job / "restart-2" / "node-0" / "train.restarts").write_text("²\n")
+    (job / "restart-1" / "node-0" / "train.restarts").write_text("9" * 60 + "\n")
     (job / "restart-1" / "node-0" / "health.json").write_text('{"seconds": 1e308}')
     (job / "restart-1" / "node-1" / "health.json").write_text('{"seconds": "nan"}')
     log = job / "restart-2" / "node-0" / "train.log"
@@ -175,6 +177,8 @@ def test_numbers_that_are_not_numbers_are_skipped(tmp_path: Path) -> None:
                                *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     from jobgen.reporting import report
+    from jobgen.restart_counts import counts
+    assert counts(run)["by_allocation"] == {"7/restart-1": int("9" * 60)}   # not ², not -²
     made = report.make(None, run, use_sacct=False)
     assert [n.node for n in made.timeline.allocations[2].nodes] == [0, 1]
     assert made.timeline.allocations[2].nodes[0].status is None

@@ -174,7 +174,8 @@ def status(ref: JobRef) -> JobStatus:
     found = slurm_jobs.status(ref.job_id)
     code = found["exit_code"].partition(":")[0]   # STATUS:SIGNAL, once the job ended
     return job_status("slurm", found["job_id"], found["state"], found["reason"],
-                      int(code) if code.isdigit() else None, exit=found["exit_code"],
+                      int(code) if code.isascii() and code.isdigit() else None,
+                      exit=found["exit_code"],
                       nodes=found["nodes"], restarts=found["restarts"],
                       output=found["output"])
 

@@ -143,7 +143,7 @@ def partition_size(partition: Optional[str]) -> tuple[str, int]:
     default = None
     for line in _run(["sinfo", "-h", "-o", "%P %D"], timeout=30).splitlines():
         fields = line.split()
-        if len(fields) != 2 or not fields[1].isdigit():
+        if len(fields) != 2 or not (fields[1].isascii() and fields[1].isdigit()):
             continue
         name = fields[0].rstrip("*")
         if fields[0].endswith("*"):

@@ -200,7 +200,7 @@ def status(job_id: str) -> dict[str, Any]:
             "finished": st.finished, "reason": "" if st.reason == "None" else st.reason,
             "exit_code": st.exit_code if st.finished else "",
             "nodes": "" if st.nodes == "(null)" else st.nodes,
-            "restarts": int(st.restarts) if st.restarts.isdigit() else 0,
+            "restarts": int(st.restarts) if st.restarts.isascii() and st.restarts.isdigit() else 0,
             "output": st.stdout}
 
 
@@ -253,7 +253,7 @@ def node_logs(folder: Path, node: int) -> list[Path]:
     written by payload/common/job_flow.sh): every restart's, oldest first."""
     def restart(path: Path) -> int:
         number = path.name.partition("-")[2]
-        return int(number) if number.isdigit() else -1
+        return int(number) if number.isascii() and number.isdigit() else -1
     found = []
     for attempt in sorted(folder.glob("restart-*"), key=restart):
         found += [f for f in (attempt / f"node-{node}" / "compile.log",
