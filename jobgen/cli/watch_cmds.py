@@ -32,26 +32,31 @@ from .options import _Amount, _Folder, _job, _job_backend, _job_options, _json_o
 @click.option("--max-steps", type=click.IntRange(min=1),
               help="The run's last step, for the time to finish (default: recorded).")
 @click.option("--spike-window", type=click.IntRange(min=2), default=20, show_default=True,
-              help="Steps in the running mean of the gradient norm (and of the loss).")
-@click.option("--spike-margin", type=click.FloatRange(min=0), default=0.1, show_default=True,
-              help="A spike: gradient norm above the running mean plus this.")
+              help="Recent steps whose median the gradient norm (and the loss) is judged by.")
+@click.option("--spike-factor", type=click.FloatRange(min=1, min_open=True), default=2.5,
+              show_default=True,
+              help="A spike: gradient norm above this x the median of the recent norms ...")
+@click.option("--spike-mads", type=click.FloatRange(min=0), default=6.0, show_default=True,
+              help="... and above that median by this many of their robust spreads (MAD).")
 @click.option("--spike-patience", type=click.IntRange(min=1), default=5, show_default=True,
-              help="A spike lasting this many steps is divergence.")
+              help="A spike lasting this many steps is reported as sustained.")
 @click.option("--growth-factor", type=_Amount(), default=3.0, show_default=True,
-              help="Divergence: gradient norm above this x its lowest running mean ...")
+              help="Divergence: gradient norm above this x its lowest running median ...")
 @click.option("--growth-steps", type=click.IntRange(min=1), default=5, show_default=True,
               help="... for this many steps in a row.")
 @click.option("--loss-spike", type=_Amount(), default=0.5, show_default=True,
-              help="A loss spike: loss above (1 + this) x its running mean.")
+              help="A loss spike: loss above (1 + this) x the median of the recent losses.")
 @click.option("--hang-factor", type=_Amount(), default=10.0, show_default=True,
               help="A hang: no step for this x the median step time ...")
 @click.option("--hang-min", "hang_min_s", type=click.FloatRange(min=0), default=300.0,
               show_default=True, help="... and at least this many seconds (saves take long).")
 @click.option("--drop", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
               default=0.3, show_default=True,
-              help="A throughput drop: the recent median this fraction below the earlier one.")
+              help="A throughput drop: the recent median this fraction below the steady one ...")
+@click.option("--drop-mads", type=click.FloatRange(min=0), default=4.0, show_default=True,
+              help="... and below it by this many robust spreads of the steady steps' rates.")
 @click.option("--drop-steps", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Steps in the recent median (the earlier one needs twice as many).")
+              help="Steps in the recent median (the steady one needs twice as many).")
 @click.option("--restarts-per-node", type=click.IntRange(min=1), default=2, show_default=True,
               help="A bad node: the first to fail in this many allocations.")
 @_job_backend
@@ -64,11 +69,19 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
               **rule_values: Any) -> None:
     """Follow JOB (a run name or a job id) while it runs: gradient-norm and loss spikes,
     divergence, non-finite values, hangs, a silent node, throughput drops and a node that keeps
-    causing restarts; act on hangs and divergence when asked. Exits when the job ends (0 if it
-    completed), with a summary."""
+    causing restarts; act on hangs and divergence when asked. Exits when the job ends, with a
+    summary. Without JOB, judges the --run-dir folder as recorded.
+
+    \b
+    Exit status:
+      0  the job completed; offline: no divergence or hang found
+      1  the job did not complete; offline: a divergence or hang found
+      2  a usage error or an input refused
+      3  nothing to judge: not one training step was read
+    130  interrupted (Ctrl-C)"""
     from ..watching import command
     from ..watching.detectors import Rules
-    from ..watching.watcher import Policy
+    from ..watching.watcher import Policy, exit_status
     rules = Rules(**rule_values)
     if job is None:
         if run_dir is None:
@@ -76,7 +89,7 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
         if on_hang or on_diverge or notify_spec:
             raise click.UsageError("--on-hang, --on-diverge and --notify act on a job: give JOB")
         summary = command.watch_recorded(run_dir, rules, as_json)
-        raise SystemExit(1 if any(a.category != "report" for a in summary.alerts) else 0)
+        raise SystemExit(exit_status(summary))
     notify = command.parse_notify(notify_spec)
     if "notify" in (on_hang, on_diverge) and notify is None:
         raise click.UsageError("the notify action needs --notify cmd:COMMAND")
@@ -94,4 +107,4 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
                                 as_json=as_json, poll_s=poll_s, every=every,
                                 max_steps=max_steps)
     ended = declared.states.get(summary.state.upper(), backends.State.UNKNOWN)
-    raise SystemExit(0 if ended == backends.State.COMPLETED else 1)
+    raise SystemExit(exit_status(summary, ended == backends.State.COMPLETED))

@@ -1,23 +1,29 @@
 """Detectors: the observations of a run in, alerts out. Pure (the clock is passed in), so that a
-recorded stream is judged exactly as a live one.
+recorded stream is judged exactly as a live one. Every rule is relative to the run's own
+numbers (watching/rules.py), so that a healthy run of any scale raises nothing
+(benchmarks/watch_alarms.py measures that on real CPU rehearsals).
 
-- gradient-norm spike (HLAT, arXiv 2404.10630): a step whose norm exceeds r + margin, r the mean
-  of the last `spike_window` (20) norms, spikes included as HLAT defines it; r needs
-  `MIN_HISTORY` steps first. A spike that has not come back after `spike_patience` steps is
-  reported as sustained (HLAT saw those precede divergence). It is not acted on: with an absolute
-  margin, a norm that settles a little higher (the end of warmup does that) looks the same, and a
-  rollback on that signal would throw good steps away.
-- divergence: `growth_steps` consecutive norms above `growth_factor` (3) x the lowest r seen
-  (HLAT: growth above 3x the lowest value precedes divergence).
+- gradient-norm spike: a norm above both `spike_factor` (2.5) x the median of the last
+  `spike_window` (20) norms and that median + `spike_mads` (6) x their robust spread (MAD x
+  1.4826), judged once `MIN_HISTORY` (5) norms are known. HLAT (arXiv 2404.10630) used "above
+  the running mean + 0.1", an absolute margin that suits norms near 1 and fires on every wobble
+  of a run whose norms are near 4. A spike that has not come back after `spike_patience` steps
+  is reported as sustained (HLAT saw those precede divergence). It is not acted on: a norm that
+  settles higher (the end of warmup does that) looks the same, and a rollback on that signal
+  would throw good steps away.
+- divergence: `growth_steps` consecutive norms above `growth_factor` (3) x the lowest running
+  median (HLAT: growth above 3x the lowest value precedes divergence).
 - a non-finite loss or gradient norm: divergence, at once.
-- loss spike: a loss above (1 + `loss_spike`) x the mean of the last `spike_window` losses (one
-  alert until it is back below (1 + `loss_spike` / 2) x the mean; none once divergence is known).
+- loss spike: a loss above (1 + `loss_spike`) x the median of the last `spike_window` losses
+  (one alert until it is back below (1 + `loss_spike` / 2) x the median; none once divergence
+  is known).
 - hang: no training step and no node starting one for max(`hang_factor` x the median step time,
   `hang_min_s`) while the job runs; the nodes that did not start the newest step (or whose logs
   went quiet while others grew) are named.
-- throughput drop: the median rate of the last `drop_steps` steps below (1 - `drop`) x the median
-  of the steps before them in this allocation (at least 2 x `drop_steps` of them; the first 2
-  steps after each start are left out).
+- throughput drop: the median rate of the last `drop_steps` steps more than `drop` (30 %) below
+  the median of the steps before them in this allocation (at least 2 x `drop_steps` of them),
+  and by more than `drop_mads` (4) x the robust spread of those steps' log rates; the first 2
+  steps after each start and every step whose time holds a save or a resume are left out.
 - a node that repeatedly causes restarts: the same host (node index where no host is recorded)
   failing first (the earliest exit status 1-127 recorded; the others then lose their peer) in
   `restarts_per_node` allocations.
@@ -64,6 +70,7 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         self.intervals: deque[float] = deque(maxlen=50)
         self.rates: list[float] = []
         self.since_start = 0
+        self.paused = False                           # a save or resume since the last step
         self.dropped = False
         self.hang_alerted = False
         self.ended = False                            # the training pass said done or stopped
@@ -96,6 +103,9 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
             self._started(now)
         elif obs.kind == "resume" and obs.step is not None:
             self._resumed(obs.step)
+            self.paused = True
+        elif obs.kind == "checkpoint":
+            self.paused = True
         elif obs.kind in ("done", "stopped"):
             self.ended = True
         elif obs.kind == "beat" and obs.node is not None and obs.step is not None:
@@ -118,6 +128,7 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         self.ended = False
         self.rates = []
         self.since_start = 0
+        self.paused = False
         self.dropped = False
 
     def _resumed(self, step: int) -> None:

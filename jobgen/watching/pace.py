@@ -1,15 +1,16 @@
 """The step-time detectors of jobgen watch (the rules: watching/detectors.py): the step times
-and rates of the current allocation, a throughput drop against its own median, and a hang (no
-step for too long) with the nodes behind it. A mixin of `Detectors`, which holds the state
-declared here."""
+and rates of the current allocation, a throughput drop against its own steady throughput, and a
+hang (no step for too long) with the nodes behind it. A mixin of `Detectors`, which holds the
+state declared here."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from typing import Optional
 
 from .observations import Alert, Observation, fmt
-from .rules import Rules
+from .rules import Rules, median_spread
 
 WARM_STEPS = 2         # steps after each start left out of the throughput baseline
 
@@ -22,6 +23,7 @@ class PaceDetectors:
     intervals: deque[float]
     rates: list[float]
     since_start: int
+    paused: bool
     dropped: bool
     hang_alerted: bool
     ended: bool
@@ -38,7 +40,9 @@ class PaceDetectors:
             return
         per_step = elapsed / (obs.step - prev.step)
         self.intervals.append(per_step)
-        if self.since_start > WARM_STEPS + 1:
+        paused, self.paused = self.paused, False
+        # A step whose time holds a save (or a resume) says nothing about the training's pace.
+        if self.since_start > WARM_STEPS + 1 and not paused:
             if prev.consumed is not None and obs.consumed is not None \
                     and obs.consumed > prev.consumed:
                 self.rates.append((obs.consumed - prev.consumed) / elapsed)
@@ -46,21 +50,29 @@ class PaceDetectors:
                 self.rates.append(1.0 / per_step)
 
     def _throughput(self, obs: Observation, now: float) -> list[Alert]:
+        """The median rate of the last `drop_steps` steps against the allocation's steady rate
+        before them (warm-up and saves left out): a drop is more than `drop` below it, and
+        beyond the run's own step-to-step spread (`drop_mads` x the robust spread of the log
+        rates), so that a run whose pace wobbles (a shared CPU) needs a bigger fall."""
         n = self.rules.drop_steps
         if len(self.rates) < 3 * n:
             return []
         recent = statistics.median(self.rates[-n:])
-        baseline = statistics.median(self.rates[:-n][-50:])
-        if recent < (1 - self.rules.drop) * baseline:
+        earlier = self.rates[:-n][-50:]
+        baseline = statistics.median(earlier)
+        _, spread = median_spread(math.log(r) for r in earlier)
+        fall = math.log(baseline / recent)
+        if recent < (1 - self.rules.drop) * baseline and fall > self.rules.drop_mads * spread:
             if self.dropped:
                 return []
             self.dropped = True
             unit = "samples/s" if obs.consumed is not None else "steps/s"
             return [Alert("throughput_drop", obs.step, f"step {obs.step}: {fmt(recent)} {unit} "
                           f"over the last {n} steps, {1 - recent / baseline:.0%} below this "
-                          f"allocation's median of {fmt(baseline)}", now,
+                          f"allocation's steady median of {fmt(baseline)} (its steps vary by "
+                          f"{math.expm1(spread):.0%})", now,
                           since_step=(obs.step or 0) - n + 1, fault_time=obs.time,
-                          values={"recent": recent, "baseline": baseline})]
+                          values={"recent": recent, "baseline": baseline, "spread": spread})]
         if recent >= (1 - self.rules.drop / 2) * baseline:
             self.dropped = False
         return []

@@ -45,7 +45,8 @@ def summary_lines(summary: Any) -> list[str]:
              f"{getattr(summary, 'restarts_in_place', 0)} restart(s) in place, "
              f"{summary.steps_lost} step(s) trained again after restarts"]
     if not summary.alerts:
-        lines.append("  no alerts")
+        lines.append("  no alerts" if summary.steps_read else
+                     "  nothing to judge: not one training step was read")
     kinds: dict[str, list[Alert]] = {}
     for alert in summary.alerts:
         kinds.setdefault(alert.kind, []).append(alert)

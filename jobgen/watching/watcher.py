@@ -16,6 +16,10 @@ from .readers import RunReader
 ACTIONS = {"hang": ("requeue", "stop", "notify"),
            "diverge": ("requeue", "stop", "rollback", "notify")}
 WATCH_LOG = "watch.jsonl"     # in the run folder: every alert and action, one JSON object each
+# Exit statuses: 0 healthy (offline) or completed (a job), 1 a divergence or hang found (offline)
+# or the job did not complete, 2 a usage or input error (errors.py), 3 nothing to judge: not
+# one training step was read, so "no alerts" would mean nothing; 130 Ctrl-C.
+NOTHING_TO_JUDGE = 3
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Summary:
     allocations: int = 0
     restarts_in_place: int = 0        # torchrun's restarts inside an allocation
     last_step: Optional[int] = None
+    steps_read: int = 0               # training steps read: none, and there was nothing to judge
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,6 +70,7 @@ class Summary:
         return {"job_id": self.job_id, "state": self.state, "last_step": self.last_step,
                 "allocations": self.allocations, "restarts_in_place": self.restarts_in_place,
                 "steps_lost": self.steps_lost,
+                "steps_read": self.steps_read,
                 "alert_counts": counts, "alerts": [a.as_dict() for a in self.alerts],
                 "actions": [a.as_dict() for a in self.actions], "notes": self.notes}
 
@@ -161,6 +167,7 @@ class Watch:
     def _show(self, obs: Observation) -> None:
         if not obs.training_step:
             return
+        self.summary.steps_read += 1
         st = self.status
         st.step, st.restart = obs.step, obs.restart
         if obs.loss is not None:
@@ -271,6 +278,18 @@ class Watch:
         if not ok:
             self.view.note(text)
         return ok, text
+
+
+def exit_status(summary: Summary, completed: Optional[bool] = None) -> int:
+    """`jobgen watch`'s exit status. Offline (`completed` None): 1 when a divergence or hang was
+    found; a job: 1 when it did not complete. Otherwise 3 (NOTHING_TO_JUDGE) when not one
+    training step was read, else 0."""
+    if completed is None:
+        if any(a.category != "report" for a in summary.alerts):
+            return 1
+    elif not completed:
+        return 1
+    return NOTHING_TO_JUDGE if summary.steps_read == 0 else 0
 
 
 def now_iso() -> str:
