@@ -22,6 +22,7 @@ from typing import Callable
 import pytest
 from test_report import make_run
 
+from jobgen import runrecord
 from jobgen.cli import main
 from jobgen.errors import ConfigError
 
@@ -323,9 +324,15 @@ def test_a_400_deep_run_record_is_not_a_recursion_error(tmp_path: Path) -> None:
             "site": "", "run_dir": str(run), "submitted": "2026-01-01T00:00:00+00:00"}
     lines = [json.dumps(dict(base, **{key: deep})) for key in ("name", "nodes", "extra")]
     (state / "runs.jsonl").write_text("\n".join(lines + [json.dumps(base)]) + "\n")
-    (run / "jobgen-run.json").write_text(json.dumps({"run": "deep", "submissions": deep}))
+    # A record of the right shape with a 400-deep value inside (runs NAME prints it as YAML).
+    sub = {key: False if kind is bool else 1 if kind is int else kind()
+           for key, kind in runrecord.SUBMISSION_KEYS.items()}
+    sub.update(training={"a": deep}, job_ids=[deep])
+    (run / runrecord.FILE).write_text(json.dumps({"format": runrecord.FORMAT, "run": "deep",
+                                                  "submissions": [sub]}))
     env = dict(os.environ, JOBGEN_STATE_DIR=str(state))
-    for argv in (["runs"], ["runs", "--json"], ["status", "deep"], ["report", "deep"]):
+    for argv in (["runs"], ["runs", "--json"], ["runs", "deep"], ["runs", "deep", "--json"],
+                 ["status", "deep"], ["report", "deep"]):
         proc = subprocess.run([str(JOBGEN), *argv], env=env, cwd=tmp_path, capture_output=True,
                               text=True, timeout=120)
         assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr, argv
