@@ -369,3 +369,21 @@ def test_the_screenshot_script_shoots_both_widths(tmp_path: Path) -> None:
         assert head[:8] == b"\x89PNG\r\n\x1a\n"
         if width is not None:
             assert struct.unpack(">I", head[16:20])[0] == width
+
+
+def test_status_runs_and_report_pass_over_fifos_in_a_local_run(tmp_path: Path) -> None:
+    state, run = tmp_path / "state", tmp_path / "runs" / "r1"
+    state.mkdir()
+    (run / "logs" / "local-1" / "node-0").mkdir(parents=True)
+    for name in ("logs/local-1/node-0/job.status", "logs/local-1/node-0/train.log",
+                 "logs/local-1/node-0/host", "logs/local-1/cancelled.json",
+                 "jobgen-health.jsonl", "jobgen-run.json"):
+        os.mkfifo(run / name)
+    (state / "runs.jsonl").write_text(json.dumps({
+        "name": "r1", "backend": "local", "job_id": "local-1", "recipe": "x", "nodes": 1,
+        "site": "", "run_dir": str(run), "submitted": "2026-01-01T00:00:00+00:00"}) + "\n")
+    env = dict(os.environ, JOBGEN_STATE_DIR=str(state))
+    for argv in (["runs"], ["runs", "r1"], ["status", "r1"], ["report", "r1"]):
+        proc = subprocess.run([str(JOBGEN), *argv], env=env, cwd=run, capture_output=True,
+                              text=True, timeout=60)
+        assert "Traceback" not in proc.stderr and proc.returncode in (0, 2), (argv, proc.stderr)
