@@ -72,6 +72,55 @@ def resume(trainer: Any) -> None:
                      global_batch_changed=found["global_batch_size"] != trainer.global_batch)
 
 
+class _CopyStager:
+    """Stages a state dict holding ShardedTensors (FSDP1 under SMP: its sharded state dict), which
+    DCP's default stager in torch 2.13 cannot copy: a CPU copy of every local shard and tensor,
+    so the next optimizer step cannot change what the background write reads."""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: Any) -> Any:
+        return _copied(state_dict)
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _copied(value: Any) -> Any:
+    import torch
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+    if isinstance(value, ShardedTensor):
+        shards = [Shard(s.tensor.detach().to("cpu", copy=True), s.metadata)
+                  for s in value.local_shards()]
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            shards, value.metadata(), process_group=value._process_group)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(item) for item in value)
+    return value
+
+
+def _stager(state_dict: Any) -> Any:
+    """DCP's default stager (None), or ours where the state holds ShardedTensors."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    def sharded(value: Any) -> bool:
+        if isinstance(value, dict):
+            return any(sharded(item) for item in value.values())
+        if isinstance(value, (list, tuple)):
+            return any(sharded(item) for item in value)
+        return isinstance(value, ShardedTensor)
+
+    return _CopyStager() if sharded(state_dict) else None
+
+
 def _done() -> Any:
     """A resolved future: a rank that writes nothing has finished its part at once."""
     from concurrent.futures import Future
@@ -104,7 +153,7 @@ def save(trainer: Any, root: Path | None = None) -> None:
         if not writes:
             return _done()
         return dcp.async_save(current, checkpoint_id=str(directory / folder),
-                              process_group=twin)
+                              process_group=twin, async_stager=_stager(current))
 
     sealed_save(root or trainer.ckpt_root, trainer.step, info, trainer.rank,
                 trainer.args.keep_checkpoints, trainer.log, write)

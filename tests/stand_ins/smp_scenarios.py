@@ -82,6 +82,8 @@ def main() -> None:
         trainer.train_step()
         trainer.train_step()
         trainer.save()
+        from common import background
+        background.finish(wait=True)   # saves run in the background: sealed once written
         state = local_model_state(trainer)
         torch.save(state, out / f"saved-rank{rank}.pt")
         report["mlp_slice_sum"] = float(sum(v.double().sum() for k, v in state.items()
