@@ -77,12 +77,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rehearse(workdir: Path, recipe: str, seed: int, fault: Optional[str]) -> tuple[str, Path]:
+def rehearse(workdir: Path, recipe: str, seed: int, fault: Optional[str],
+             nodes: int = NODES) -> tuple[str, Path]:
     """One `jobgen run` rehearsal; returns (its case name, the file watch reads)."""
-    case = f"{recipe}-s{seed}" + (f"-{fault}" if fault else "")
+    case = f"{recipe}-s{seed}" + (f"-{nodes}n" if nodes != NODES else "") + \
+        (f"-{fault}" if fault else "")
     env = clean_env(FAULTS[fault][0] if fault else {})
     result = subprocess.run([*JOBGEN, "run", recipe, "--smoke", "--compile", "never",
-                             "--nodes", str(NODES), "--run-name", case, "--set", f"seed={seed}",
+                             "--nodes", str(nodes), "--run-name", case, "--set", f"seed={seed}",
                              "--set", f"job.master_port={free_port()}"],
                             cwd=workdir, env=env, capture_output=True, text=True, timeout=900,
                             check=False)
@@ -200,6 +202,7 @@ def report(streams: dict[str, list[str]]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="healthy runs per recipe")
+    parser.add_argument("--nodes", type=int, default=NODES, help="emulated nodes per run")
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help="the faults to inject (none: '')")
@@ -222,14 +225,14 @@ def main() -> int:
     try:
         for recipe in recipes:
             for seed in range(1, args.seeds + 1):
-                case, path = rehearse(workdir, recipe, seed, None)
+                case, path = rehearse(workdir, recipe, seed, None, args.nodes)
                 streams[case] = stream_of(path)
                 print(f"ran {case} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
         for fault in faults:
             for recipe in ([r for r in recipes if r in GPT_RECIPES] if fault != "hang"
                            else ["smoke"]):
                 case, path = hang_run(workdir, 1) if fault == "hang" else \
-                    rehearse(workdir, recipe, 1, fault)
+                    rehearse(workdir, recipe, 1, fault, args.nodes)
                 streams[case] = stream_of(path)
                 print(f"ran {case} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     finally:

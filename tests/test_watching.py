@@ -186,6 +186,26 @@ def test_no_spike_is_judged_during_warm_up() -> None:
     assert kinds(feed(det, [step(6, norm=50.0)])) == [("grad_spike", 6)]
 
 
+def test_numbers_without_a_scale_or_past_floats_range_raise_no_traceback(
+        tmp_path: Path, jobgen: Callable[..., Any]) -> None:
+    """Norms of 0 (no scale to judge a spike or growth against), then tiny and huge ones;
+    consumed-sample counts past float's range (the rate falls back to steps/s)."""
+    metrics = tmp_path / "train" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    lines = []
+    for n in range(1, 40):
+        norm = 0.0 if n < 20 else (1e299 if n % 2 else 1e-299)
+        consumed = 10 ** 400 * n if n % 2 else n
+        lines.append(f'{{"event": "step", "phase": "train", "step": {n}, "consumed_samples": '
+                     f'{consumed}, "loss": 2.0, "grad_norm": {norm!r}, '
+                     f'"time": "2026-11-23T10:00:{n:02d}.000+00:00"}}')
+    metrics.write_text("\n".join(lines) + "\n")
+    result = jobgen("watch", "--run-dir", str(tmp_path))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 0 and "grad_spike" in result.output
+    assert "divergence" not in result.output
+
+
 def test_factor_and_spread_are_configurable() -> None:
     det = Detectors(Rules(spike_window=5, spike_factor=1.5, spike_mads=0))
     feed(det, [step(n, norm=1.0) for n in range(1, 6)])
@@ -581,6 +601,25 @@ def test_one_step_read_is_something_to_judge(tmp_path: Path, jobgen: Callable[..
         time="2026-11-23T10:00:01.000+00:00") + "\n")
     result = jobgen("watch", "--run-dir", str(tmp_path))
     assert result.exit_code == 0 and "  no alerts" in result.output, result.output
+
+
+def test_a_job_that_completed_unread_is_not_called_healthy(tmp_path: Path) -> None:
+    """Following a job: completed with steps read is 0; completed with none read is 3 (its
+    folder was never readable here); not completed is 1 either way."""
+    from jobgen.watching.watcher import exit_status
+    controller = FakeController()
+    controller.ended = True
+    watch = Watch(RunReader(tmp_path, lambda: ["42"]), Detectors(), Policy(), controller,
+                  Quiet())
+    unread = watch.run(0.0)
+    assert unread.state == "COMPLETED" and unread.steps_read == 0
+    assert (exit_status(unread, True), exit_status(unread, False)) == (3, 1)
+    node_log(tmp_path, 0, 0).write_text(format_event(
+        "step", phase="train", step=1, loss=2.0, grad_norm=1.0,
+        time="2026-11-23T10:00:01.000+00:00") + "\n")
+    read = Watch(RunReader(tmp_path, lambda: ["42"]), Detectors(), Policy(), controller,
+                 Quiet()).run(0.0)
+    assert read.steps_read == 1 and (exit_status(read, True), exit_status(read, False)) == (0, 1)
 
 
 def test_the_exit_statuses_are_documented(jobgen: Callable[..., Any]) -> None:

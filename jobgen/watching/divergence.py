@@ -35,7 +35,8 @@ class DivergenceDetectors:
             # Relative to the run's own norms: a factor of their median, and clear of their
             # own spread (a run whose norms wobble widely needs a bigger jump).
             limit = max(rules.spike_factor * middle, middle + rules.spike_mads * spread)
-        if limit is not None and middle is not None and norm > limit:
+        # (Norms whose median is 0 give no scale to judge against.)
+        if limit is not None and middle is not None and middle > 0 and norm > limit:
             values = {"grad_norm": norm, "median": middle, "limit": limit}
             if self.spike is None:
                 self.spike, self.spike_len = (step, obs.time), 0
@@ -60,7 +61,7 @@ class DivergenceDetectors:
         if len(self.norms) >= MIN_HISTORY:
             running, _ = median_spread(v for _, v in self.norms)
             self.lowest = running if self.lowest is None else min(self.lowest, running)
-        if self.lowest is not None and norm > rules.growth_factor * self.lowest:
+        if self.lowest and norm > rules.growth_factor * self.lowest:
             if self.growth is None:
                 self.growth, self.growth_len = (step, obs.time), 0
             self.growth_len += 1

@@ -43,11 +43,15 @@ class PaceDetectors:
         paused, self.paused = self.paused, False
         # A step whose time holds a save (or a resume) says nothing about the training's pace.
         if self.since_start > WARM_STEPS + 1 and not paused:
+            rate = 1.0 / per_step
             if prev.consumed is not None and obs.consumed is not None \
                     and obs.consumed > prev.consumed:
-                self.rates.append((obs.consumed - prev.consumed) / elapsed)
-            else:
-                self.rates.append(1.0 / per_step)
+                try:
+                    rate = (obs.consumed - prev.consumed) / elapsed
+                except OverflowError:   # a count past float's range: not a sample count
+                    pass
+            if 0 < rate < math.inf:
+                self.rates.append(rate)
 
     def _throughput(self, obs: Observation, now: float) -> list[Alert]:
         """The median rate of the last `drop_steps` steps against the allocation's steady rate
