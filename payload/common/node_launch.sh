@@ -38,14 +38,24 @@ NODE_TRAIN_START='^\{"event": "start", "phase": "train"'
 # patterns in the log since the previous failure) is recorded in RECORD and ends torchrun (its
 # process id in PIDFILE) instead of being restarted; the flow then stops the job with 78.
 node_watch_failures() {
-  local log=$1 from=$2 pidfile=$3 record=$4 seen=$2 size pid
+  local log=$1 from=$2 pidfile=$3 record=$4 seen=$2 size pid codes code permanent
   set +o pipefail
   while sleep 1; do
     [ -f "$log" ] || continue
     size=$(wc -c <"$log")
     [ "$size" -gt "$seen" ] || continue
-    if tail -c "+$((seen + 1))" "$log" | grep -E "$NODE_WORKER_FAILED" >/dev/null; then
-      if tail -c "+$((from + 1))" "$log" | grep -E "failed \(exitcode: $JOBGEN_CONFIG_ERROR\)|$JOBGEN_CONFIG_PATTERNS" >/dev/null; then
+    codes=$(tail -c "+$((seen + 1))" "$log" | grep -oE "$NODE_WORKER_FAILED" | grep -oE -- '-?[0-9]+')
+    if [ -n "$codes" ]; then
+      # As classify_failure judges a pass: 78 itself, or a worker's own exit (not a signal: a
+      # negative code) after the trainer said it was started wrongly.
+      permanent=""
+      for code in $codes; do
+        if [ "$code" -eq "$JOBGEN_CONFIG_ERROR" ] || { [ "$code" -gt 0 ] && [ "$code" -lt 128 ] &&
+          tail -c "+$((from + 1))" "$log" | grep -E "$JOBGEN_CONFIG_PATTERNS" >/dev/null; }; then
+          permanent=1
+        fi
+      done
+      if [ -n "$permanent" ]; then
         printf '%s\n' "$JOBGEN_CONFIG_ERROR" >"$record"
         node_say "a worker failed in a way no restart cures (status $JOBGEN_CONFIG_ERROR or a trainer started wrongly; see $log); not restarted in place"
         read -r pid <"$pidfile" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
