@@ -234,7 +234,8 @@ def test_the_page_has_a_legend_for_every_colour(tmp_path: Path) -> None:
     assert drawn and drawn <= swatches
     assert layout.COLOURS["gap"] in drawn     # the restart gap is drawn and named
     curve = set(re.findall(r'<path d="M[^"]*" fill="none" stroke="(#[0-9a-f]{6})"', page))
-    assert curve and not curve & set(layout.COLOURS.values())
+    taken = set(layout.COLOURS.values()) | set(layout.MARKS.values())
+    assert curve and not curve & taken and not set(layout.ALLOCATIONS) & taken
     assert "0.8 min" not in page and ">30 s<" in page
     assert "width=\"100%\"" in page and "pre-wrap" in page   # scales; the account wraps
 

@@ -19,7 +19,7 @@ COLOURS = {
     "idle": "#e6e6e6", "gap": "#f6dcc0",
 }
 # The curves' colour per allocation (the legend says "allocation N").
-ALLOCATIONS = ("#1f77b4", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#000000", "#7f7f7f")
+ALLOCATIONS = ("#1f77b4", "#17becf", "#e377c2", "#bcbd22", "#393b79", "#9edae5", "#637939")
 MARKS = {"grad_spike": "#e07b00", "sustained_spike": "#e07b00", "loss_spike": "#a0522d",
          "divergence": "#c0282d", "nonfinite": "#c0282d", "throughput_drop": "#777777",
          "bad_node": "#c0282d", "rollback": "#7b3fb0", "restart": "#222222"}

@@ -121,6 +121,9 @@ def _figure(r: Report, plt: Any) -> Any:
             if c.restarts:
                 ax.plot([], [], color=MARKS["restart"], linestyle="--", linewidth=0.8,
                         label="an allocation resumed at this step")
+            for kind in sorted({m["kind"] for m in c.marks if m["step"] is not None}):
+                ax.plot([], [], color=MARKS.get(kind, "black"), linewidth=1.2,
+                        label=f"watch's {kind.replace('_', ' ')}")
             ax.legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("step (dashed: an allocation resumed there; solid: watch's marks)")
     return fig
