@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """False alarms and detections of `jobgen watch`, measured on real CPU rehearsals.
 
-    python benchmarks/watch_alarms.py [--seeds 3] [--recipes bert-large,...] [--workdir DIR]
+    python benchmarks/watch_alarms.py [--seeds 3] [--nodes 2] [--recipes bert-large,...]
     python benchmarks/watch_alarms.py --record DIR     # also keep each run's event stream
     python benchmarks/watch_alarms.py --replay DIR     # judge kept streams again (seconds)
 

@@ -33,11 +33,11 @@ from .options import _Amount, _Folder, _job, _job_backend, _job_options, _json_o
               help="The run's last step, for the time to finish (default: recorded).")
 @click.option("--spike-window", type=click.IntRange(min=2), default=20, show_default=True,
               help="Recent steps whose median the gradient norm (and the loss) is judged by.")
-@click.option("--spike-factor", type=click.FloatRange(min=1, min_open=True), default=2.5,
+@click.option("--spike-factor", type=click.FloatRange(min=1, min_open=True), default=4.0,
               show_default=True,
               help="A spike: gradient norm above this x the median of the recent norms ...")
 @click.option("--spike-mads", type=click.FloatRange(min=0), default=6.0, show_default=True,
-              help="... and above that median by this many of their robust spreads (MAD).")
+              help="... and by more than this many robust spreads (MAD) of their logs.")
 @click.option("--spike-patience", type=click.IntRange(min=1), default=5, show_default=True,
               help="A spike lasting this many steps is reported as sustained.")
 @click.option("--growth-factor", type=_Amount(), default=3.0, show_default=True,

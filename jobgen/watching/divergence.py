@@ -4,6 +4,7 @@ over the lowest running median, and loss spikes. A mixin of `Detectors`, which h
 declared here."""
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Optional
 
@@ -30,13 +31,16 @@ class DivergenceDetectors:
         rules, step, alerts = self.rules, obs.step, []
         assert step is not None
         limit = middle = None
-        if len(self.norms) >= MIN_HISTORY:
-            middle, spread = median_spread(v for _, v in self.norms)
+        # (Norms of 0 give no scale to judge against.)
+        logs = [math.log(v) for _, v in self.norms if v > 0]
+        if len(logs) >= MIN_HISTORY:
+            centre, spread = median_spread(logs)
+            middle = math.exp(centre)
             # Relative to the run's own norms: a factor of their median, and clear of their
-            # own spread (a run whose norms wobble widely needs a bigger jump).
-            limit = max(rules.spike_factor * middle, middle + rules.spike_mads * spread)
-        # (Norms whose median is 0 give no scale to judge against.)
-        if limit is not None and middle is not None and middle > 0 and norm > limit:
+            # own spread (norms vary by ratios: in logs; a run whose norms wobble widely, as a
+            # small batch's do, needs a bigger jump).
+            limit = middle * max(rules.spike_factor, math.exp(rules.spike_mads * spread))
+        if limit is not None and middle is not None and norm > limit:
             values = {"grad_norm": norm, "median": middle, "limit": limit}
             if self.spike is None:
                 self.spike, self.spike_len = (step, obs.time), 0

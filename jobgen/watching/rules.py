@@ -18,7 +18,7 @@ MAD_SIGMA = 1.4826     # the MAD of normal data x this = its standard deviation
 @dataclass(frozen=True)
 class Rules:
     spike_window: int = 20
-    spike_factor: float = 2.5
+    spike_factor: float = 4.0
     spike_mads: float = 6.0
     spike_patience: int = 5
     growth_factor: float = 3.0
