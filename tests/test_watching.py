@@ -191,6 +191,26 @@ def test_no_spike_is_judged_during_warm_up() -> None:
     assert kinds(feed(det, [step(6, norm=50.0)])) == [("grad_spike", 6)]
 
 
+def test_numbers_without_a_scale_or_past_floats_range_raise_no_traceback(
+        tmp_path: Path, jobgen: Callable[..., Any]) -> None:
+    """Norms of 0 (no scale to judge a spike or growth against), then tiny and huge ones;
+    consumed-sample counts past float's range (the rate falls back to steps/s)."""
+    metrics = tmp_path / "train" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    lines = []
+    for n in range(1, 40):
+        norm = 0.0 if n < 20 else (1e299 if n % 2 else 1e-299)
+        consumed = 10 ** 400 * n if n % 2 else n
+        lines.append(f'{{"event": "step", "phase": "train", "step": {n}, "consumed_samples": '
+                     f'{consumed}, "loss": 2.0, "grad_norm": {norm!r}, '
+                     f'"time": "2026-11-23T10:00:{n:02d}.000+00:00"}}')
+    metrics.write_text("\n".join(lines) + "\n")
+    result = jobgen("watch", "--run-dir", str(tmp_path))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 0 and "grad_spike" in result.output
+    assert "divergence" not in result.output
+
+
 def test_factor_and_spread_are_configurable() -> None:
     det = Detectors(Rules(spike_window=5, spike_factor=1.5, spike_mads=0))   # HLAT-like
     feed(det, [step(n, norm=1.0) for n in range(1, 6)])

@@ -39,7 +39,8 @@ class DivergenceDetectors:
             # Relative to the run's own norms: a factor of their median, and clear of their
             # own spread (norms vary by ratios: in logs; a run whose norms wobble widely, as a
             # small batch's do, needs a bigger jump).
-            limit = middle * max(rules.spike_factor, math.exp(rules.spike_mads * spread))
+            reach = max(math.log(rules.spike_factor), rules.spike_mads * spread)
+            limit = math.exp(min(centre + reach, 709.0))   # capped within float's range
         if limit is not None and middle is not None and norm > limit:
             values = {"grad_norm": norm, "median": middle, "limit": limit}
             if self.spike is None:
