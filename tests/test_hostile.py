@@ -413,8 +413,9 @@ def test_compile_pass_then_training_pass(run_job: Callable, submit: Path,
     proc, job = run_job("neox20b")
     assert proc.returncode == 0, proc.stderr
     assert stub_bin.requeues() == []
-    # sudo and sysctl fail here: reserving the port is best effort, the node goes on.
-    assert proc.stderr.count("could not reserve port 41000 (no privilege); continuing") == 2
+    # sudo and sysctl fail here: reserving the port is best effort, the node goes on (said
+    # once per allocation, by node 0).
+    assert proc.stderr.count("could not reserve port 41000 (no privilege); continuing") == 1
     compile_call, train_call = job.calls
     # neuron_parallel_compile wraps the compile pass only.
     assert compile_call["env"].get("STUB_VIA_NEURON_PARALLEL_COMPILE") == "1"

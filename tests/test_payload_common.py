@@ -740,8 +740,10 @@ while steps < 20:
         break
 # one write per line: two ranks share the pipe, and print's separate newline could interleave
 os.write(1, f"rank {rank} stopped after step {steps} (heard: {stop.requested})\n".encode())
-dist.barrier()        # neither rank tears gloo down while the other still talks to it
-dist.destroy_process_group()
+dist.barrier()        # neither rank leaves while the other still talks to it
+# What is tested is the agreement, not gloo's teardown: on a loaded machine a rank whose peer
+# has already closed its pairs could abort in destroy_process_group (SIGABRT, seen in CI twice).
+os._exit(0)
 """
 
 

@@ -28,6 +28,11 @@ SBATCH = r"""#!/bin/sh
 cat >"$(dirname "$0")/queued.sbatch"
 echo 4242
 """
+# sinfo stand-in: the cluster the site describes (its partition compute1, 16 nodes), whether or
+# not a real Slurm is installed on this machine (the full tier's local cluster has other ones).
+SINFO = r"""#!/bin/sh
+echo 'compute1* 16'
+"""
 
 
 def keys(needs: list[site_paths.SitePath]) -> list[str]:
@@ -138,6 +143,8 @@ def fake_sbatch(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "sbatch").write_text(SBATCH)
     (folder / "sbatch").chmod(0o755 | stat.S_IXUSR)
+    (folder / "sinfo").write_text(SINFO)
+    (folder / "sinfo").chmod(0o755 | stat.S_IXUSR)
     return folder
 
 

@@ -177,7 +177,9 @@ def test_installed_jobgen_renders_every_backend(tool: Tool) -> None:
                               "--nodes", "16").stdout)
     assert request["ResourceConfig"]["InstanceCount"] == 16
     manifests = tool("render", "llama2-7b", "--backend", "eks", "--nodes", "2").stdout
-    assert "kind: Job" in manifests and "kind: Service" in manifests
+    # The local site's cluster has JobSet (eks.gang: jobset): one JobSet, whose controller makes
+    # the child Jobs and the headless Service.
+    assert "apiVersion: jobset.x-k8s.io/v1alpha2" in manifests and "kind: JobSet" in manifests
 
     check = tool("check", "--no-shellcheck", "--max-nodes", "4")
     assert re.search(r"^\d+ ok, \d+ skipped, 0 failed$", check.stdout, re.M), check.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import held
-from .timeline import Allocation, NodeInfo, Segment
+from .spans import Allocation, NodeInfo, Segment
 
 # How an allocation's last stretch is labelled when the command outlived its nodes' last record.
 TAIL = {"done": "idle", "stopped": "stop", "failed": "failure", "unhealthy": "gate"}

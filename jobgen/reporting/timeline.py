@@ -14,68 +14,10 @@ from typing import Any, Optional, Sequence
 
 from .. import fsio
 from ..errors import ConfigError
-from ..record import record
 from ..watching.observations import Observation
 from ..watching.readers import ALLOCATION, parse_lines
-from . import held, sacct
-
-# Segment kinds, in the account's order; `gap` lies between allocations.
-KINDS = ("startup", "gate", "compile", "train", "repeat", "checkpoint", "failure", "stop",
-         "idle", "gap")
-
-
-@record
-class Segment:
-    kind: str
-    start: float
-    end: float
-    allocation: int
-    step: Optional[int] = None
-
-
-@record
-class NodeInfo:
-    node: int
-    host: str
-    status: Optional[int]       # the node's flow exit status (None: not recorded yet)
-    ended_at: Optional[float]
-    gate: Optional[tuple[float, float]] = None   # this node's own health gate (start, end)
-
-
-@record
-class Allocation:
-    index: int
-    job: str
-    start: float
-    end: float
-    ending: str                 # done, failed, stopped (time limit), unhealthy, running
-    nodes: tuple[NodeInfo, ...]
-    failed_node: Optional[int] = None
-    failed_host: str = ""
-    failure_at: Optional[float] = None
-    excluded: tuple[str, ...] = ()   # hosts the health gate left out after this allocation
-    from_scheduler: bool = False
-    resumed_from: Optional[int] = None
-    last_step: Optional[int] = None
-    training_at: Optional[float] = None   # when its first training step began
-    load_s: Optional[float] = None        # trainer start to checkpoint loaded (a resume)
-    # Each save's (step, stall_s, write_s) as its checkpoint event says: the training loop's
-    # wait apart from the write (a background save's write goes on beside training).
-    saves: tuple[tuple[int, Optional[float], Optional[float]], ...] = ()
-    # Its training pass's restarts inside it (torchrun's, job.restarts_in_place): rank 0's starts
-    # of the training pass after the first.
-    restarts_in_place: int = 0
-
-
-@record
-class Timeline:
-    run_dir: str
-    waiting_s: float            # submission to the first allocation (not allocated)
-    allocations: tuple[Allocation, ...]
-    segments: tuple[Segment, ...]
-    node_count: int
-    notes: tuple[str, ...] = ()
-
+from . import bounds, held, sacct
+from .spans import KINDS, Allocation, NodeInfo, Segment, Timeline  # noqa: F401 (re-exported)
 
 SMALL = 1 << 16          # a host, a job.status, a health.json: far below this
 NODE = re.compile(r"node-([0-9]{1,6})")      # ASCII digits only (not node-²)
@@ -316,7 +258,6 @@ def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
         allocations.append(alloc)
         segments += segs
     # Held spans, each segment within its allocation, steps trained again labelled so.
-    from . import bounds
     allocations, segments, more = bounds.apply(run_dir, allocations, segments, now)
     notes += more
     first = by_job.get(folders[0][0]) if folders else None

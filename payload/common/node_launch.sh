@@ -143,7 +143,7 @@ node_launch() {
   # fails the rendezvous instead of joining it. JOBGEN_RDZV_TIMEOUT (the Batch entrypoint sets it)
   # bounds how long torchrun's static rendezvous waits for the other nodes (torch's default: 600 s).
   # Underscore spellings only: torch 1.13 (neuronx-nemo-megatron's pin) has no hyphenated aliases.
-  local -a rdzv=(--rdzv_id "jobgen-$pass")
+  local -a rdzv=()
   local in_place=${JOBGEN_RESTARTS_IN_PLACE:-0}
   case $in_place in '' | *[!0-9]*) in_place=0 ;; esac
   [ "$pass" = train ] || in_place=0
@@ -168,7 +168,8 @@ node_launch() {
     rdzv=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "jobgen-$pass"
       --rdzv_conf "$conf" --max_restarts "$in_place" --local_addr "$addr")
   else
-    rdzv+=(--node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+    rdzv=(--node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
+      --rdzv_id "jobgen-$pass")
     [ -z "${JOBGEN_RDZV_TIMEOUT:-}" ] || rdzv+=(--rdzv_conf "timeout=$JOBGEN_RDZV_TIMEOUT")
   fi
   local budget=""
