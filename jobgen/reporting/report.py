@@ -2,12 +2,12 @@
 account and curves, for every output (text, JSON, HTML, PNG)."""
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
 from ..record import record
+from ..render import shell_path
 from .account import Account, account
 from .curves import Curves, read
 from .timeline import Timeline, build
@@ -56,7 +56,7 @@ def one_run(folder: Path) -> None:
                           "one run: give one of them (or its name)")
     if inside:
         raise ConfigError(f"--run-dir {folder}: not a run folder; it holds one run, {shown}: "
-                          f"--run-dir {shlex.quote(str(folder / inside[0]))}")
+                          f"--run-dir {shell_path(str(folder / inside[0]))}")
     raise ConfigError(f"--run-dir {folder}: no run in it (no logs, train or nemo folder, no "
                       "jobgen-run.json)")
 
