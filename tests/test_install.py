@@ -38,3 +38,16 @@ def test_the_readme_shows_the_cpu_only_install() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert ("pip install torch --index-url https://download.pytorch.org/whl/cpu" in readme
             and "pip install -e '.[payload]'" in readme)
+
+
+def test_every_jobgen_package_is_in_the_wheel() -> None:
+    """setup.cfg lists the packages a wheel carries: a package folder under jobgen/ missing there
+    is missing from every installed jobgen (jobgen.reporting was: `jobgen run` and `report`
+    failed from the wheel with ModuleNotFoundError)."""
+    import configparser
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    listed = set(config["options"]["packages"].split())
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts)
+               for p in (ROOT / "jobgen").rglob("__init__.py")}
+    assert on_disk - listed == set()

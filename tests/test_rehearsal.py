@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 JOBGEN = Path(sys.executable).parent / "jobgen"
-# The cheapest rehearsal: one node, no compile pass, bert1.5b's tiny BERT (about 8 s a launch).
-RUN = ["run", "bert1.5b", "--smoke", "--nodes", "1", "--compile", "never"]
-NAME, PORT = "bert1.5b-1n-smoke", 29500      # bert1.5b's job.master_port
+# A cheap rehearsal: one node, no compile pass, llama2-7b's smoke stand-in (payload/smoke), whose
+# JOBGEN_SMOKE_STEP_DELAY keeps it training until the Ctrl-C comes (on an idle machine the tiny
+# model's 10-ms steps finished the run before the signal; the BERT program has no such knob).
+RUN = ["run", "llama2-7b", "--smoke", "--nodes", "1", "--compile", "never"]
+NAME, PORT = "llama2-7b-1n-smoke", 44000     # llama2-7b's job.master_port
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -46,7 +48,7 @@ def _left(marker: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.deepspeed
 def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path: Path) -> None:
-    """Port 29500 held by a listener here; SIGINT after the first checkpoint: every process is
+    """The recipe's port held by a listener here; SIGINT after the first checkpoint: every process is
     stopped, the run is CANCELLED (not FAILED) with its step and checkpoint, and the command
     it prints resumes from that checkpoint (the same run folder and record)."""
     held = socket.socket()
