@@ -48,8 +48,8 @@ def _left(marker: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.deepspeed
 def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path: Path) -> None:
-    """The recipe's port held by a listener here; SIGINT after the first checkpoint: every process is
-    stopped, the run is CANCELLED (not FAILED) with its step and checkpoint, and the command
+    """The recipe's port held by a listener here; SIGINT after the first checkpoint: every process
+    is stopped, the run is CANCELLED (not FAILED) with its step and checkpoint, and the command
     it prints resumes from that checkpoint (the same run folder and record)."""
     held = socket.socket()
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
