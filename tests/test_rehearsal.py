@@ -59,9 +59,13 @@ def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path:
     except OSError as exc:       # something else holds it already: busy all the same
         assert exc.errno == errno.EADDRINUSE
     try:
+        # Ctrl-C at a terminal: SIGINT with its default disposition. A background job of a
+        # non-interactive shell (CI's run.sh starts pytest so) has SIGINT ignored, children
+        # inherit that, and Python then installs no KeyboardInterrupt handler at all.
         proc = subprocess.Popen([str(JOBGEN), *RUN], cwd=tmp_path, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=_env(tmp_path, JOBGEN_SMOKE_STEP_DELAY="0.5"))
+                                env=_env(tmp_path, JOBGEN_SMOKE_STEP_DELAY="0.5"),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert proc.stdout is not None
         out = []
         for line in proc.stdout:
