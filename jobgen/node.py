@@ -123,6 +123,10 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
     shared = declared.shared_fs if shared is None else shared
     if declared.stop_grace_s and not lau.stop_signal:
         _warn_no_stop(spec, executor, declared.stop_grace_s)
+    if recipe.job.restarts_in_place and not shared:
+        say_once(f"note: {spec.source}: job.restarts_in_place={recipe.job.restarts_in_place} does "
+                 f"not apply on {executor}: its nodes do not share the run folder (each keeps "
+                 "its own checkpoint part), so a failure goes to the service's retry")
     return NodeContract(
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),

@@ -124,6 +124,19 @@ def test_the_recipe_key_reaches_nodes_that_share_the_run_folder() -> None:
     assert "JOBGEN_RESTARTS_IN_PLACE" not in api.plan(plain).text
 
 
+def test_where_the_key_cannot_apply_render_says_so() -> None:
+    """SageMaker's instances keep their own checkpoint parts: the key does not reach them, and
+    render says so in one note instead of dropping it silently."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "jobgen"), "render", "llama2-7b",
+                           "--backend", "sagemaker", "--nodes", "2",
+                           "--set", "job.restarts_in_place=2"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "JOBGEN_RESTARTS_IN_PLACE" not in proc.stdout
+    assert ("job.restarts_in_place=2 does not apply on sagemaker: its nodes do not share the "
+            "run folder") in proc.stderr
+
+
 def _worker(run: Path, rank: int) -> int | None:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
