@@ -2,8 +2,9 @@
 
 Reading: regular files only, opened without blocking (a FIFO or a device where a log or record
 should be answers at once instead of hanging), bounded in size and line length; JSON-line
-records parsed strictly (no NaN/Infinity, no recursion past the stack, no 4,300-digit numbers),
-checked against their schema by the caller's check, bad lines skipped and counted.
+records parsed strictly (strict_json.py: no NaN/Infinity, no recursion past the stack, no
+4,300-digit numbers), checked against their schema by the caller's check, bad lines skipped and
+counted.
 
 Writing: creates or atomically replaces a regular file in the folder it is given; the target is
 looked at without following a symlink, and anything that is not a regular file (a device, a
@@ -12,13 +13,13 @@ FIFO, a folder, a symlink, wherever it points) is refused before anything is wri
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from .errors import ConfigError
+from .strict_json import loads as loads  # re-exported: callers read with fsio, then parse
 
 T = TypeVar("T")
 MAX_BYTES = 64 << 20     # a record, a run's jsonl, a config: far above any real one
@@ -97,38 +98,6 @@ def read_bytes(path: Union[str, Path], limit: int = MAX_BYTES, offset: int = 0,
 def read_text(path: Union[str, Path], limit: int = MAX_BYTES) -> str:
     """The regular file `path` as text (undecodable bytes replaced), at most `limit` bytes."""
     return read_bytes(path, limit).decode("utf-8", "replace")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-MAX_DEPTH = 64   # nesting of any JSON jobgen reads: its own records are under 10 deep
-
-
-def loads(text: Union[str, bytes]) -> Any:
-    """Strict JSON: NaN/Infinity, nesting past MAX_DEPTH (what a printer or a schema walk
-    would recurse through) and overlong integers are ValueError."""
-    try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if _depth(value) > MAX_DEPTH:
-        raise ValueError(f"nested more than {MAX_DEPTH} deep")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """How deeply lists and objects nest in `value` (iteratively: no recursion to run out of)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, level = todo.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, level)
-            if level > MAX_DEPTH:
-                return level
-            todo += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
-    return deepest
 
 
 def read_records(path: Union[str, Path], check: Callable[[dict[str, Any]], Optional[T]],
