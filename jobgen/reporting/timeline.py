@@ -14,8 +14,9 @@ from typing import Any, Optional, Sequence
 
 from .. import fsio
 from ..errors import ConfigError
+from ..watching.events import parse_lines
 from ..watching.observations import Observation
-from ..watching.readers import ALLOCATION, parse_lines
+from ..watching.readers import ALLOCATION
 from . import bounds, held, sacct
 from .spans import KINDS, Allocation, NodeInfo, Segment, Timeline  # noqa: F401 (re-exported)
 

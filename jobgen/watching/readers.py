@@ -7,10 +7,11 @@
 - TensorBoard event files (NeMo's Lightning logger under ``RUN_DIR/nemo``; any other trainer's),
   where the run writes no JSON events;
 - the per-node logs themselves: when each last grew, and how each node's pass ended.
+
+An event line becomes an Observation in events.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -18,18 +19,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Callable, Optional
 
 from .. import fsio
 from ..errors import JobgenError
-from .observations import Observation, number, parse_time
+from .events import parse_lines, same_allocation
+from .observations import Observation
 from .runfolder import event_files
 from .runfolder import mtime as _mtime
 from .tfrecord import EventFile, read_from
 
 ALLOCATION = re.compile(r"^(restart|attempt)-([0-9]{1,9})$")   # ASCII digits (not -²)
 MAX_LINE = fsio.MAX_LINE
-LIFECYCLE = ("start", "resume", "checkpoint", "done", "stopped")
 # TensorBoard tags, first match wins: NeMo's (neuronx-nemo-megatron logs these names), then the
 # ``train/<key>`` form jobgen's payloads write, then common spellings.
 TAGS = {
@@ -73,61 +74,6 @@ class LineReader:
         kept = [line for line in lines if len(line) <= MAX_LINE]
         self.skipped += len(lines) - len(kept)
         return [line.decode("utf-8", "replace") for line in kept]
-
-
-def observation(event: dict[str, Any], source: str, restart: int,
-                node: Optional[int] = None) -> Optional[Observation]:
-    """One of our payloads' events as an Observation (None for kinds the watch does not use)."""
-    kind = event.get("event")
-    when = parse_time(event.get("time"))
-    if when is None or kind not in ("step", "beat", *LIFECYCLE):
-        return None
-    step = event.get("step")
-    step = step if isinstance(step, int) and not isinstance(step, bool) else None
-    consumed = event.get("consumed_samples")
-    node_field = event.get("node")
-    return Observation(
-        kind=kind, time=when, source=source, restart=restart,
-        phase=str(event.get("phase", "train")), step=step,
-        node=node_field if isinstance(node_field, int) else node,
-        loss=number(event.get("loss"), "loss" in event),
-        grad_norm=number(event.get("grad_norm"), "grad_norm" in event),
-        param_norm=number(event.get("param_norm"), "param_norm" in event),
-        lr=number(event.get("lr"), "lr" in event),
-        consumed=consumed if isinstance(consumed, int) and not isinstance(consumed, bool)
-        else None,
-        samples_per_s=number(event.get("samples_per_s"), "samples_per_s" in event),
-        extra={k: v for k, v in event.items() if k in ("max_steps", "world_size", "checkpoint",
-                                                       "allocation", "restart_in_place",
-                                                       "signal", "global_batch_size",
-                                                       "stall_s", "write_s")})
-
-
-class Tally(Protocol):
-    skipped: int
-
-
-def parse_lines(lines: list[str], source: str, restart: int, node: Optional[int] = None,
-                tally: Optional[Tally] = None) -> list[Observation]:
-    """Our payloads' events among `lines`; an event line that is not a JSON object is skipped
-    and counted in `tally`'s `skipped`."""
-    out = []
-    for line in lines:
-        line = line.strip()
-        if not line.startswith('{"event"'):
-            continue
-        try:
-            event = json.loads(line)
-        except (ValueError, RecursionError):    # cut short, or nested past the stack
-            event = None
-        if not isinstance(event, dict):
-            if tally is not None:
-                tally.skipped += 1
-            continue
-        found = observation(event, source, restart, node)
-        if found is not None:
-            out.append(found)
-    return out
 
 
 @dataclass
@@ -326,13 +272,6 @@ class RunReader:
             alloc = self.allocations[restart]
             return {node: alloc.host(node) for node in alloc.nodes()}
         return {}
-
-
-def same_allocation(found: Observation, before: Optional[Observation]) -> bool:
-    """Whether start event `found` is in the allocation of start `before` (the flow's log folder
-    its trainer names): a restart in place, not a new allocation."""
-    label = found.extra.get("allocation")
-    return before is not None and label is not None and label == before.extra.get("allocation")
 
 
 def _with_restart(found: Observation, restart: int) -> Observation:

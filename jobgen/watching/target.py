@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .events import parse_lines, same_allocation
 from .observations import Observation
-from .readers import Allocation, parse_lines, same_allocation
+from .readers import Allocation
 
 
 @dataclass
