@@ -415,4 +415,4 @@ def test_render_loads_only_rendering() -> None:
                             timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["jobgen.cli.app", "jobgen.cli.options",
-                                     "jobgen.cli.render_cmds"]
+                                     "jobgen.cli.param_types", "jobgen.cli.render_cmds"]

@@ -244,7 +244,7 @@ PLAN_KEYS = ["tokens", "samples", "price", "node_mtbf_hours", "restart_s", "stor
 def test_plan_options_take_exactly_their_declared_domain(key: str, text: str) -> None:
     import click
 
-    from jobgen.cli.options import _Amount
+    from jobgen.cli.param_types import _Amount
     from jobgen.limits import PLAN_DOMAINS
     low, high, unit = PLAN_DOMAINS[key]
     try:

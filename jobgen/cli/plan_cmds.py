@@ -6,7 +6,8 @@ from typing import Any, Optional
 
 import click
 
-from .options import TEXT, _Amount, _echo_json, _json_option
+from .options import _echo_json, _json_option
+from .param_types import TEXT, _Amount
 
 
 @click.command("plan")

@@ -9,10 +9,8 @@ import click
 
 from ..errors import ConfigError
 from .options import (
-    TEXT,
     _backend_option,
     _echo_json,
-    _Folder,
     _json_option,
     _slurm_overrides,
     _spec,
@@ -20,6 +18,7 @@ from .options import (
     _targeted,
     _with_target,
 )
+from .param_types import TEXT, _Folder
 
 
 @click.command("list")

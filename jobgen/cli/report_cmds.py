@@ -8,7 +8,8 @@ from typing import Optional
 import click
 
 from ..errors import printable
-from .options import _Folder, _json_option
+from .options import _json_option
+from .param_types import _Folder
 
 
 @click.command("report")

@@ -10,10 +10,8 @@ import click
 from ..errors import ConfigError
 from .options import (
     _backend_option,
-    _Backends,
     _endpoint_option,
     _run_spec_options,
-    _Seconds,
     _slurm_overrides,
     _spec,
     _spec_options,
@@ -22,6 +20,7 @@ from .options import (
     _who_takes,
     _with_target,
 )
+from .param_types import _Backends, _Seconds
 
 
 @click.command()

@@ -7,7 +7,8 @@ from typing import Any, Optional
 import click
 
 from ..errors import ConfigError
-from .options import _Amount, _Folder, _job, _job_backend, _job_options, _json_option
+from .options import _job, _job_backend, _job_options, _json_option
+from .param_types import _Amount, _Folder
 
 
 @click.command("watch")
