@@ -250,3 +250,44 @@ def test_a_time_limit_stop_before_the_first_step_is_counted_once(tmp_path: Path)
     a = made.account
     assert a.cluster.failures == 0 and a.cluster.stops == 1
     assert a.predicted == pytest.approx(a.utilisation, abs=0.005)
+
+
+def test_a_background_save_shows_its_stall_apart_from_its_write(tmp_path: Path) -> None:
+    """Steps of 10 s; step 4 is saved in the background: the loop copies the state for 1.5 s
+    right after step 4 (no event marks it: inside step 5's interval), the write goes on beside
+    steps 5 and 6, and the seal after step 6 takes 0.5 s (the event: stall 2.0, write 12.0).
+    Step 8 is saved in place (2 s, stall = write). The copy and the seal are the save's
+    (checkpoint), the write is training; nothing is lost."""
+    run = tmp_path / "jobgen-runs" / "async"
+    a0, t = run / "logs" / "3" / "restart-0", T0 + 10
+    events: list[dict[str, Any]] = [{"event": "start", "phase": "train", "t": t}]
+    for step in range(1, 9):
+        t += 10.0 + (1.5 if step == 5 else 0.0)
+        events.append({"event": "step", "phase": "train", "step": step, "t": t})
+        if step == 6:
+            t += 0.5
+            events.append({"event": "checkpoint", "step": 4, "async": True, "stall_s": 2.0,
+                           "write_s": 12.0, "t": t})
+        if step == 8:
+            t += 2.0
+            events.append({"event": "checkpoint", "step": 8, "async": False, "stall_s": 2.0,
+                           "write_s": 2.0, "t": t})
+    events.append({"event": "done", "phase": "train", "step": 8, "t": t + 0.1})
+    _log(a0 / "node-0" / "train.log", events)
+    for node, host in ((0, "n1"), (1, "n2")):
+        _node(a0, node, host, (T0 + 1, T0 + 3), (0, t + 1))
+    made = report.make(None, run, use_sacct=False)
+    segs = [s for s in made.timeline.segments if s.kind in ("train", "checkpoint", "repeat")]
+    saves = [(s.step, round(s.end - s.start, 3)) for s in segs if s.kind == "checkpoint"]
+    assert saves == [(4, 1.5), (4, 0.5), (8, 2.0), (None, 0.1)]
+    # The copy is cut from the start of step 5's interval, right after step 4.
+    copy = next(s for s in segs if s.kind == "checkpoint" and s.step == 4)
+    four = next(s for s in segs if s.kind == "train" and s.step == 4)
+    five = next(s for s in segs if s.kind == "train" and s.step == 5)
+    assert copy.start == pytest.approx(four.end) and five.start == pytest.approx(copy.end)
+    trained = [round(s.end - s.start, 3) for s in segs if s.kind == "train"]
+    assert trained == [10.0] * 8          # the write beside steps 5 and 6 is training time
+    parts = dict(made.account.parts)
+    assert parts["repeat"] == 0.0 and parts["checkpoint"] == pytest.approx(2 * 4.1 / 3600)
+    c = made.account.cluster
+    assert c.checkpoint_stall_s == pytest.approx(2.0) and c.checkpoint_write_s == pytest.approx(7.0)

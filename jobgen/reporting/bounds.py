@@ -2,15 +2,16 @@
 (``logs/JOB/held.json``: the nodes were held from the command's start to its end, before the
 first record a node wrote and after its last), every segment kept within its allocation (a
 node's clock ahead of this machine's cannot make an allocation train longer than it lasted),
-and a step trained again labelled so on every allocation where it was (the account, the
-timeline, the page and the PNG all read these labels)."""
+a step trained again labelled so on every allocation where it was, and a background save's
+copy into memory labelled as its stall (stalls.py): the account, the timeline, the page and the
+PNG all read these labels."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 from typing import Optional
 
-from . import held
+from . import held, stalls
 from .spans import Allocation, NodeInfo, Segment
 
 # How an allocation's last stretch is labelled when the command outlived its nodes' last record.
@@ -95,6 +96,7 @@ def apply(run_dir: Path, allocations: list[Allocation], segments: list[Segment],
         if clipped is not None:
             out.append(clipped)
     out.sort(key=lambda s: (s.allocation, s.start))
+    out = stalls.split(allocs, out)   # a background save's copy is its stall, not training
     if any(a.ending == "running" for a in allocs):
         notes.append("the run is in progress: its last allocation is counted to now")
     return allocs, relabel(out), notes
