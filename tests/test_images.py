@@ -56,7 +56,7 @@ def test_the_declaration_names_real_site_keys_and_every_built_in_payload() -> No
     import dataclasses
 
     from jobgen.payloads import BUILT_IN
-    from jobgen.site import Paths
+    from jobgen.site_sections import Paths
     decl = images.declared()
     fields = {f.name for f in dataclasses.fields(Paths)}
     for image in decl.images.values():

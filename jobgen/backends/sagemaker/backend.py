@@ -11,7 +11,8 @@ from ... import aws, images
 from ...aws import call as _call
 from ...errors import ConfigError, RemoteError
 from ...plan import Plan, PlannedFile
-from ...site import SageMakerSite, Site
+from ...site import Site
+from ...site_sections import SageMakerSite
 from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
 from .request import CHECKPOINTS, job_name, training_job, validate  # noqa: F401  (tests)
