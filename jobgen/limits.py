@@ -64,6 +64,7 @@ RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "compile.steps": {"minimum": 1},
     "job.max_restarts": {"minimum": 0, "maximum": 1000},
     "job.restarts_in_place": {"minimum": 0, "maximum": 100},
+    "job.spare_nodes": {"minimum": 0, "maximum": 64},
     "job.master_port": {"minimum": 1024, "maximum": 65535},
     "job.log_every_steps": {"minimum": 1},
     "seed": {"minimum": 0, "maximum": SEED_MAX},

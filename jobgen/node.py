@@ -67,6 +67,7 @@ class NodeContract:
     JOBGEN_NODES: str                 # the node count the arguments were computed for
     JOBGEN_MAX_RESTARTS: str          # requeues allowed after a failure (recipe job.max_restarts)
     JOBGEN_RESTARTS_IN_PLACE: str     # torchrun --max_restarts of the training pass, or "" (none)
+    JOBGEN_SPARE_NODES: str           # Slurm: nodes allocated beyond JOBGEN_NODES, or "" (none)
     JOBGEN_RDZV_TIMEOUT: str          # seconds the nodes wait for each other, or "" (torch's)
     JOBGEN_COLLECTIVE_TIMEOUT: str    # seconds a collective waits for a peer before it fails
     JOBGEN_NODE_SILENCE: str          # Batch: seconds of a child's silence that end the attempt
@@ -127,6 +128,10 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         say_once(f"note: {spec.source}: job.restarts_in_place={recipe.job.restarts_in_place} does "
                  f"not apply on {executor}: its nodes do not share the run folder (each keeps "
                  "its own checkpoint part), so a failure goes to the service's retry")
+    spares = recipe.job.spare_nodes if recipe.job.restarts_in_place and shared else 0
+    if recipe.job.spare_nodes and executor != "slurm":
+        say_once(f"note: {spec.source}: job.spare_nodes={recipe.job.spare_nodes} does not apply "
+                 f"on {executor}: {NO_SPARES.get(executor, 'only Slurm allocates spare nodes')}")
     return NodeContract(
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),
@@ -157,6 +162,7 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         # executor does, and a node on a disk of its own keeps its own checkpoint part.
         JOBGEN_RESTARTS_IN_PLACE=str(recipe.job.restarts_in_place)
         if recipe.job.restarts_in_place and shared else "",
+        JOBGEN_SPARE_NODES=str(spares) if spares and executor == "slurm" else "",
         JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
         JOBGEN_COLLECTIVE_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
         JOBGEN_NODE_SILENCE="" if node_silence_s is None else str(node_silence_s),
@@ -178,6 +184,22 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
 
 
 _SAID: set[str] = set()
+
+# Why job.spare_nodes (a Slurm allocation of N+S nodes, sbatch --no-kill, torchrun's spare agents)
+# has no counterpart on each other executor: said in one line at render, never dropped silently.
+NO_SPARES = {
+    "batch": "a multi-node job's numNodes all run the training group and the main node's exit "
+             "ends it, so a lost node ends the attempt and the retry strategy starts a new one",
+    "sagemaker": "a training job's instance count is fixed, every instance trains, and they do "
+                 "not share the run folder, so a lost instance fails the job and the retry "
+                 "starts a new one",
+    "eks": "the gang is exactly --nodes pods (JobSet, PyTorchJob or Indexed Job); a lost pod "
+           "restarts the gang, whose pods are scheduled again onto free nodes",
+    "local": "jobgen run's nodes are processes on this machine, none of which is lost apart "
+             "from the machine",
+    "submitit": "submitit starts the job's tasks as one step with no spare; use the slurm "
+                "backend",
+}
 
 
 def say_once(note: str) -> None:

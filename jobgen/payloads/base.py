@@ -85,7 +85,8 @@ COMMON_KEYS = frozenset({
     "schedule.constant_steps", "schedule.constant_fraction",
     "data.path", "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep",
     "checkpoint.async_save",
-    "compile.steps", "job.max_restarts", "job.restarts_in_place", "job.master_port",
+    "compile.steps", "job.max_restarts", "job.restarts_in_place", "job.spare_nodes",
+    "job.master_port",
     "job.time_limit", "job.health_gate",
 })
 

@@ -58,9 +58,12 @@ class Failures:
 def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: float,
                 ckpt_bytes: int, write_mb_s: float, read_mb_s: float,
                 node_mb_s: Optional[float], restart_fixed: float, price: Optional[float],
-                steps: int, simulate: int = 0, seed: int = 0) -> Failures:
+                steps: int, simulate: int = 0, seed: int = 0,
+                in_place_fixed: Optional[float] = None) -> Failures:
     """What failures take at `nodes` nodes, at the recipe's checkpoint interval and at the
-    recommended one (Daly's); `simulate` > 0 also draws that many runs (seeded by `seed`)."""
+    recommended one (Daly's); `simulate` > 0 also draws that many runs (seeded by `seed`).
+    With spare nodes (job.spare_nodes), `in_place_fixed` is a restart's fixed cost inside the
+    allocation (detection and torchrun's rendezvous: no requeue, gate or compile pass)."""
     mtbf = mtbf_h * 3600 / nodes
     write_bw = min(write_mb_s, node_mb_s * nodes) if node_mb_s else write_mb_s
     read_bw = min(read_mb_s, node_mb_s * nodes) if node_mb_s else read_mb_s
@@ -76,6 +79,17 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
     stall = ckpt_bytes / (STAGE_GB_S_PER_NODE * 1e9 * nodes) if background else write
     if background:
         restart += write
+    # Spare nodes: in each allocation the first k node failures (k: the spares, at most the
+    # restart budget in place) are restarts in place, the next one a requeue, which brings a
+    # fresh allocation with its spares: k of every k + 1 failures stay inside the allocation.
+    # The spares are billed all along; a spare's own failure is not modelled (it costs no
+    # training time, only the spare).
+    job = spec.recipe.job
+    billed = nodes + job.spare_nodes
+    kept = min(job.spare_nodes, job.restarts_in_place)
+    if kept and in_place_fixed is not None:
+        share = kept / (kept + 1)
+        restart = share * (restart - restart_fixed + in_place_fixed) + (1 - share) * restart
     ckpt = spec.recipe.checkpoint
     if ckpt.every_steps:
         recipe_steps = ckpt.every_steps
@@ -105,7 +119,7 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
                                   f"checkpoint every {k:,} steps that is about {draws:.2g} "
                                   f"random draws (at most {SIMULATION_LIMIT:.0e}); use fewer runs")
             sim = failures.simulate(work, seconds, per_save, restart, mtbf, simulate, seed)
-        cost = wall / 3600 * nodes * price if price is not None else None
+        cost = wall / 3600 * billed * price if price is not None else None
         return Interval(k, seconds, work / wall, wall, wall / mtbf, cost, sim)
 
     return Failures(mtbf, write, load, restart, failures.young(stall, mtbf),

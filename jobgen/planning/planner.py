@@ -208,6 +208,16 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         restart_basis = (f"site {site.name}: detect {r.detect_s:g} + requeue {r.requeue_s:g} + "
                          f"rendezvous {r.rendezvous_s:g} + compile {r.compile_s:g} s"
                          + (f" + health gate {gate_s:g} s" if gate_s else ""))
+    # A node lost while a spare remains (job.spare_nodes) restarts inside the allocation: the
+    # failure is detected and torchrun meets again, with no requeue, gate or compile pass.
+    in_place_fixed = r.detect_s + r.rendezvous_s
+    spares, budget = base.recipe.job.spare_nodes, base.recipe.job.restarts_in_place
+    if spares:
+        notes.append(f"job.spare_nodes={spares}: every count below is billed with {spares} "
+                     f"spare node(s); of every {min(spares, budget) + 1} node failures, "
+                     f"{min(spares, budget)} restart in place (detect {r.detect_s:g} + "
+                     f"rendezvous {r.rendezvous_s:g} s, plus the checkpoint load) and one is "
+                     "requeued (a spare's own failure is not modelled)")
     if mtbf_h is None:
         notes.append(mtbf_basis)
     if price is None:
@@ -228,15 +238,16 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         steps = math.ceil(target_samples / gbs)
         work = steps * step_s
         tokens_per_s = thr.samples_per_s * seq
-        cost = work / 3600 * n * price if price is not None else None
+        billed = n + spec.recipe.job.spare_nodes     # spare nodes are billed too
+        cost = work / 3600 * billed * price if price is not None else None
         per_unit = tokens_per_s if unit == "tokens" else thr.samples_per_s
-        per_dollar = per_unit * 3600 / (price * n) if price is not None else None
+        per_dollar = per_unit * 3600 / (price * billed) if price is not None else None
         fail = None
         if mtbf_h is not None and write_mb_s is not None and read_mb_s is not None:
             try:    # a count at which the job would never finish is skipped, with why
                 fail = failures_at(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s,
                                    read_mb_s, node_mb_s, restart_fixed, price, steps,
-                                   opts.simulate, opts.seed)
+                                   opts.simulate, opts.seed, in_place_fixed=in_place_fixed)
             except RuleError as exc:
                 skipped.append(Skipped(n, str(exc)))
                 continue

@@ -31,7 +31,8 @@ def plan_array(specs: Sequence[JobSpec]) -> Plan:
 
 def array_key(spec: JobSpec) -> tuple[object, ...]:
     """What the #SBATCH header is made of: specs with the same key can share a job array."""
-    return (spec.job_name, spec.nodes, spec.site.slurm.cpus_per_task, spec.exclusive,
+    return (spec.job_name, spec.nodes, spare_nodes(spec), spec.site.slurm.cpus_per_task,
+            spec.exclusive,
             tuple(request(spec)), spec.slurm.extra, spec.site.slurm.time_limit_warning_s,
             spec.recipe.name,
             spec.recipe.description, spec.source, spec.site.name, spec.recipe.compile.steps)
@@ -57,7 +58,10 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
     text = render(
         TEMPLATE,
         job_name=spec.job_name + ("" if passes == "both" else f"-{passes}"),
-        nodes=spec.nodes,
+        # Spare nodes (job.spare_nodes) are allocated with the ones that train; --no-kill keeps
+        # the allocation when one of them is lost (a spare takes its place).
+        nodes=spec.nodes + spare_nodes(spec),
+        no_kill=spare_nodes(spec) > 0,
         cpus_per_task=site.slurm.cpus_per_task,
         exclusive=spec.exclusive,
         request=request(spec),
@@ -74,6 +78,11 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
     )
     return Plan(backend="slurm", files=(PlannedFile(name, text, executable=True),),
                 primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))
+
+
+def spare_nodes(spec: JobSpec) -> int:
+    """Nodes allocated beyond the ones that train (recipe job.spare_nodes)."""
+    return spec.recipe.job.spare_nodes
 
 
 def request(spec: JobSpec) -> list[tuple[str, str]]:

@@ -191,7 +191,9 @@ def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> lis
     except ConfigError as exc:
         raise ConfigError(f"site {site.name}: {exc}") from None
     else:
-        if spec.nodes > size:
-            raise ConfigError(f"{spec.nodes} nodes: partition {partition} has {size} (sinfo); "
+        spares = spec.recipe.job.spare_nodes
+        if spec.nodes + spares > size:
+            asked = f"{spec.nodes} nodes" + (f" and {spares} spare(s)" if spares else "")
+            raise ConfigError(f"{asked}: partition {partition} has {size} (sinfo); "
                               "ask for fewer, or pass --no-check to queue it anyway")
     return unchecked
