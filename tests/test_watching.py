@@ -689,3 +689,28 @@ def test_terminal_view_redraws_one_line() -> None:
     assert text.startswith("\r\x1b[K") and "\n" not in text
     assert "step 12/24" in text and "gnorm nan" in text and "12,345 tok/s" in text
     assert "eta 1:02:05" in text
+
+
+def test_the_time_a_requeued_job_waited_in_the_queue_is_no_hang(tmp_path: Path) -> None:
+    """Steps, then the job waits in the queue (requeued) longer than the hang allowance, then
+    runs again before its new allocation's folder appears: no hang (it was judged one, and
+    requeued again, on the local cluster). The same wait while running is one."""
+    node_log(tmp_path, 0, 0).write_text("\n".join(
+        format_event("step", phase="train", step=n, loss=1.0, grad_norm=1.0,
+                     time=f"2026-11-23T10:00:{n:02d}.000+00:00") for n in range(1, 6)) + "\n")
+    clock, states = [T0], ["RUNNING"]
+    controller = FakeController()
+    controller.state = lambda: (states[0], False)   # type: ignore[method-assign]
+    watch = Watch(RunReader(tmp_path, lambda: ["42"], clock=lambda: clock[0]),
+                  Detectors(Rules(hang_min_s=10)), Policy(on_hang="requeue"), controller,
+                  Quiet(), clock=lambda: clock[0])
+    watch.poll()
+    states[0] = "PENDING"
+    clock[0] += 30
+    watch.poll()
+    states[0] = "RUNNING"
+    watch.poll()
+    assert [a.kind for a in watch.summary.alerts] == [] and controller.calls == []
+    clock[0] += 11
+    watch.poll()
+    assert [a.kind for a in watch.summary.alerts] == ["hang"]

@@ -108,6 +108,12 @@ class Watch:
         if self.controller is not None:
             state, finished = self.controller.state()
         if state != self.status.state:
+            if (self.controller is not None and self.running(state)
+                    and not self.running(self.status.state)
+                    and self.detectors.last_progress is not None):
+                # Started again after waiting in the queue (a requeue): the time it waited is
+                # no hang, and its new allocation's folder may not be there yet.
+                self.detectors.last_progress = max(self.detectors.last_progress, now)
             self.status.state = state
             self.view.state(self.status.job_id, state)
         alerts: list[Alert] = []
