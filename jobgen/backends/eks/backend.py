@@ -1,10 +1,10 @@
 """The EKS backend: the manifests (manifests.py) handed to the cluster with the official
 Kubernetes client, and the job once submitted: status, logs, cancel of the object that was
-submitted (a JobSet, an Indexed Job with its Service, or a Kubeflow PyTorchJob)."""
+submitted (a JobSet, an Indexed Job with its Service, or a Kubeflow PyTorchJob). The API client,
+job ids and pods are in cluster.py."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any, Optional
 
@@ -14,10 +14,10 @@ from ...plan import Plan, PlannedFile
 from ...site import Site
 from ...spec import JobSpec
 from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from . import cluster
 from . import jobset as jobsets
 from .manifests import (  # noqa: F401  (efa_interfaces: the health gate asks the backend)
     K8S_VERSION,
-    LABEL,
     _say_once,
     efa_interfaces,
     manifests,
@@ -59,64 +59,29 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     return render_yaml(manifests(spec))
 
 
-def _kube() -> Any:
-    """The Kubernetes client package, or one line naming the extra that brings it."""
-    try:
-        import kubernetes
-    except ImportError:
-        raise ConfigError("--backend eks needs the kubernetes package, which is not "
-                          "installed: pip install 'jobgen[eks]'") from None
-    return kubernetes
-
-
-def _api(site: Any) -> Any:
-    """An API client from the kubeconfig, as kubectl reads it (KUBECONFIG, ~/.kube/config)."""
-    kubernetes = _kube()
-    try:
-        return kubernetes.config.new_client_from_config(
-            context=site.eks.context if site.eks else None)
-    except (kubernetes.config.ConfigException, OSError) as exc:
-        raise ConfigError(f"kubeconfig: {exc}") from None
-
-
-def _call(method: Any, *args: Any, **kwargs: Any) -> Any:
-    kubernetes = _kube()
-    try:
-        return method(*args, **kwargs)
-    except kubernetes.client.ApiException as exc:
-        detail = exc.reason
-        try:
-            detail = json.loads(exc.body).get("message", detail)
-        except (TypeError, ValueError):
-            pass
-        raise RemoteError(f"Kubernetes {method.__name__}: {detail} ({exc.status})") from None
-    except OSError as exc:   # urllib3's connection errors are OSErrors
-        raise RemoteError(f"Kubernetes API: cannot connect: {exc}") from None
-
-
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
-    kubernetes = _kube()
+    kubernetes = cluster.kube()
     if options.chain:
         raise ConfigError("--chain is for Slurm (the pods run both passes)")
     prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
     docs = manifests(spec)
-    api = _api(spec.site)
+    api = cluster.api_client(spec.site)
     ns = docs[0]["metadata"]["namespace"]
     for doc in docs:
         if doc["kind"] == "Service":
-            _call(kubernetes.client.CoreV1Api(api).create_namespaced_service, ns, doc)
+            cluster.call(kubernetes.client.CoreV1Api(api).create_namespaced_service, ns, doc)
         elif doc["kind"] == "Job":
-            _call(kubernetes.client.BatchV1Api(api).create_namespaced_job, ns, doc)
+            cluster.call(kubernetes.client.BatchV1Api(api).create_namespaced_job, ns, doc)
         elif doc["kind"] == "JobSet":
             _jobset_installed(kubernetes, api)
-            _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
-                  *_JOBSET, ns, jobsets.PLURAL, doc)
+            cluster.call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
+                         *cluster.JOBSET, ns, jobsets.PLURAL, doc)
         else:
-            _call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
-                  "kubeflow.org", "v1", ns, "pytorchjobs", doc)
+            cluster.call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
+                         "kubeflow.org", "v1", ns, "pytorchjobs", doc)
     name = docs[-1]["metadata"]["name"]
-    job_id = {"Job": name, "JobSet": f"{JOBSET_PREFIX}{name}"}.get(
-        docs[-1]["kind"], f"{OPERATOR_PREFIX}{name}")
+    job_id = {"Job": name, "JobSet": f"{cluster.JOBSET_PREFIX}{name}"}.get(
+        docs[-1]["kind"], f"{cluster.OPERATOR_PREFIX}{name}")
     return Submitted((job_id,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
                                  f"namespace {ns}",))
 
@@ -145,62 +110,16 @@ def _jobset_installed(kubernetes: Any, api: Any) -> None:
                           f"upgrade JobSet, or set eks.gang")
 
 
-# A job id names what was submitted: NAME for an Indexed Job (batch/v1), jobsets/NAME for a
-# JobSet, pytorchjobs/NAME for a Kubeflow PyTorchJob, so that status, logs and cancel act on the
-# object that exists.
-OPERATOR_PREFIX = "pytorchjobs/"
-JOBSET_PREFIX = f"{jobsets.PLURAL}/"
-_KUBEFLOW = ("kubeflow.org", "v1")
-_JOBSET = (jobsets.GROUP, jobsets.VERSION)
-
-
-def _kind(job_id: str) -> tuple[str, str]:
-    """(kind, object name) of a job id."""
-    if job_id.startswith(OPERATOR_PREFIX):
-        return "PyTorchJob", job_id[len(OPERATOR_PREFIX):]
-    if job_id.startswith(JOBSET_PREFIX):
-        return "JobSet", job_id[len(JOBSET_PREFIX):]
-    return "Job", job_id
-
-
-def _where(ref: JobRef) -> tuple[Any, Any]:
-    from ... import site as sites
-    site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
-                      if ref.run else None)
-    if site.eks is None:
-        raise ConfigError(f"site {site.name}: has no eks section (namespace)")
-    return site, _api(site)
-
-
-def _pods(api: Any, ns: str, name: str) -> list[Any]:
-    kubernetes = _kube()
-    found = _call(kubernetes.client.CoreV1Api(api).list_namespaced_pod, ns,
-                  label_selector=f"{LABEL}={name}")
-    return list(found.items)
-
-
-def _index(pod: Any) -> int:
-    labels = pod.metadata.labels or {}
-    annotations = pod.metadata.annotations or {}
-    for source in (labels, annotations):
-        for key in ("batch.kubernetes.io/job-completion-index",
-                    "training.kubeflow.org/replica-index"):
-            if key in source:
-                value = int(source[key])
-                role = labels.get("training.kubeflow.org/replica-type", "")
-                return value + 1 if role == "worker" else value
-    return -1
-
-
 def status(ref: JobRef) -> JobStatus:
-    kubernetes = _kube()
-    site, api = _where(ref)
+    kubernetes = cluster.kube()
+    site, api = cluster.where(ref)
     ns = site.eks.namespace
-    kind, name = _kind(ref.job_id)
-    pods = {_index(p): p.status.phase for p in _pods(api, ns, name)}
+    kind, name = cluster.kind_of(ref.job_id)
+    pods = {cluster.index(p): p.status.phase for p in cluster.pods(api, ns, name)}
     if kind == "PyTorchJob":
-        job = _call(kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
-                    *_KUBEFLOW, ns, "pytorchjobs", name)
+        job = cluster.call(
+            kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
+            *cluster.KUBEFLOW, ns, "pytorchjobs", name)
         st = job.get("status") or {}
         conditions = [c.get("type") for c in st.get("conditions") or []
                       if c.get("status") == "True"]
@@ -211,8 +130,9 @@ def status(ref: JobRef) -> JobStatus:
         state = ("Complete" if "Succeeded" in conditions else "Failed" if "Failed" in conditions
                  else "Running" if "Running" in conditions or active else "Pending")
     elif kind == "JobSet":
-        job = _call(kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
-                    *_JOBSET, ns, jobsets.PLURAL, name)
+        job = cluster.call(
+            kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
+            *cluster.JOBSET, ns, jobsets.PLURAL, name)
         st = job.get("status") or {}
         conditions = [c.get("type") for c in st.get("conditions") or []
                       if c.get("status") == "True"]
@@ -228,8 +148,8 @@ def status(ref: JobRef) -> JobStatus:
                           counted_restarts=st.get("restartsCountTowardsMax", 0),
                           pods={str(k): v for k, v in sorted(pods.items())})
     else:
-        st = _call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, name,
-                   ns).status
+        st = cluster.call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, name,
+                          ns).status
         conditions = [c.type for c in (st.conditions or []) if c.status == "True"]
         active, succeeded, failed = st.active or 0, st.succeeded or 0, st.failed or 0
         state = ("Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions
@@ -265,40 +185,41 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 15.0) -> int:
 
 def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> None:
     """Pod `node`'s log (node 0: the main pod)."""
-    kubernetes = _kube()
-    site, api = _where(ref)
+    kubernetes = cluster.kube()
+    site, api = cluster.where(ref)
     ns = site.eks.namespace
     want = node_index or 0
-    pods = [p for p in _pods(api, ns, _kind(ref.job_id)[1]) if _index(p) == want]
+    pods = [p for p in cluster.pods(api, ns, cluster.kind_of(ref.job_id)[1])
+            if cluster.index(p) == want]
     if not pods:
         raise RemoteError(f"job {ref.job_id}: no pod for node {want} in namespace {ns}")
     core = kubernetes.client.CoreV1Api(api)
     if follow:
-        stream = _call(core.read_namespaced_pod_log, pods[0].metadata.name, ns, follow=True,
-                       _preload_content=False)
+        stream = cluster.call(core.read_namespaced_pod_log, pods[0].metadata.name, ns, follow=True,
+                              _preload_content=False)
         for chunk in stream.stream():
             echo(chunk.decode("utf-8", "replace"))
         return
-    echo(_call(core.read_namespaced_pod_log, pods[0].metadata.name, ns))
+    echo(cluster.call(core.read_namespaced_pod_log, pods[0].metadata.name, ns))
 
 
 def cancel(ref: JobRef) -> str:
-    kubernetes = _kube()
-    site, api = _where(ref)
+    kubernetes = cluster.kube()
+    site, api = cluster.where(ref)
     ns = site.eks.namespace
     body = kubernetes.client.V1DeleteOptions(propagation_policy="Foreground")
-    kind, name = _kind(ref.job_id)
+    kind, name = cluster.kind_of(ref.job_id)
     if kind == "PyTorchJob":   # the operator deletes its pods and services with it
-        _call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
-              *_KUBEFLOW, ns, "pytorchjobs", name, body=body)
+        cluster.call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
+                     *cluster.KUBEFLOW, ns, "pytorchjobs", name, body=body)
         return f"deleted PyTorchJob {name} (and its pods) in namespace {ns}"
     if kind == "JobSet":   # its child Jobs, their pods and its Service go with it
-        _call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
-              *_JOBSET, ns, jobsets.PLURAL, name, body=body)
+        cluster.call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
+                     *cluster.JOBSET, ns, jobsets.PLURAL, name, body=body)
         return f"deleted JobSet {name} (its Jobs, pods and Service) in namespace {ns}"
-    _call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, name, ns, body=body)
+    cluster.call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, name, ns, body=body)
     try:
-        _call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, name, ns)
+        cluster.call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, name, ns)
     except RemoteError as exc:   # deleted by hand already: the job is what mattered
         return f"deleted Job {name} (and its pods) in namespace {ns}; its Service: {exc}"
     return f"deleted Job {name} and its Service (and its pods) in namespace {ns}"

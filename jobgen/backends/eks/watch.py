@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 from ...watching.target import StreamReader, Target, lines_after
 from .. import JobRef
 from . import backend as eks
+from . import cluster
 
 
 def target(ref: JobRef, run_dir: Optional[Path], view: Any) -> Target:
@@ -25,18 +26,18 @@ class PodLogs:
         self.seen: dict[str, int] = {}
 
     def fetch(self) -> dict[int, list[str]]:
-        kubernetes = eks._kube()
-        site, api = eks._where(self.ref)
+        kubernetes = cluster.kube()
+        site, api = cluster.where(self.ref)
         ns = site.eks.namespace
         core = kubernetes.client.CoreV1Api(api)
         out: dict[int, list[str]] = {}
-        for pod in eks._pods(api, ns, eks._kind(self.ref.job_id)[1]):
+        for pod in cluster.pods(api, ns, cluster.kind_of(self.ref.job_id)[1]):
             name = pod.metadata.name
             if pod.status.phase == "Pending":
                 continue
-            text = eks._call(core.read_namespaced_pod_log, name, ns)
+            text = cluster.call(core.read_namespaced_pod_log, name, ns)
             lines, self.seen[name] = lines_after(text or "", self.seen.get(name, 0))
-            out.setdefault(eks._index(pod), []).extend(lines)
+            out.setdefault(cluster.index(pod), []).extend(lines)
         return out
 
 
@@ -54,13 +55,13 @@ class Controller:
 
     def requeue(self, prepare: Optional[Callable[[], str]] = None,
                 exclude: Optional[str] = None) -> str:
-        kubernetes = eks._kube()
-        site, api = eks._where(self.ref)
+        kubernetes = cluster.kube()
+        site, api = cluster.where(self.ref)
         ns = site.eks.namespace
         core = kubernetes.client.CoreV1Api(api)
-        pods = eks._pods(api, ns, eks._kind(self.job_id)[1])
+        pods = cluster.pods(api, ns, cluster.kind_of(self.job_id)[1])
         for pod in pods:
-            eks._call(core.delete_namespaced_pod, pod.metadata.name, ns)
+            cluster.call(core.delete_namespaced_pod, pod.metadata.name, ns)
         done = [f"deleted {len(pods)} pods of {self.job_id}; they start again and resume"]
         if prepare is not None:
             done.append(prepare())

@@ -1,0 +1,94 @@
+"""The Kubernetes API as the EKS backend and its watch use it: the client (from the kubeconfig,
+as kubectl reads it), calls whose failures become one line, what a job id names (a JobSet, an
+Indexed Job or a PyTorchJob) and a job's pods with their node index."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ...errors import ConfigError, RemoteError
+from .. import JobRef
+from . import jobset as jobsets
+from .manifests import LABEL
+
+
+def kube() -> Any:
+    """The Kubernetes client package, or one line naming the extra that brings it."""
+    try:
+        import kubernetes
+    except ImportError:
+        raise ConfigError("--backend eks needs the kubernetes package, which is not "
+                          "installed: pip install 'jobgen[eks]'") from None
+    return kubernetes
+
+
+def api_client(site: Any) -> Any:
+    """An API client from the kubeconfig, as kubectl reads it (KUBECONFIG, ~/.kube/config)."""
+    kubernetes = kube()
+    try:
+        return kubernetes.config.new_client_from_config(
+            context=site.eks.context if site.eks else None)
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        raise ConfigError(f"kubeconfig: {exc}") from None
+
+
+def call(method: Any, *args: Any, **kwargs: Any) -> Any:
+    kubernetes = kube()
+    try:
+        return method(*args, **kwargs)
+    except kubernetes.client.ApiException as exc:
+        detail = exc.reason
+        try:
+            detail = json.loads(exc.body).get("message", detail)
+        except (TypeError, ValueError):
+            pass
+        raise RemoteError(f"Kubernetes {method.__name__}: {detail} ({exc.status})") from None
+    except OSError as exc:   # urllib3's connection errors are OSErrors
+        raise RemoteError(f"Kubernetes API: cannot connect: {exc}") from None
+
+
+# A job id names what was submitted: NAME for an Indexed Job (batch/v1), jobsets/NAME for a
+# JobSet, pytorchjobs/NAME for a Kubeflow PyTorchJob, so that status, logs and cancel act on the
+# object that exists.
+OPERATOR_PREFIX = "pytorchjobs/"
+JOBSET_PREFIX = f"{jobsets.PLURAL}/"
+KUBEFLOW = ("kubeflow.org", "v1")
+JOBSET = (jobsets.GROUP, jobsets.VERSION)
+
+
+def kind_of(job_id: str) -> tuple[str, str]:
+    """(kind, object name) of a job id."""
+    if job_id.startswith(OPERATOR_PREFIX):
+        return "PyTorchJob", job_id[len(OPERATOR_PREFIX):]
+    if job_id.startswith(JOBSET_PREFIX):
+        return "JobSet", job_id[len(JOBSET_PREFIX):]
+    return "Job", job_id
+
+
+def where(ref: JobRef) -> tuple[Any, Any]:
+    from ... import site as sites
+    site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
+                      if ref.run else None)
+    if site.eks is None:
+        raise ConfigError(f"site {site.name}: has no eks section (namespace)")
+    return site, api_client(site)
+
+
+def pods(api: Any, ns: str, name: str) -> list[Any]:
+    kubernetes = kube()
+    found = call(kubernetes.client.CoreV1Api(api).list_namespaced_pod, ns,
+                 label_selector=f"{LABEL}={name}")
+    return list(found.items)
+
+
+def index(pod: Any) -> int:
+    labels = pod.metadata.labels or {}
+    annotations = pod.metadata.annotations or {}
+    for source in (labels, annotations):
+        for key in ("batch.kubernetes.io/job-completion-index",
+                    "training.kubeflow.org/replica-index"):
+            if key in source:
+                value = int(source[key])
+                role = labels.get("training.kubeflow.org/replica-type", "")
+                return value + 1 if role == "worker" else value
+    return -1
