@@ -2,15 +2,15 @@
 container build files.
 
 An installed jobgen (wheel, sdist, pipx) carries them as the package data of `jobgen.data.<name>`
-(setup.cfg maps each of the project's top-level folders there) and finds them with
-importlib.resources. An editable install or a source checkout has no such copies: they are read
-where they are kept, at the project's top level. JOBGEN_HOME points jobgen at another project
-folder of the same layout (tests use it to try a changed copy).
+(setup.cfg maps each of the project's top-level folders there): real folders under jobgen/data/,
+read as paths (importlib.resources gives the same answer for 5 ms of imports a render, and a
+zipped jobgen has no such folders either way). An editable install or a source checkout has no
+such copies: they are read where they are kept, at the project's top level. JOBGEN_HOME points
+jobgen at another project folder of the same layout (tests use it to try a changed copy).
 """
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Optional
 
@@ -28,17 +28,20 @@ LAYOUT = {
 }
 
 
+def _package() -> Path:
+    """The jobgen package's folder (wherever this module sits inside it)."""
+    import jobgen
+    return Path(jobgen.__file__).resolve().parent
+
+
 def _checkout() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return _package().parent
 
 
 def _packaged(name: str) -> Optional[Path]:
     """The package data folder `name` of an installed jobgen, if it is there."""
-    try:
-        found = resources.files("jobgen.data") / name
-    except ModuleNotFoundError:   # jobgen/data/ itself is missing: a broken installation
-        return None
-    return found if isinstance(found, Path) and found.is_dir() else None
+    found = _package() / "data" / name
+    return found if found.is_dir() else None
 
 
 def folder(name: str) -> Path:

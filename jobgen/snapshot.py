@@ -12,16 +12,15 @@ was rendered with before it runs anything.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import posixpath
-import shutil
 import stat
 import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
 from . import fsio
+from .cache import sha256  # CPython's own SHA-256: hashlib loads OpenSSL (2 ms a render)
 from .errors import ConfigError, JobgenError
 
 MARKER = ".jobgen-digest"
@@ -57,7 +56,7 @@ def digest(root: Optional[Path] = None) -> str:
                                             for rel, s in stats))
     if key in _memo:
         return _memo[key]
-    h = hashlib.sha256()
+    h = sha256()
     for rel, path in files:
         mode = path.stat().st_mode
         h.update(rel.encode() + b"\0" + (b"x" if mode & stat.S_IXUSR else b"-") + b"\0")
@@ -87,6 +86,7 @@ def _mount_missing(root: str) -> Optional[str]:
 
 
 def _copy(source: Path, target: Path) -> None:
+    import shutil  # only where a snapshot is written (2 ms of a render's start-up otherwise)
     for rel, path in _files(source):
         dest = target / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +166,7 @@ def _remove(path: Path) -> None:
         os.chmod(p, 0o755)
         func(p)
     if path.exists():
+        import shutil
         shutil.rmtree(path, onerror=writable)
 
 
