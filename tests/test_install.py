@@ -1,4 +1,4 @@
-"""The CPU-only install the README documents for rehearsals: torch's CPU wheel first, then
+"""The CPU-only install for rehearsals (docs/setup.md): torch's CPU wheel first, then
 `pip install -e '.[payload]'`, which must keep that torch (no CUDA build, no nvidia-* wheels)."""
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ def test_installing_the_payload_extra_keeps_the_cpu_torch(tmp_path: Path) -> Non
     assert "torch" not in would and not [n for n in would if n.startswith("nvidia-")], would
 
 
-def test_the_readme_shows_the_cpu_only_install() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert ("pip install torch --index-url https://download.pytorch.org/whl/cpu" in readme
-            and "pip install -e '.[payload]'" in readme)
+def test_the_docs_show_the_cpu_only_install() -> None:
+    setup = (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
+    assert ("pip install torch --index-url https://download.pytorch.org/whl/cpu" in setup
+            and "pip install -e '.[payload]'" in setup)
 
 
 def test_every_jobgen_package_is_in_the_wheel() -> None:

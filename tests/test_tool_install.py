@@ -2,7 +2,8 @@
 run from a folder that is not the checkout.
 
 - the wheel carries the recipes, templates, payloads, sites, platforms and container files as
-  package data (jobgen.data.*), and no caches; the sdist carries them, the tests and the README;
+  package data (jobgen.data.*), and no caches; the sdist carries them, the tests, the README
+  and the docs;
 - from either install: --version, list, show, render for all four backends, check, plan,
   run --smoke --dry-run and submit --dry-run work, find their files in the installed package,
   and print nothing of the checkout's paths;
@@ -81,7 +82,8 @@ def test_the_wheel_carries_jobgens_files_and_no_caches(dist: dict[str, Path]) ->
 def test_the_sdist_carries_the_tests_and_the_readme(dist: dict[str, Path]) -> None:
     with tarfile.open(dist["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for needed in ("README.md", "setup.cfg", "MANIFEST.in", "tests/conftest.py",
+    for needed in ("README.md", "mkdocs.yml", "docs/index.md", "docs/chaos-rehearsal.png",
+                   "setup.cfg", "MANIFEST.in", "tests/conftest.py",
                    "tests/test_tool_install.py", "tests/golden/slurm/neox20b-4n.sbatch",
                    "recipes/llama2-7b.yaml", "payload/common/job_flow.sh",
                    "env/sites/local.yaml", "env/containers/entrypoint.sh",

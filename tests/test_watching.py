@@ -631,8 +631,8 @@ def test_the_exit_statuses_are_documented(jobgen: Callable[..., Any]) -> None:
     from jobgen.watching.watcher import NOTHING_TO_JUDGE
     text = " ".join(jobgen("watch", "--help").output.split())
     assert f"{NOTHING_TO_JUDGE} nothing to judge: not one training step was read" in text
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"{NOTHING_TO_JUDGE} when not one training step was read" in readme
+    page = " ".join((ROOT / "docs" / "watching.md").read_text().split())
+    assert f"{NOTHING_TO_JUDGE} when not one training step was read" in page
 
 
 def test_render_does_not_import_the_watch() -> None:
