@@ -21,6 +21,7 @@ every docs/*.md, the site mkdocs.yml builds.
   scheduler), `watch` and `report` (a running or finished run), `runs NAME` and
   `plan --from-run` (a recorded run), `check --test-only` (the Slurm controller). The Slurm and
   moto tiers run those commands for real (tests/test_slurm_e2e.py, tests/test_moto_*.py, ...).
+- Every file a page names (`jobgen/node.py`, tests/test_slurm_e2e.py) is there.
 - The recipes table gives each recipe's parallelism as its file does; the install steps use a
   venv or pipx (a system `pip install` is refused on Debian's and Ubuntu's own Python).
 
@@ -351,6 +352,31 @@ def test_the_docs_build_strictly(tmp_path: Path, require: Any) -> None:
         page.write("\nSee [the page](commands.md#no-such-heading).\n")
     broken = _build(tmp_path / "mkdocs.yml", tmp_path / "broken")
     assert broken.returncode != 0 and "no-such-heading" in broken.stderr, broken.stderr
+
+
+# --- the files the pages name -----------------------------------------------------------------
+
+# A path into the checkout: `jobgen/node.py`, tests/test_slurm_e2e.py, env/sites/*.yaml; one
+# with a placeholder (<payload>, NAME, RUN, JOB, {...}) stands for many and is not looked for.
+PATH = re.compile(r"(?:(?<=^)|(?<=[\s(`'\"]))((?:jobgen|payload|tests|benchmarks|env|recipes|"
+                  r"templates|docs)/[\w./*<>{}-]*[\w/*>}])")
+
+
+def test_every_file_the_pages_name_is_there() -> None:
+    """A module, script or test the docs point at exists (a moved one is a page to update). The
+    changelog names old paths on purpose."""
+    missing = []
+    for page in PAGES:
+        if page.name == "changelog.md":
+            continue
+        for number, line in enumerate(_lines(page), 1):
+            for path in PATH.findall(line):
+                if re.search(r"[<>{}]|NAME|RUN|JOB", path):
+                    continue
+                if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+                    missing.append(f"{_name(page)} line {number}: {path}")
+    assert missing == []
+    assert len([1 for page in PAGES for line in _lines(page) if PATH.search(line)]) >= 50
 
 
 # --- tables and install steps -----------------------------------------------------------------
