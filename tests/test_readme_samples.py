@@ -409,6 +409,14 @@ def test_the_recipes_table_agrees_with_the_recipe_files() -> None:
                 assert int(number) == value, f"docs/recipes.md table, {name}: {said!r}"
 
 
+def test_the_readme_is_a_landing_page() -> None:
+    """At most about 200 lines (issue 42), and a link to every page of the site."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", text))
+    assert linked >= {page.name for page in DOCS.glob("*.md") if page.name != "index.md"}
+
+
 def test_install_steps_use_a_venv_or_pipx() -> None:
     code = [text.strip() for page in PAGES for block in _code_blocks(page)
             for _, text in block]
