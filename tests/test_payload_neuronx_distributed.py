@@ -26,6 +26,8 @@ for entry in (str(ROOT / "payload"), str(PROGRAM.parent)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
+import llama_model  # noqa: E402
+import llama_setup  # noqa: E402
 import train_llama  # noqa: E402
 from common.init import scale_output_projections, scaled_std  # noqa: E402
 from common.optim import parameter_groups  # noqa: E402
@@ -34,10 +36,17 @@ from common.schedule import learning_rate  # noqa: E402
 from common.stream import RankStream  # noqa: E402
 
 
+def program_tree() -> ast.Module:
+    """The program's modules (train_llama.py and the llama_*.py beside it) as one tree."""
+    files = [PROGRAM, *sorted(PROGRAM.parent.glob("llama_*.py"))]
+    return ast.Module(body=[node for f in files for node in ast.parse(f.read_text()).body],
+                      type_ignores=[])
+
+
 def upstream_uses() -> set[tuple[str, str]]:
     """(module, name) for every upstream name the program imports or reads off `nxd` /
     `parallel_state`."""
-    tree = ast.parse(PROGRAM.read_text())
+    tree = program_tree()
     aliases = {"nxd": "neuronx_distributed",
                "parallel_state": "neuronx_distributed.parallel_layers.parallel_state"}
     found = set()
@@ -71,7 +80,7 @@ def test_every_upstream_name_exists_at_the_pinned_release() -> None:
 
 def upstream_calls() -> list[tuple[str, str, set[str]]]:
     """(module, name, keyword names) of every call of an upstream function or class."""
-    tree = ast.parse(PROGRAM.read_text())
+    tree = program_tree()
     imported = {alias.asname or alias.name: node.module for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module
                 and node.module.split(".")[0] in UPSTREAM_ROOTS for alias in node.names}
@@ -127,7 +136,7 @@ def fake_checkout(tmp: Path) -> Path:
     llama = tmp / "examples" / "training" / "llama"
     example = llama / "tp_zero1_llama_hf_pretrain"
     example.mkdir(parents=True, exist_ok=True)
-    for name in train_llama.UPSTREAM_MODULES:
+    for name in llama_setup.UPSTREAM_MODULES:
         (llama / name).write_text("")
     return example
 
@@ -245,9 +254,9 @@ def test_scaled_initialisation_of_output_projections() -> None:
 
     def model(tp: int, rank: int) -> Any:
         blocks = torch.nn.Sequential(*[Block(tp) for _ in range(4)])
-        draw = sharded_draw(tp, rank, train_llama.ROW_PARALLEL_DIM,
+        draw = sharded_draw(tp, rank, llama_model.ROW_PARALLEL_DIM,
                             torch.Generator().manual_seed(7))
-        names = scale_output_projections(blocks, train_llama.OUTPUT_PROJECTIONS, 0.021, 32,
+        names = scale_output_projections(blocks, llama_model.OUTPUT_PROJECTIONS, 0.021, 32,
                                          draw=draw)
         assert len(names) == 8 and all("q_proj" not in n for n in names)
         return blocks

@@ -27,156 +27,41 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Running as a script: make ``payload/`` importable for ``common``.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Running as a script or loaded by path: make ``payload/`` importable for ``common``, and this
+# folder for the program's own modules.
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
-from common import args as shared
+import llama_setup as setup
 from common.events import EventLog, open_tensorboard
-from common.init import process_group_timeout, scale_output_projections, sharded_draw
+from common.init import process_group_timeout
 from common.loop import run_invocation
 from common.optim import parameter_groups
 from common.runtime import PayloadError, run_main
 from common.schedule import learning_rate
 from common.stream import RankStream
+from llama_model import build_model
+from llama_setup import (
+    apply_precision_environment,
+    patch_for_bf16,
+    use_example,
+    uses_master_weights,
+    validate,
+)
 
 PROG = "train-llama"
-UPSTREAM_MODULES = ("modeling_llama_nxd.py", "training_utils.py")  # in the example's parent
-OUTPUT_PROJECTIONS = ("o_proj", "down_proj")  # they write into the residual stream
 # Kept out of weight decay when the recipe names nothing: the example's rule from NxD 2.22 on
 # (at 2.20 it named "LayerNorm", which no Llama parameter contains).
 EXAMPLE_NO_DECAY = ("bias", "norm")
 CHECKPOINT_WORKERS = 8
-ROW_PARALLEL_DIM = 1  # NxD's RowParallelLinear splits its weight along the input dimension
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    where = p.add_argument_group("where")
-    where.add_argument("--example-dir", type=Path, required=True,
-                       help="the NxD example folder (tp_zero1_llama_hf_pretrain) of a checkout")
-    where.add_argument("--model-config", type=Path, required=True,
-                       help="Hugging Face LlamaConfig JSON")
-    shared.add(where, ("data-dir", "output-dir"), required=("data-dir", "output-dir"),
-               notes={"data-dir": "the NxD example's"})
-    where.add_argument("--checkpoint-dir", type=Path, default=None)
-    run = p.add_argument_group("run")
-    shared.add(run, ("phase", "compile-steps", "steps", "max-steps", "checkpoint-every",
-                     "keep-checkpoints", "sync-save", "log-every", "seed"),
-               required=("max-steps",), defaults={"keep-checkpoints": 5, "seed": 12349})
-    par = p.add_argument_group("parallelism and precision")
-    par.add_argument("--tensor-parallel-size", type=int, default=8)
-    shared.add(par, ("micro-batch-size", "gradient-accumulation", "seq-length"),
-               defaults={"seq-length": 4096})
-    par.add_argument("--sequence-parallel", action="store_true")
-    par.add_argument("--selective-checkpoint", action="store_true")
-    par.add_argument("--zero1", action="store_true")
-    par.add_argument("--precision", choices=("bf16_sr", "bf16", "fp32"), default="bf16_sr")
-    opt = p.add_argument_group("optimizer and schedule")
-    shared.add(opt, ("lr", "min-lr", "warmup-steps", "constant-steps", "decay-steps", "schedule",
-                     "beta1", "beta2", "eps", "weight-decay", "no-decay", "grad-clip",
-                     "init-std", "scaled-init"),
-               required=("lr",),
-               notes={"no-decay": "absent: biases and norms are not, as in the NxD example"})
-    return p
+    return setup.parser(PROG, __doc__.splitlines()[0])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser().parse_args(argv)
-
-
-def validate(args: argparse.Namespace) -> None:
-    for name in ("compile_steps", "max_steps", "checkpoint_every", "keep_checkpoints",
-                 "log_every", "tensor_parallel_size", "micro_batch_size",
-                 "gradient_accumulation", "seq_length"):
-        if getattr(args, name) < 1:
-            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.steps < -1:
-        raise PayloadError("--steps must be -1 (no bound) or >= 0")
-    for name in ("lr", "eps", "init_std"):
-        if not getattr(args, name) > 0:
-            raise PayloadError(f"--{name.replace('_', '-')} must be positive")
-    if not 0.0 <= args.min_lr <= args.lr:
-        raise PayloadError("--min-lr must lie between 0 and --lr")
-    if not (0.0 <= args.beta1 < 1.0 and 0.0 <= args.beta2 < 1.0):
-        raise PayloadError("--beta1 and --beta2 must lie in [0, 1)")
-    if args.weight_decay < 0 or args.grad_clip <= 0:
-        raise PayloadError("--weight-decay must be >= 0 and --grad-clip positive")
-    hold = args.warmup_steps + args.constant_steps
-    if min(args.warmup_steps, args.constant_steps) < 0 or hold > args.max_steps:
-        raise PayloadError("--warmup-steps + --constant-steps must lie within --max-steps")
-    if args.decay_steps is not None and not hold <= args.decay_steps <= args.max_steps:
-        raise PayloadError(f"--decay-steps must lie between the end of warmup and hold ({hold}) "
-                           "and --max-steps")
-    if uses_master_weights(args.precision) and not args.zero1:
-        raise PayloadError("--precision bf16 keeps FP32 master weights, which NxD holds only in "
-                           "its ZeRO-1 optimizer: add --zero1 (or use --precision bf16_sr)")
-    if args.phase == "train" and args.checkpoint_dir is None:
-        raise PayloadError("--phase train needs --checkpoint-dir")
-    if not args.model_config.is_file():
-        raise PayloadError(f"--model-config {args.model_config}: no such file")
-    if not args.data_dir.is_dir():
-        raise PayloadError(f"--data-dir {args.data_dir}: no such folder")
-    example_folders(args.example_dir)
-
-
-def example_folders(example_dir: Path) -> tuple[Path, Path]:
-    """(the example folder, its parent holding the model and data modules) of a checkout."""
-    parent = example_dir.resolve().parent
-    missing = [name for name in UPSTREAM_MODULES if not (parent / name).is_file()]
-    if not example_dir.is_dir() or missing:
-        raise PayloadError(f"--example-dir {example_dir}: not the NxD Llama example folder of a "
-                           f"checkout (its parent lacks {', '.join(missing) or 'the example'})")
-    return example_dir.resolve(), parent
-
-
-def use_example(example_dir: Path) -> None:
-    """Make the example's model and data modules importable from a plain checkout."""
-    for folder in example_folders(example_dir):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-
-
-def precision_environment(precision: str) -> dict[str, str | None]:
-    """The variables torch_xla, NxD and the Neuron runtime read at start-up, decided as the NxD
-    example decides them (None: the variable must be absent, since some NxD code tests only
-    whether it is set):
-
-    - bf16_sr: everything in BF16 (XLA_USE_BF16) with stochastic rounding, no master weights
-      (the example with --use_gpu_compatible_precision 0, no --use_mix_precision);
-    - bf16: BF16 compute with FP32 master weights, FP32 gradient accumulation and optimizer
-      states (XLA_DOWNCAST_BF16), rounding to nearest (the example's default, "GPU-compatible
-      precision" with --use_mix_precision);
-    - fp32: neither.
-    """
-    return {"XLA_USE_BF16": "1" if precision == "bf16_sr" else None,
-            "XLA_DOWNCAST_BF16": "1" if precision == "bf16" else None,
-            "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1" if precision == "bf16_sr" else "0"}
-
-
-def apply_precision_environment(precision: str, environ: Any = os.environ) -> None:
-    for name, value in precision_environment(precision).items():
-        if value is None:
-            environ.pop(name, None)
-        else:
-            environ[name] = value
-
-
-def uses_master_weights(precision: str) -> bool:
-    """FP32 master weights and gradient accumulation (NxD's mixed_precision_config through the
-    example's get_mixed_precision_config) only in the bf16 mode."""
-    return precision == "bf16"
-
-
-def patch_for_bf16(torch: Any, precision: str) -> None:
-    """What the NxD example does at import time, kept: autocast may ask whether BF16 is
-    supported (it is on Neuron), and under BF16 Hugging Face must see the model's dtype as BF16
-    (its attention masks take the dtype's minimum; the FP32 minimum overflows BF16 to -inf and
-    the loss turns NaN: aws-neuron-sdk issue 593)."""
-    torch.cuda.is_bf16_supported = lambda *a, **k: True
-    if precision in ("bf16", "bf16_sr"):
-        import transformers.modeling_utils as modeling_utils
-
-        modeling_utils.get_parameter_dtype = lambda module: torch.bfloat16
 
 
 class LlamaRunner:
@@ -223,7 +108,8 @@ class LlamaRunner:
             mixed_precision_config=get_mixed_precision_config(
                 uses_master_weights(args.precision)),
         )
-        self.model = nxd.initialize_parallel_model(config, self._build_model)
+        self.model = nxd.initialize_parallel_model(
+            config, lambda: build_model(args, torch, parallel_state))
         no_decay = EXAMPLE_NO_DECAY if args.no_decay is None else tuple(args.no_decay)
         groups = parameter_groups(self.model.named_parameters(), args.weight_decay, no_decay)
         # The example's optimizer for mixed precision; without XLA_DOWNCAST_BF16 it is the same
@@ -247,50 +133,6 @@ class LlamaRunner:
         self.log.emit("start", phase=args.phase, data_parallel=self.dp_size,
                       global_batch_size=self.global_batch, rows=len(self.data),
                       precision=args.precision, zero1=args.zero1)
-
-    def _build_model(self) -> Any:
-        from modeling_llama_nxd import LlamaForCausalLM
-        from training_utils import get_sin_cos_matrix
-        from transformers import LlamaConfig
-
-        args = self.args
-        config = LlamaConfig.from_json_file(str(args.model_config))
-        config.use_cache = False
-        config.max_position_embeddings = max(config.max_position_embeddings, args.seq_length)
-        config.sequence_parallel_enabled = args.sequence_parallel
-        config.selective_checkpoint_enabled = args.selective_checkpoint
-        # As the example's 7B script and model config set them: fused QKV, the NKI flash
-        # attention kernel, no KV replication, each MLP moved to the device as it is built.
-        config.kv_shared_group_size = 1
-        config.qkv_linear = True
-        config.use_flash_attention = True
-        for name, value in (("move_model_to_device", True), ("pretraining_tp", 1),
-                            # read from NxD 2.21 / 2.23 on, set as those examples default them
-                            ("fuse_qkv", True), ("transpose_nki_inputs", True)):
-            if not hasattr(config, name):
-                setattr(config, name, value)
-        config.initializer_range = args.init_std
-        model = LlamaForCausalLM(config)
-        with self.torch.no_grad():
-            # One sine/cosine table for every layer (the example's trick: the compiler then
-            # keeps a single lookup).
-            cos, sin = get_sin_cos_matrix(config)
-            for layer in model.model.layers:
-                layer.self_attn.rotary_emb.cos_cached = cos
-                layer.self_attn.rotary_emb.sin_cached = sin
-        if args.scaled_init:
-            # Draw each full matrix from one seeded stream and keep this rank's slice, as NxD
-            # initialises its parallel layers: the same model for any tensor-parallel degree.
-            draw = sharded_draw(self.parallel_state.get_tensor_model_parallel_size(),
-                                self.parallel_state.get_tensor_model_parallel_rank(),
-                                ROW_PARALLEL_DIM, self.torch.Generator().manual_seed(args.seed))
-            names = scale_output_projections(model, OUTPUT_PROJECTIONS, args.init_std,
-                                             config.num_hidden_layers, draw=draw)
-            if len(names) != 2 * config.num_hidden_layers:
-                raise PayloadError(f"--scaled-init: expected {2 * config.num_hidden_layers} "
-                                   f"output projections ({', '.join(OUTPUT_PROJECTIONS)}), "
-                                   f"the example's model has {len(names)}")
-        return model
 
     def _device_batches(self) -> Iterator[dict[str, Any]]:
         """Micro-batches on the device, from the current consumed-sample count onward. As in the
