@@ -17,6 +17,7 @@ from jobgen.backends.submitit import runner as submitit_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = [ROOT / "payload" / "common" / "job_flow.sh",
+                *sorted((ROOT / "payload" / "common" / "flow").glob("*.sh")),   # its stages
                 ROOT / "payload" / "common" / "node_launch.sh",
                 ROOT / "env" / "containers" / "entrypoint.sh"]
 # Read by the node scripts but not part of the contract: a tool's own setting, and what the
