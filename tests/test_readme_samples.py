@@ -21,7 +21,8 @@ every docs/*.md, the site mkdocs.yml builds.
   scheduler), `watch` and `report` (a running or finished run), `runs NAME` and
   `plan --from-run` (a recorded run), `check --test-only` (the Slurm controller). The Slurm and
   moto tiers run those commands for real (tests/test_slurm_e2e.py, tests/test_moto_*.py, ...).
-- Every file a page names (`jobgen/node.py`, tests/test_slurm_e2e.py) is there.
+- Every file a page names (`jobgen/node.py`, tests/test_slurm_e2e.py) is there, and a
+  `python -c '...'` it shows runs.
 - The recipes table gives each recipe's parallelism as its file does; the install steps use a
   venv or pipx (a system `pip install` is refused on Debian's and Ubuntu's own Python).
 
@@ -380,6 +381,18 @@ def test_every_file_the_pages_name_is_there() -> None:
                     missing.append(f"{_name(page)} line {number}: {path}")
     assert missing == []
     assert len([1 for page in PAGES for line in _lines(page) if PATH.search(line)]) >= 50
+
+
+def test_a_python_line_the_pages_show_runs(tmp_path: Path) -> None:
+    """`python -c '...'` in a page (the node contract's documentation) runs, exit 0."""
+    snippets = [(page, code) for page in PAGES for line in _lines(page)
+                for code in re.findall(r"`python3? -c '([^']+)'`", line)]
+    assert snippets
+    for page, code in snippets:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=60, check=False,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert proc.returncode == 0 and proc.stdout, f"{_name(page)}: {code}\n{proc.stderr}"
 
 
 # --- tables and install steps -----------------------------------------------------------------
