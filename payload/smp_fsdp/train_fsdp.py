@@ -36,9 +36,9 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import fsdp_checkpoint
+import fsdp_flags as flags
 import fsdp_model as sharding
 import smp_v2 as smp
-from common import args as shared
 from common.events import EventLog, open_tensorboard
 from common.init import process_group_timeout, scale_output_projections
 from common.loop import run_invocation
@@ -52,75 +52,18 @@ from common.runtime import (
     run_main,
     step_seed,
 )
-from common.schedule import DECAY_SHAPES, learning_rate
+from common.schedule import learning_rate
+from fsdp_flags import shard_or_default, validate
 
 PROG = "train-fsdp"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    shared.add(p, ("family", "num-layers", "hidden-size", "num-heads"),
-               required=("family", "num-layers", "hidden-size", "num-heads"))
-    p.add_argument("--num-kv-heads", type=int, default=None)
-    shared.add(p, ("intermediate-size", "seq-length", "max-position-embeddings", "vocab-size"),
-               required=("intermediate-size", "seq-length", "vocab-size"))
-    p.add_argument("--rope-theta", type=float, default=None)
-    p.add_argument("--norm-eps", type=float, default=None)
-    p.add_argument("--rotary-pct", type=float, default=None,
-                   help="GPT-NeoX: the share of each head's dimensions that is rotated")
-    shared.add(p, ("micro-batch-size", "gradient-accumulation", "lr", "min-lr", "warmup-steps",
-                   "constant-steps"),
-               required=("micro-batch-size", "gradient-accumulation", "lr"))
-    p.add_argument("--decay", choices=DECAY_SHAPES, default="cosine",
-                   help="shape of the decay after warmup and hold")
-    shared.add(p, ("decay-steps", "beta1", "beta2", "eps", "weight-decay", "no-decay",
-                   "grad-clip", "init-std", "scaled-init"),
-               defaults={"beta2": 0.95})
-    p.add_argument("--tensor-parallel", type=int, default=1)
-    p.add_argument("--hybrid-shard", type=int, default=0,
-                   help="data-parallel ranks per sharding group (0: SMP's default: every "
-                        "data-parallel rank with tensor parallelism, else one node's ranks)")
-    p.add_argument("--activation-checkpointing", choices=("none", "selective", "full"),
-                   default="none")
-    p.add_argument("--activation-offloading", action="store_true")
-    p.add_argument("--activation-loading-horizon", type=int, default=2)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    data = p.add_mutually_exclusive_group(required=True)
-    shared.add(data, ("data-dir",))
-    data.add_argument("--synthetic", action="store_true", help="the rehearsal's token stream")
-    shared.add(p, ("max-steps", "seed", "phase", "compile-steps", "steps", "checkpoint-every",
-                   "keep-checkpoints", "sync-save", "log-every", "output-dir"),
-               required=("max-steps", "checkpoint-every", "output-dir"),
-               defaults={"log-every": 1})
-    return p
+    return flags.parser(PROG, __doc__.splitlines()[0])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser().parse_args(argv)
-
-
-def validate(args: argparse.Namespace, world: int, local_world: int) -> None:
-    for name in ("num_layers", "hidden_size", "num_heads", "intermediate_size", "seq_length",
-                 "micro_batch_size", "gradient_accumulation", "max_steps", "compile_steps",
-                 "checkpoint_every", "keep_checkpoints", "tensor_parallel", "log_every"):
-        if getattr(args, name) < 1:
-            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.hidden_size % args.num_heads:
-        raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by --num-heads "
-                           f"{args.num_heads}")
-    shard = shard_or_default(args.hybrid_shard, world, args.tensor_parallel, local_world)
-    if world % (shard * args.tensor_parallel):
-        raise PayloadError(f"--hybrid-shard {shard} x --tensor-parallel {args.tensor_parallel} "
-                           f"does not divide the {world} ranks")
-    if args.steps < -1:
-        raise PayloadError("--steps must be -1 (no bound) or >= 0")
-
-
-def shard_or_default(shard: int, world: int, tp: int, local_world: int) -> int:
-    """The hybrid-shard degree, 0 read as SMP v2 reads it: with tensor parallelism, every
-    data-parallel rank; without, FSDP's HYBRID_SHARD (one node's ranks)."""
-    return shard or (world // tp if tp > 1 else local_world)
 
 
 class TokenData:
@@ -307,6 +250,7 @@ class FsdpTrainer:
     def run(self) -> None:
         run_invocation(self, self.args)
         finish_distributed(self.dist)
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
