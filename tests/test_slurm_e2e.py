@@ -46,7 +46,7 @@ if str(ROOT / "payload") not in sys.path:
 
 from common.events import read_events  # noqa: E402
 
-from jobgen.spec import SMOKE  # noqa: E402
+from jobgen.smoke_spec import SMOKE  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import posixpath
 
-from ..spec import JobSpec, Rehearsal
+from ..smoke_spec import Rehearsal
+from ..spec import JobSpec
 from . import flags, neuron_nemo
 from .base import STOP_SIGNAL, Launch, Pass, number
 
