@@ -515,8 +515,8 @@ def test_notify_passes_the_alert_as_data_never_as_code(tmp_path: Path) -> None:
 @pytest.mark.moto
 def test_batch_requeue_submits_the_same_definition_again(jobgen: Any, aws: str) -> None:  # noqa: F811
     from jobgen import runs
-    from jobgen.backends import JobRef
     from jobgen.backends.batch import backend as batch_backend
+    from jobgen.backends.protocol import JobRef
     name = run_name()
     job_id, _ = submit(jobgen, "--run-name", name)
     run = runs.find(name)
@@ -710,7 +710,13 @@ def test_the_time_a_requeued_job_waited_in_the_queue_is_no_hang(tmp_path: Path) 
     watch.poll()
     states[0] = "RUNNING"
     watch.poll()
+    clock[0] += 30       # the new allocation starts up: no folder of its own yet
+    watch.poll()
     assert [a.kind for a in watch.summary.alerts] == [] and controller.calls == []
+    node_log(tmp_path, 1, 0).write_text(format_event(
+        "step", phase="train", step=5, loss=1.0, grad_norm=1.0,
+        time="2026-11-23T10:01:30.000+00:00") + "\n")
+    watch.poll()
     clock[0] += 11
     watch.poll()
     assert [a.kind for a in watch.summary.alerts] == ["hang"]

@@ -94,6 +94,7 @@ class Watch:
                              max_steps=max_steps)
         self.summary = Summary(self.status.job_id, "")
         self.acted_on: Optional[int] = None     # allocation an action was taken on
+        self.requeued_on: Optional[int] = None  # allocation the job left for the queue
         self.stopped = False
         self.blamed: dict[int, int] = {}
         self.notified: set[tuple[str, int]] = set()   # (category, allocation) already notified
@@ -111,9 +112,9 @@ class Watch:
             if (self.controller is not None and self.running(state)
                     and not self.running(self.status.state)
                     and self.detectors.last_progress is not None):
-                # Started again after waiting in the queue (a requeue): the time it waited is
-                # no hang, and its new allocation's folder may not be there yet.
-                self.detectors.last_progress = max(self.detectors.last_progress, now)
+                # Started again after waiting in the queue (a requeue): neither that wait nor
+                # the new allocation's start-up before its trainers log is a hang.
+                self.requeued_on = self.detectors.restart
             self.status.state = state
             self.view.state(self.status.job_id, state)
         alerts: list[Alert] = []
@@ -167,8 +168,10 @@ class Watch:
     # --- what was seen --------------------------------------------------------------------------
 
     def _waiting(self) -> bool:
-        """After a requeue or rollback: nothing to judge until the new allocation trains."""
-        return self.acted_on is not None and self.detectors.restart <= self.acted_on
+        """After a requeue or rollback (ours or anyone's): nothing to judge until the new
+        allocation trains."""
+        return any(on is not None and self.detectors.restart <= on
+                   for on in (self.acted_on, self.requeued_on))
 
     def _show(self, obs: Observation) -> None:
         if not obs.training_step:
