@@ -5,36 +5,8 @@ the real payloads: ``--phase compile`` runs ``--compile-steps`` steps and writes
 ``--phase train`` resumes from the newest complete checkpoint, saves every K steps and at the end,
 keeps the newest M; rank 0 prints one JSON event per line. Runs under torchrun or alone.
 
-Fault-injection knobs for rehearsing failures (environment variables, read by every rank; sbatch
-passes the submitter's environment on to the job, so ``VAR=... jobgen submit ...`` reaches it):
-
-- ``JOBGEN_SMOKE_STEP_DELAY=SECONDS``: sleep this long in every optimizer step (both passes), so
-  that a job runs long enough to be killed mid-training.
-- ``JOBGEN_SMOKE_FAIL_AT_STEP=N``: fail with an error (exit status 1) when about to run optimizer
-  step N, in every invocation and either pass (N <= --compile-steps fails the compile pass too);
-  with ``JOBGEN_SMOKE_FAIL_NODE=K`` only on node K (the job's node index, from 0).
-
-What ``jobgen watch`` catches, in the training pass only (the compile pass trains as usual):
-
-- ``JOBGEN_SMOKE_SPIKE_AT_STEP=N``: a gradient-norm spike at step N: that step's loss is
-  back-propagated x100, so the norm before clipping is 100 times the usual (clipping keeps the
-  update sane, and the next step is normal again, as most real spikes are).
-- ``JOBGEN_SMOKE_LOSS_SPIKE_AT_STEP=N``: before step N the output layer's weights are multiplied
-  by 30, as a bad update would do: the loss jumps (the tiny model is still near ln(vocab), so
-  a bad batch alone would not show), and training pulls it back down over the next steps.
-- ``JOBGEN_SMOKE_SLOW_AT_STEP=N``: from step N on, every step takes
-  ``JOBGEN_SMOKE_SLOW_SECONDS`` (default 1) longer: a throughput drop.
-- ``JOBGEN_SMOKE_DIVERGE_AT_STEP=N``: from step N on, the learning rate is 1000 times the
-  schedule's and gradients are not clipped: the run really diverges.
-- ``JOBGEN_SMOKE_NAN_AT_STEP=N``: step N's loss is NaN, and so are the weights after it.
-- ``JOBGEN_SMOKE_SAVE_FAIL_AT_STEP=N``: the save of step N fails after writing part of its
-  files (in the background unless --sync-save): the step is never sealed.
-- ``JOBGEN_SMOKE_SAVE_DELAY=SECONDS``: every save's write takes this much longer (a slow disk).
-- ``JOBGEN_SMOKE_HANG_AT_STEP=N``: node ``JOBGEN_SMOKE_HANG_NODE`` (default: the last) stops before
-  step N and never goes on; the others wait for it in the next collective.
-
-The last three happen once per run (a file in --output-dir remembers it), so that the job a
-watcher requeued or rolled back trains on normally.
+Fault-injection knobs for rehearsing failures: smoke_faults.py. The checkpoint format (sharded as
+ZeRO-1 shards it, written in the background unless --sync-save): smoke_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -47,13 +19,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-# Running as a script: make ``payload/`` importable for ``common``.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Running as a script or loaded by path: make ``payload/`` importable for ``common``, and this
+# folder for the program's own modules.
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
 from common import args as shared
 from common.events import EventLog, node_index, open_tensorboard
 from common.init import process_group_timeout, scale_output_projections
-from common.loop import agreed_newest, run_invocation, sealed_save
+from common.loop import run_invocation
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.optim import parameter_groups
 from common.runtime import (
@@ -66,86 +40,20 @@ from common.runtime import (
     step_seed,
 )
 from common.schedule import DECAY_SHAPES, learning_rate
+from smoke_checkpoint import Checkpoints
+from smoke_faults import (
+    DIVERGE_LR_FACTOR,
+    FAIL_AT_ENV,
+    FAULT_STEPS,
+    LOSS_SPIKE_FACTOR,
+    ONCE_PER_RUN,
+    SPIKE_FACTOR,
+    InjectedFailure,
+    fault_knobs,
+    watch_faults,
+)
 
 PROG = "smoke-train"
-STATE_FILE = "state.pt"
-SHARD_FILE = "optim-rank-{rank:05d}.pt"
-STEP_DELAY_ENV = "JOBGEN_SMOKE_STEP_DELAY"
-FAIL_AT_ENV = "JOBGEN_SMOKE_FAIL_AT_STEP"
-FAIL_NODE_ENV = "JOBGEN_SMOKE_FAIL_NODE"
-SAVE_FAIL_ENV = "JOBGEN_SMOKE_SAVE_FAIL_AT_STEP"
-SAVE_DELAY_ENV = "JOBGEN_SMOKE_SAVE_DELAY"
-FAULT_STEPS = {fault: f"JOBGEN_SMOKE_{fault.upper()}_AT_STEP"
-               for fault in ("spike", "loss_spike", "slow", "diverge", "nan", "hang")}
-SLOW_SECONDS_ENV = "JOBGEN_SMOKE_SLOW_SECONDS"
-HANG_NODE_ENV = "JOBGEN_SMOKE_HANG_NODE"
-ONCE_PER_RUN = ("diverge", "nan", "hang")
-SPIKE_FACTOR = 100.0
-DIVERGE_LR_FACTOR = 1000.0
-LOSS_SPIKE_FACTOR = 30.0
-
-
-class InjectedFailure(RuntimeError):
-    """The failure asked for with JOBGEN_SMOKE_FAIL_AT_STEP."""
-
-
-def _staged(value: Any, torch: Any) -> Any:
-    """A copy of ``value`` whose tensors are detached clones (dicts and lists copied alike)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {key: _staged(item, torch) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_staged(item, torch) for item in value)
-    return value
-
-
-def fault_knobs(env: Any = os.environ) -> tuple[float, int | None]:
-    """(seconds to sleep per step, step to fail at or None) from the environment."""
-    delay_text = env.get(STEP_DELAY_ENV, "").strip()
-    fail_text = env.get(FAIL_AT_ENV, "").strip()
-    try:
-        delay = float(delay_text) if delay_text else 0.0
-    except ValueError:
-        raise PayloadError(f"{STEP_DELAY_ENV}={delay_text!r} is not a number of seconds") from None
-    if not delay >= 0 or delay == float("inf"):
-        raise PayloadError(f"{STEP_DELAY_ENV}={delay_text!r} must be a finite number >= 0")
-    if not fail_text:
-        return delay, None
-    if not fail_text.isdigit() or int(fail_text) < 1:
-        raise PayloadError(f"{FAIL_AT_ENV}={fail_text!r} must be a step number >= 1")
-    return delay, int(fail_text)
-
-
-def _step_number(name: str, text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise PayloadError(f"{name}={text!r} must be a step number >= 1")
-    return int(text)
-
-
-def watch_faults(env: Any = os.environ) -> dict[str, Any]:
-    """The faults asked for that `jobgen watch` catches: {"spike": step, ...} for those set, with
-    "slow_seconds", "hang_node" (None: the last node) and "fail_node" (None: every node)."""
-    faults: dict[str, Any] = {}
-    for fault, name in FAULT_STEPS.items():
-        text = env.get(name, "").strip()
-        if text:
-            faults[fault] = _step_number(name, text)
-    slow = env.get(SLOW_SECONDS_ENV, "").strip() or "1"
-    try:
-        faults["slow_seconds"] = float(slow)
-    except ValueError:
-        raise PayloadError(f"{SLOW_SECONDS_ENV}={slow!r} is not a number of seconds") from None
-    if not 0 <= faults["slow_seconds"] < float("inf"):
-        raise PayloadError(f"{SLOW_SECONDS_ENV}={slow!r} must be a finite number >= 0")
-    for key, name in (("hang_node", HANG_NODE_ENV), ("fail_node", FAIL_NODE_ENV)):
-        text = env.get(name, "").strip()
-        if text and not text.isdigit():
-            raise PayloadError(f"{name}={text!r} must be a node index (0, 1, ...)")
-        faults[key] = int(text) if text else None
-    return faults
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     shared.add(p, ("family", "num-layers", "hidden-size", "num-heads", "intermediate-size",
@@ -204,8 +112,9 @@ def samples_digest(tokens: Any, previous: int = 0) -> int:
     return zlib.crc32(tokens.contiguous().numpy().tobytes(), previous)
 
 
-class SmokeTrainer:
-    """DDP training of the tiny model; implements ``common.loop.Runner``."""
+class SmokeTrainer(Checkpoints):
+    """DDP training of the tiny model; implements ``common.loop.Runner`` (its saves and resume:
+    smoke_checkpoint.Checkpoints)."""
 
     def __init__(self, args: argparse.Namespace, ranks_from: str) -> None:
         import torch
@@ -367,76 +276,6 @@ class SmokeTrainer:
                 "grad_norm": float(norm), "lr": lr,
                 "samples_per_s": round(self.global_batch / elapsed, 2),
                 "data_crc32": [int(d) for d in digests]}
-
-    def resume(self) -> None:
-        tag = agreed_newest(self.ckpt_root, self.rank)
-        if tag is None:
-            return
-        directory = self.ckpt_root / tag
-        state = self.torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
-        self.model.load_state_dict(state["model"])
-        optimizer = state["optimizer"]
-        if not optimizer["state"]:   # sharded: every rank of the saving job wrote its slice
-            for rank in range(int(state["world_size"])):
-                optimizer["state"].update(self.torch.load(
-                    directory / SHARD_FILE.format(rank=rank), map_location="cpu",
-                    weights_only=False))
-        self.optimizer.load_state_dict(optimizer)
-        self.step, self.consumed = int(state["step"]), int(state["consumed_samples"])
-        self.log.emit("resume", step=self.step, consumed_samples=self.consumed,
-                      checkpoint=str(self.ckpt_root / tag),
-                      global_batch_changed=state["global_batch_size"] != self.global_batch)
-
-    def _save_file(self, value: Any, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        self.torch.save(value, tmp)
-        os.replace(tmp, path)
-
-    def _write_files(self, files: list[tuple[Any, Path]], step: int) -> None:
-        """Write a save's files (on the caller's thread or the background one); the fault knobs
-        slow it or fail it after its first file."""
-        delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
-        for index, (value, path) in enumerate(files):
-            self._save_file(value, path)
-            if delay > 0:
-                time.sleep(delay / len(files))
-            if index == 0 and os.environ.get(SAVE_FAIL_ENV, "").strip() == str(step):
-                raise OSError(f"{SAVE_FAIL_ENV}={step}: the save failed mid-write")
-
-    def save(self, root: Path | None = None) -> None:
-        info = {"step": self.step, "consumed_samples": self.consumed, "seed": self.args.seed,
-                "world_size": self.world, "global_batch_size": self.global_batch,
-                "family": self.args.family}
-        step = self.step
-
-        def write(directory: Path) -> Any:
-            # Sharded as ZeRO-1 shards it (NxD's and DeepSpeed's optimizers): each rank writes
-            # its slice of the optimizer state, rank 0 the weights, so a checkpoint needs every
-            # node's part (on SageMaker, each instance's own files).
-            optimizer = self.optimizer.state_dict()
-            mine = {i: v for i, v in optimizer["state"].items() if i % self.world == self.rank}
-            files: list[tuple[Any, Path]] = [(mine, directory / SHARD_FILE.format(rank=self.rank))]
-            if self.rank == 0:
-                state = dict(info, model=self.model.state_dict(),
-                             optimizer={"state": {}, "param_groups": optimizer["param_groups"]},
-                             schedule=self.schedule_params())
-                files.append((state, directory / STATE_FILE))
-            if self.args.sync_save:
-                self._write_files(files, step)
-                return None
-            # Staged: a copy of every tensor, so the next optimizer step cannot change what the
-            # background thread writes (as DCP's async_save stages to CPU memory first).
-            staged = [(_staged(value, self.torch), path) for value, path in files]
-            return self._writer().submit(self._write_files, staged, step)
-
-        sealed_save(root or self.ckpt_root, self.step, info, self.rank, self.args.keep_checkpoints,
-                    self.log, write)
-
-    def _writer(self) -> Any:
-        if getattr(self, "_pool", None) is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="save")
-        return self._pool
 
     def run(self) -> None:
         run_invocation(self, self.args)
