@@ -19,13 +19,10 @@ import enum
 import importlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+from typing import Any, Callable, Optional, cast
 
 from ..errors import ConfigError
 from ..record import record
-
-if TYPE_CHECKING:   # not imported when rendering: only the type is needed here
-    from ..runs import Run  # (runs does not ask the registry: no circle through it)
 
 Echo = Callable[[str], None]
 
@@ -142,15 +139,6 @@ class Submitted:
     @property
     def job_id(self) -> str:
         return self.job_ids[-1]
-
-
-@record
-class JobRef:
-    """A submitted job: its id, its record if jobgen submitted it, and where to ask about it."""
-    job_id: str
-    run: Optional[Run] = None
-    site: Optional[str] = None          # --site (AWS: region, log group)
-    endpoint_url: Optional[str] = None
 
 
 _ORDER = ("slurm", "batch", "submitit", "local", "sagemaker", "eks")   # help text order

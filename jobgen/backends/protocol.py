@@ -1,15 +1,27 @@
-"""What a backend's `backend` module does, as a type. Apart from the registry
-(jobgen/backends/__init__.py), which the spec asks about backends: the protocol names the spec's
-types, and the registry naming them would close an import circle through it."""
+"""What a backend's `backend` module does, as a type, and the submitted job it is asked about
+(`JobRef`, with its run's record). Apart from the registry (jobgen/backends/__init__.py), which
+sits below the job spec and the run record it describes: the protocol names their types, and the
+registry naming them would import upward."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Protocol, cast
 
-from . import Echo, JobRef, JobStatus, SubmitOptions, Submitted, get
+from ..record import record
+from . import Echo, JobStatus, SubmitOptions, Submitted, get
 
 if TYPE_CHECKING:   # not imported when rendering: only the types are needed here
     from ..plan import Plan
+    from ..runs import Run
     from ..spec import JobSpec
+
+
+@record
+class JobRef:
+    """A submitted job: its id, its record if jobgen submitted it, and where to ask about it."""
+    job_id: str
+    run: Optional[Run] = None
+    site: Optional[str] = None          # --site (AWS: region, log group)
+    endpoint_url: Optional[str] = None
 
 
 class Backend(Protocol):

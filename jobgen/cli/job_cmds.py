@@ -66,6 +66,7 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
     recipe, nodes, state (asked of the scheduler now), run folder. With RUN: what that run was
     submitted with, every submission (its record)."""
     from .. import backends, runs
+    from ..backends.protocol import JobRef
     if run_name is not None:
         _show_record(run_name, as_json)
         return
@@ -75,7 +76,7 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
         if not no_state:
             try:
                 impl = backends.get(backends.scheduler(run.backend))
-                found = impl.status(backends.JobRef(run.job_id, run))
+                found = impl.status(JobRef(run.job_id, run))
                 row["state"], row["native_state"] = found.state.value, found.native
             except JobgenError as exc:
                 row["state"], row["state_error"] = "?", printable(str(exc))

@@ -205,6 +205,7 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
     """(the backend, the job) for REF: a run name or a job id jobgen recorded (its backend comes
     from the record), else a job id of `backend` (default slurm)."""
     from .. import backends, runs
+    from ..backends.protocol import JobRef
     if not ref.strip():
         raise click.UsageError("the job must not be empty (a run name or a job id)")
     found = runs.find(ref)
@@ -218,7 +219,7 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
     if endpoint_url is not None and not backends.declaration(name).takes("endpoint_url"):
         raise click.UsageError(f"--endpoint-url is for {_who_takes('endpoint_url')} jobs")
     backends.require_extra(name, f"--backend {name}")
-    return backends.get(name), backends.JobRef(job_id, found, site, endpoint_url)
+    return backends.get(name), JobRef(job_id, found, site, endpoint_url)
 
 
 def _guess_backend(job_id: str) -> str:

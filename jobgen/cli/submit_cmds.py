@@ -69,6 +69,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     import os
 
     from .. import backends, runs
+    from ..backends.protocol import JobRef
     declared = backends.declaration(backend)
     for option, given in (("queue", queue is not None), ("endpoint_url", endpoint_url is not None),
                           ("chain", chain)):
@@ -152,7 +153,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                         runrecord.commit(one, new, old, done.job_ids, here)):
             if warning:
                 click.echo(f"warning: {warning}", err=True)
-        refs.append(backends.JobRef(done.job_id, record, site, endpoint_url))
+        refs.append(JobRef(done.job_id, record, site, endpoint_url))
     if wait:
         from ..progress import Ticker
         default_poll = declared.default_poll_s

@@ -11,7 +11,8 @@ from ...errors import ConfigError
 from ...plan import Plan, PlannedFile
 from ...site import Site
 from ...spec import JobSpec
-from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ..protocol import JobRef
 from . import client as batch_client
 from .definition import (  # noqa: F401  (re-exported: the health gate asks the backend, tests)
     NODE_LOST_STATUS,

@@ -12,7 +12,7 @@ from ...aws import call
 from ...errors import ConfigError
 from ...watching.readers import RunReader
 from ...watching.target import Target
-from .. import JobRef
+from ..protocol import JobRef
 from . import client as batch_client
 from .backend import _client
 

@@ -13,7 +13,8 @@ from ...errors import ConfigError, RemoteError
 from ...plan import Plan, PlannedFile
 from ...site import Site
 from ...spec import JobSpec
-from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ..protocol import JobRef
 from . import cluster
 from . import jobset as jobsets
 from .manifests import (  # noqa: F401  (efa_interfaces: the health gate asks the backend)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ...errors import ConfigError, RemoteError
-from .. import JobRef
+from ..protocol import JobRef
 from . import jobset as jobsets
 from .manifests import LABEL
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ...watching.target import StreamReader, Target, lines_after
-from .. import JobRef
+from ..protocol import JobRef
 from . import backend as eks
 from . import cluster
 

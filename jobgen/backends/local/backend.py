@@ -9,7 +9,8 @@ from typing import NoReturn, Optional
 from ...errors import ConfigError, printable
 from ...plan import Plan, PlannedFile
 from ...spec import JobSpec
-from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ..protocol import JobRef
 
 JOB_ID = "local-{time}"   # what the plan shows for the id `jobgen run` makes when it starts
 

@@ -14,7 +14,8 @@ from ...plan import Plan, PlannedFile
 from ...site import Site
 from ...site_sections import SageMakerSite
 from ...spec import JobSpec
-from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ..protocol import JobRef
 from .request import CHECKPOINTS, job_name, training_job, validate  # noqa: F401  (tests)
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from ...aws import LogStream, call
 from ...errors import RemoteError
 from ...watching.target import StreamReader, Target
-from .. import JobRef
+from ..protocol import JobRef
 from .backend import DONE, LOG_GROUP, _ref_client, describe
 
 STREAM = re.compile(r"/algo-(\d+)-")

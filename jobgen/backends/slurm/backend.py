@@ -12,7 +12,8 @@ from ...node import Passes
 from ...plan import Plan, PlannedFile
 from ...render import render
 from ...spec import JobSpec
-from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted, job_status
+from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ..protocol import JobRef
 
 TEMPLATE = "slurm/job.sbatch.j2"
 

@@ -14,7 +14,7 @@ from ...errors import ConfigError, RemoteError
 from ...watching.actions import HOLD_TIMEOUT_S
 from ...watching.readers import RunReader
 from ...watching.target import Target
-from .. import JobRef
+from ..protocol import JobRef
 from . import client as slurm_client
 from . import jobs as slurm_jobs
 

@@ -9,7 +9,8 @@ from typing import Optional
 from ...errors import ConfigError
 from ...plan import Plan, PlannedFile
 from ...spec import JobSpec
-from .. import Echo, JobRef, JobStatus, SubmitOptions, Submitted
+from .. import Echo, JobStatus, SubmitOptions, Submitted
+from ..protocol import JobRef
 from ..slurm import backend as _slurm
 
 
