@@ -33,8 +33,9 @@ class Launch:
     files: tuple[tuple[str, str], ...] = ()  # (path under the run dir, content) written first
     # A command run once before the compile pass: (script under payload/, its arguments).
     prepare: tuple[str, ...] = ()
-    # The signal on which the trainer saves a checkpoint and stops (payload/common/loop.py's
-    # StopRequest), or "" for a trainer that cannot: it resumes from its last periodic one.
+    # The signal on which the trainer saves a checkpoint and stops (payload/common/
+    # stop_request.py's StopRequest), or "" for a trainer that cannot: it resumes from its last
+    # periodic one.
     stop_signal: str = ""
 
     def args(self, which: Pass) -> tuple[str, ...]:

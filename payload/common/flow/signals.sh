@@ -37,7 +37,7 @@ flow_on_signal() {
     [ -n "$FLOW_PASS_PID" ]; then
     flow_say "received SIGTERM; asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL)"
     # Written down first: a trainer still starting ignores the signal and reads this instead
-    # (payload/common/loop.py StopRequest).
+    # (payload/common/stop_request.py StopRequest).
     # (Replaced, never written through: whatever stands there goes first.)
     rm -f "$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/stop-requested" 2>/dev/null
     : >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/stop-requested" 2>/dev/null || true
