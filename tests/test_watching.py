@@ -611,7 +611,7 @@ def test_one_step_read_is_something_to_judge(tmp_path: Path, jobgen: Callable[..
 def test_a_job_that_completed_unread_is_not_called_healthy(tmp_path: Path) -> None:
     """Following a job: completed with steps read is 0; completed with none read is 3 (its
     folder was never readable here); not completed is 1 either way."""
-    from jobgen.watching.watcher import exit_status
+    from jobgen.watching.summary import exit_status
     controller = FakeController()
     controller.ended = True
     watch = Watch(RunReader(tmp_path, lambda: ["42"]), Detectors(), Policy(), controller,
@@ -628,7 +628,7 @@ def test_a_job_that_completed_unread_is_not_called_healthy(tmp_path: Path) -> No
 
 
 def test_the_exit_statuses_are_documented(jobgen: Callable[..., Any]) -> None:
-    from jobgen.watching.watcher import NOTHING_TO_JUDGE
+    from jobgen.watching.summary import NOTHING_TO_JUDGE
     text = " ".join(jobgen("watch", "--help").output.split())
     assert f"{NOTHING_TO_JUDGE} nothing to judge: not one training step was read" in text
     page = " ".join((ROOT / "docs" / "watching.md").read_text().split())
@@ -679,8 +679,8 @@ def test_a_hang_on_a_host_that_already_failed_the_job_requeues_without_it(
 def test_terminal_view_redraws_one_line() -> None:
     import io
 
+    from jobgen.watching.summary import Status
     from jobgen.watching.view import TerminalView
-    from jobgen.watching.watcher import Status
     out = io.StringIO()
     view = TerminalView(out)
     view.status(Status(job_id="7", state="RUNNING", step=12, max_steps=24, loss=2.5,

@@ -82,7 +82,8 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
     130  interrupted (Ctrl-C)"""
     from ..watching import command
     from ..watching.detectors import Rules
-    from ..watching.watcher import Policy, exit_status
+    from ..watching.summary import exit_status
+    from ..watching.watcher import Policy
     rules = Rules(**rule_values)
     if job is None:
         if run_dir is None:

@@ -10,8 +10,9 @@ from typing import Any, Optional
 from ..errors import ConfigError
 from .detectors import Detectors, Rules
 from .readers import RunReader
+from .summary import Summary
 from .view import JsonView, PlainView, TerminalView
-from .watcher import WATCH_LOG, Policy, Summary, Watch
+from .watcher import WATCH_LOG, Policy, Watch
 
 
 def parse_notify(text: Optional[str]) -> Optional[str]:
