@@ -210,7 +210,9 @@ def test_the_recommended_interval_beats_the_recipes_when_they_differ() -> None:
 
 def test_background_saves_cost_their_stall_so_the_recommended_interval_shortens() -> None:
     """The plan's checkpoint cost is what a save stops training for: in the background, the
-    copy into host memory, not the write; a failure mid-write re-trains a write's worth more."""
+    copy into host memory, not the write; a failure before a save is sealed (at the step
+    boundary after its last byte: at least a step, at most the interval) re-trains that much
+    more."""
     back = plan("neox20b", "64", node_mtbf_hours=5000.0).rows[0].failures
     sync = plan("neox20b", "64", "checkpoint.async_save=false",
                 node_mtbf_hours=5000.0).rows[0].failures
@@ -219,7 +221,10 @@ def test_background_saves_cost_their_stall_so_the_recommended_interval_shortens(
     assert back.stall_s is not None and back.stall_s < back.write_s / 5
     assert back.daly_s < sync.daly_s and back.young_s < sync.young_s
     assert back.best.steps < sync.best.steps
-    assert back.restart_s == pytest.approx(sync.restart_s + sync.write_s)
+    row = plan("neox20b", "64", node_mtbf_hours=5000.0).rows[0]
+    lag = min(back.recipe.seconds, row.step_s * math.ceil(back.write_s / row.step_s))
+    assert back.write_s > row.step_s and lag > back.write_s   # sealed at a step boundary
+    assert back.restart_s == pytest.approx(sync.restart_s + lag)
     assert back.best.goodput > sync.best.goodput
 
 
@@ -504,3 +509,12 @@ def test_chaos_scatter_shows_why_ci_rehearses_one_kill() -> None:
     mild = _scatter("--kills", "0", "--restart", "2", "--kill-every", "600", "--work", "600",
                     "--first-kill", "100", "300")
     assert abs(mild["sd"]) < 1.0 and mild["beyond"] < 1.0
+
+
+def test_a_background_save_is_exposed_until_the_step_boundary_after_its_last_byte() -> None:
+    """seal_lag: at least one step (the loop polls at step boundaries), the write rounded up to
+    whole steps, at most the interval (the next save waits for it)."""
+    from jobgen.planning.goodput import seal_lag
+    assert seal_lag(0.01, 10.0, 10.0) == 10.0        # the rehearsal: a save every 10-s step
+    assert seal_lag(25.0, 10.0, 100.0) == 30.0
+    assert seal_lag(250.0, 10.0, 100.0) == 100.0

@@ -24,6 +24,15 @@ STAGE_GB_S_PER_NODE = 10.0
 SYNC_ONLY = frozenset({"habana_deepspeed"})
 
 
+def seal_lag(write: float, step_s: float, seconds: float) -> float:
+    """How long a background save stays unsealed after it began: the training loop seals it at
+    the first step boundary after its last byte (at least one step on), and the next save waits
+    for it (at most the interval). A failure meanwhile resumes from the save before and trains
+    that interval again, so a failure costs this much more on average (failures fall uniformly
+    in time): added to the restart. `jobgen report` measures it as the seal's lag."""
+    return min(seconds, step_s * max(1, math.ceil(write / step_s))) if step_s > 0 else 0.0
+
+
 def saves_in_background(spec: JobSpec) -> bool:
     """Whether the job's saves run beside training (checkpoint.async_save; unset: where the
     payload's library can)."""
@@ -72,13 +81,10 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
     restart = restart_fixed + load
     # The checkpoint's cost to training is its stall. In place, that is the whole write. In the
     # background, it is the copy into host memory, plus any wait for the previous save when
-    # saves come closer than a write (one in flight); and a failure while a save is still being
-    # written resumes from the one before, which costs a write's worth of training again on
-    # average (failures fall uniformly in time): added to every restart.
+    # saves come closer than a write (one in flight); and a failure before a save is sealed
+    # resumes from the one before (seal_lag, added to every restart below).
     background = saves_in_background(spec)
     stall = ckpt_bytes / (STAGE_GB_S_PER_NODE * 1e9 * nodes) if background else write
-    if background:
-        restart += write
     # Spare nodes: in each allocation the first k node failures (k: the spares, at most the
     # restart budget in place) are restarts in place, the next one a requeue, which brings a
     # fresh allocation with its spares: k of every k + 1 failures stay inside the allocation.
@@ -100,14 +106,18 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
         best_s = max(best_s, write)   # closer saves would wait for each other
     best_steps = failures.interval_steps(best_s, step_s, steps)
 
+    def lag(seconds: float) -> float:
+        return seal_lag(write, step_s, seconds) if background else 0.0
+
     def interval(k: int) -> Interval:
         seconds = min(k, steps) * step_s
         per_save = stall + (max(0.0, write - seconds) if background else 0.0)
-        wall = failures.expected_wall(work, seconds, per_save, restart, mtbf)
+        wall = failures.expected_wall(work, seconds, per_save, restart + lag(seconds), mtbf)
         if not math.isfinite(wall) or wall > WALL_LIMIT_S:
             raise RuleError(
                 f"at {nodes} nodes a job fails every {mtbf:.3g} s (a node's MTBF of "
-                f"{mtbf_h:g} h over {nodes} nodes), against a restart of {restart:.3g} s and "
+                f"{mtbf_h:g} h over {nodes} nodes), against a restart of "
+                f"{restart + lag(seconds):.3g} s and "
                 f"{seconds:.3g} s between checkpoints: it would not finish in "
                 f"{WALL_LIMIT_S / 3.15576e7:g} years; check --node-mtbf-hours, --restart-s, "
                 "--checkpoint-gb and --storage-mb-s")
@@ -118,10 +128,12 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
                 raise ConfigError(f"--simulate {simulate}: at {nodes} nodes with a "
                                   f"checkpoint every {k:,} steps that is about {draws:.2g} "
                                   f"random draws (at most {SIMULATION_LIMIT:.0e}); use fewer runs")
-            sim = failures.simulate(work, seconds, per_save, restart, mtbf, simulate, seed)
+            sim = failures.simulate(work, seconds, per_save, restart + lag(seconds), mtbf,
+                                    simulate, seed)
         cost = wall / 3600 * billed * price if price is not None else None
         return Interval(k, seconds, work / wall, wall, wall / mtbf, cost, sim)
 
-    return Failures(mtbf, write, load, restart, failures.young(stall, mtbf),
+    shown = lag(min(recipe_steps, steps) * step_s)   # at the recipe's interval
+    return Failures(mtbf, write, load, restart + shown, failures.young(stall, mtbf),
                     failures.daly(stall, mtbf), interval(recipe_steps), interval(best_steps),
                     stall)
