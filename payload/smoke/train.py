@@ -24,14 +24,13 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
-from common import args as shared
+import smoke_flags as flags
 from common.events import EventLog, node_index, open_tensorboard
 from common.init import process_group_timeout, scale_output_projections
 from common.loop import run_invocation
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.optim import parameter_groups
 from common.runtime import (
-    PayloadError,
     batch_positions,
     dist_coords,
     ensure_process_env,
@@ -39,7 +38,7 @@ from common.runtime import (
     run_main,
     step_seed,
 )
-from common.schedule import DECAY_SHAPES, learning_rate
+from common.schedule import learning_rate
 from smoke_checkpoint import Checkpoints
 from smoke_faults import (
     DIVERGE_LR_FACTOR,
@@ -52,33 +51,13 @@ from smoke_faults import (
     fault_knobs,
     watch_faults,
 )
+from smoke_flags import validate
 
 PROG = "smoke-train"
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    shared.add(p, ("family", "num-layers", "hidden-size", "num-heads", "intermediate-size",
-                   "seq-length", "vocab-size", "micro-batch-size", "gradient-accumulation", "lr",
-                   "min-lr", "warmup-steps"),
-               defaults={"family": "gpt_neox", "num-layers": 2, "hidden-size": 64,
-                         "num-heads": 4, "seq-length": 32, "vocab-size": 512,
-                         "micro-batch-size": 4, "lr": 3e-3, "min-lr": 3e-4, "warmup-steps": 2},
-               notes={"intermediate-size": "default 4 × hidden"})
-    p.add_argument("--decay", "--schedule", dest="decay", choices=DECAY_SHAPES, default="cosine",
-                   help="shape of the decay after warmup and hold (--schedule: the NxD "
-                        "program's name for it)")
-    shared.add(p, ("constant-steps", "decay-steps", "beta1", "beta2", "eps", "no-decay",
-                   "init-std", "scaled-init", "max-steps", "weight-decay", "grad-clip", "seed",
-                   "phase", "compile-steps", "steps", "checkpoint-every", "keep-checkpoints",
-                   "sync-save", "output-dir"),
-               defaults={"beta2": 0.95, "max-steps": 20, "weight-decay": 0.01,
-                         "checkpoint-every": 10},
-               notes={"no-decay": "absent: matrices are decayed, vectors are not"})
-    p.add_argument("--index-dir", type=Path, default=None,
-                   help="build (global rank 0) and read (every rank) a sample index file here "
-                        "first, as NeMo's GPT dataset does (indexed_data.py); on nodes with "
-                        "disks of their own, each node builds its own (common/node_indices.py)")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return p
+    return flags.parser(PROG, __doc__.splitlines()[0])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,24 +65,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.intermediate_size is None:
         args.intermediate_size = 4 * args.hidden_size
     return args
-
-
-def validate(args: argparse.Namespace) -> None:
-    positive = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "seq_length",
-                "micro_batch_size", "gradient_accumulation", "max_steps", "compile_steps",
-                "checkpoint_every", "keep_checkpoints")
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.hidden_size % args.num_heads:
-        raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by "
-                           f"--num-heads {args.num_heads}")
-    if args.vocab_size < 16:
-        raise PayloadError("--vocab-size must be at least 16")
-    if args.warmup_steps < 0 or args.warmup_steps > args.max_steps:
-        raise PayloadError("--warmup-steps must lie in [0, --max-steps]")
-    if args.steps < -1:
-        raise PayloadError("--steps must be -1 (no bound) or >= 0")
 
 
 def samples_digest(tokens: Any, previous: int = 0) -> int:

@@ -1,0 +1,56 @@
+"""The stand-in trainer's (train.py's) flags and their checks: the shared trainer flags with a
+tiny model's defaults, the decay shape under both programs' names, and the index folder."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common import args as shared
+from common.runtime import PayloadError
+from common.schedule import DECAY_SHAPES
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The stand-in's flags: the shared ones (common/args.py), defaulted to a tiny model."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    shared.add(p, ("family", "num-layers", "hidden-size", "num-heads", "intermediate-size",
+                   "seq-length", "vocab-size", "micro-batch-size", "gradient-accumulation", "lr",
+                   "min-lr", "warmup-steps"),
+               defaults={"family": "gpt_neox", "num-layers": 2, "hidden-size": 64,
+                         "num-heads": 4, "seq-length": 32, "vocab-size": 512,
+                         "micro-batch-size": 4, "lr": 3e-3, "min-lr": 3e-4, "warmup-steps": 2},
+               notes={"intermediate-size": "default 4 × hidden"})
+    p.add_argument("--decay", "--schedule", dest="decay", choices=DECAY_SHAPES, default="cosine",
+                   help="shape of the decay after warmup and hold (--schedule: the NxD "
+                        "program's name for it)")
+    shared.add(p, ("constant-steps", "decay-steps", "beta1", "beta2", "eps", "no-decay",
+                   "init-std", "scaled-init", "max-steps", "weight-decay", "grad-clip", "seed",
+                   "phase", "compile-steps", "steps", "checkpoint-every", "keep-checkpoints",
+                   "sync-save", "output-dir"),
+               defaults={"beta2": 0.95, "max-steps": 20, "weight-decay": 0.01,
+                         "checkpoint-every": 10},
+               notes={"no-decay": "absent: matrices are decayed, vectors are not"})
+    p.add_argument("--index-dir", type=Path, default=None,
+                   help="build (global rank 0) and read (every rank) a sample index file here "
+                        "first, as NeMo's GPT dataset does (indexed_data.py); on nodes with "
+                        "disks of their own, each node builds its own (common/node_indices.py)")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def validate(args: argparse.Namespace) -> None:
+    positive = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "seq_length",
+                "micro_batch_size", "gradient_accumulation", "max_steps", "compile_steps",
+                "checkpoint_every", "keep_checkpoints")
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.hidden_size % args.num_heads:
+        raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by "
+                           f"--num-heads {args.num_heads}")
+    if args.vocab_size < 16:
+        raise PayloadError("--vocab-size must be at least 16")
+    if args.warmup_steps < 0 or args.warmup_steps > args.max_steps:
+        raise PayloadError("--warmup-steps must lie in [0, --max-steps]")
+    if args.steps < -1:
+        raise PayloadError("--steps must be -1 (no bound) or >= 0")
