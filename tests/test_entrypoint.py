@@ -763,8 +763,9 @@ def test_an_image_with_another_payload_stops_every_node(fake: Fake) -> None:
 
 def test_entrypoint_passes_shellcheck(require: Any) -> None:
     shellcheck = require.executable("shellcheck")
-    proc = subprocess.run([shellcheck, "-S", "style", str(ENTRYPOINT)], capture_output=True,
-                          text=True, check=False)
+    # -x: with the flow it sources (payload/common/job_flow.sh and its stage files).
+    proc = subprocess.run([shellcheck, "-x", "-S", "style", str(ENTRYPOINT)],
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -37,6 +37,12 @@ def test_every_stage_file_loads_alone_and_is_short() -> None:
     assert len((COMMON / "job_flow.sh").read_text().splitlines()) < 300
 
 
+def test_an_entrypoints_refusal_names_the_node_and_exits_with_its_status() -> None:
+    proc = stage("base", "flow_fail", "no luck", "78", env={"FLOW_WHO": "jobgen[eks pod 2]"})
+    assert (proc.returncode, proc.stderr) == (78, "jobgen[eks pod 2]: no luck\n")
+    assert stage("base", "flow_fail", "no luck").returncode == 1
+
+
 # --- the compile decision (compile.sh) ---------------------------------------------------------
 
 @pytest.mark.parametrize("mode,marker,passes,controller,expected", [

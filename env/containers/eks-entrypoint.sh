@@ -32,7 +32,20 @@
 #      checkpoint. What this cannot do: a drain signals only the evicted pod, whose peers save
 #      with it and end as done (render says so; JobSet restarts them);
 #   4. otherwise exits with the last pass's status.
+# shellcheck source-path=SCRIPTDIR source-path=SCRIPTDIR/../../payload/common  # -x follows the flow
 set -uo pipefail
+
+# The two-pass flow (payload/common/job_flow.sh); its helpers (flow_say, flow_fail) are this
+# script's too.
+index=${JOB_COMPLETION_INDEX:-${RANK:-}}
+FLOW_WHO="jobgen[eks pod ${index:-?}]" FLOW_CONTRACT_FROM="the pod's environment"
+flow=${JOBGEN_PAYLOAD_DIR:-}/common/job_flow.sh
+if [ ! -f "$flow" ]; then
+  printf '%s: no %s (is payload/ in the image at JOBGEN_PAYLOAD_DIR?)\n' "$FLOW_WHO" "$flow" >&2
+  exit 1
+fi
+# shellcheck source=../../payload/common/job_flow.sh
+source "$flow"
 
 # gang_watch DIR ME NODES: (in the background) beat DIR/node-ME.alive and watch the peers; on a
 # peer's failure or silence, write why to DIR/node-ME.stopped and signal the pod (USR2).
@@ -64,10 +77,10 @@ gang_stop() {
   # Asked to stop already (a time limit, an eviction): the pass is saving a checkpoint with its
   # peers, which a kill would lose; the pod ends when the save does.
   if [ -n "${FLOW_STOPPING:-}" ]; then
-    say "a peer ended while this pod stops on SIG$FLOW_STOPPING: $(cat "$gang/node-$index.stopped" 2>/dev/null)"
+    flow_say "a peer ended while this pod stops on SIG$FLOW_STOPPING: $(cat "$gang/node-$index.stopped" 2>/dev/null)"
     return
   fi
-  say "stopping this pod so that the whole gang restarts: $(cat "$gang/node-$index.stopped" 2>/dev/null)"
+  flow_say "stopping this pod so that the whole gang restarts: $(cat "$gang/node-$index.stopped" 2>/dev/null)"
   if [ -n "${FLOW_PASS_PID:-}" ]; then
     kill -KILL -- "-$FLOW_PASS_PID" 2>/dev/null || kill -KILL "$FLOW_PASS_PID" 2>/dev/null
   fi
@@ -94,35 +107,22 @@ gang_end() {
   # (A pod told to stop keeps its status: Kubernetes ends it, not a peer's failure.)
   if ! mkdir "$1/first-failure" 2>/dev/null && [ -z "${FLOW_STOPPING:-}" ] &&
     [ "$3" != "$FLOW_UNHEALTHY" ] && [ "$3" != "$FLOW_CONFIG_ERROR" ]; then
-    say "failed with status $3 after a peer's failure: exiting with $JOBGEN_GANG_EXIT (not counted)"
+    flow_say "failed with status $3 after a peer's failure: exiting with $JOBGEN_GANG_EXIT (not counted)"
     status=$JOBGEN_GANG_EXIT
   fi
 }
 
-index=${JOB_COMPLETION_INDEX:-${RANK:-}}
-who="jobgen[eks pod ${index:-?}]"
-say() { printf '%s: %s\n' "$who" "$*" >&2; }
-fail() {
-  say "$1"
-  exit "${2:-1}"
-}
 case $index in
-  '' | *[!0-9]*) fail "neither JOB_COMPLETION_INDEX (an Indexed Job) nor RANK (a PyTorchJob) is a pod index: '$index'" ;;
+  '' | *[!0-9]*) flow_fail "neither JOB_COMPLETION_INDEX (an Indexed Job) nor RANK (a PyTorchJob) is a pod index: '$index'" ;;
 esac
-[ $# -ge 2 ] || fail "usage: eks-entrypoint.sh LAUNCHER COMPILE_ARGC COMPILE_ARG... TRAIN_ARG..."
+[ $# -ge 2 ] || flow_fail "usage: eks-entrypoint.sh LAUNCHER COMPILE_ARGC COMPILE_ARG... TRAIN_ARG..."
 export JOBGEN_LAUNCHER=$1
 shift
-flow=${JOBGEN_PAYLOAD_DIR:-}/common/job_flow.sh
-[ -f "$flow" ] || fail "no $flow (is payload/ in the image at JOBGEN_PAYLOAD_DIR?)"
-# shellcheck disable=SC1090  # payload/common/job_flow.sh, checked on its own
-source "$flow"
-# shellcheck disable=SC2034  # both read by job_flow.sh
-FLOW_WHO=$who FLOW_CONTRACT_FROM="the pod's environment"
 flow_init || exit "$?"
 num_nodes=${JOBGEN_NODES:?}
-[ "$index" -lt "$num_nodes" ] || fail "pod index $index is not below the job's $num_nodes nodes"
+[ "$index" -lt "$num_nodes" ] || flow_fail "pod index $index is not below the job's $num_nodes nodes"
 main=${JOBGEN_MAIN_HOST:-${MASTER_ADDR:-}}
-[ -n "$main" ] || fail "neither JOBGEN_MAIN_HOST nor MASTER_ADDR names the main pod"
+[ -n "$main" ] || flow_fail "neither JOBGEN_MAIN_HOST nor MASTER_ADDR names the main pod"
 export MASTER_ADDR=$main MASTER_PORT
 export JOBGEN_NODE_RANK=$index JOBGEN_NNODES=$num_nodes
 JOBGEN_LOG_DIR=$(flow_next_attempt "$JOBGEN_RUN_DIR/logs/${JOBGEN_K8S_JOB:-no-job-name}" "$index")
@@ -131,11 +131,11 @@ is_main=0
 [ "$index" -eq 0 ] && is_main=1
 export JOBGEN_IS_MAIN=$is_main
 [ -n "${JOBGEN_SETUP_ON:-}" ] || export JOBGEN_SETUP_ON=every
-say "pod ${HOSTNAME:-?}: node $index of $num_nodes, main node $MASTER_ADDR:$MASTER_PORT, logs in $JOBGEN_LOG_DIR"
+flow_say "pod ${HOSTNAME:-?}: node $index of $num_nodes, main node $MASTER_ADDR:$MASTER_PORT, logs in $JOBGEN_LOG_DIR"
 gang=""
 if [ -n "${JOBGEN_GANG_EXIT:-}" ] && [ "${JOBGEN_SHARED_FS:-}" = 1 ]; then
   gang=$JOBGEN_LOG_DIR/gang
-  mkdir -p "$gang" || fail "cannot create $gang on the shared claim"
+  mkdir -p "$gang" || flow_fail "cannot create $gang on the shared claim"
   gang_start "$gang" "$index" "$num_nodes"
 fi
 flow_node "$@"

@@ -28,28 +28,33 @@
 # node count differs from the one the definition was rendered for ($JOBGEN_NODES) is refused.
 #
 # Everything the script itself says is on stderr, prefixed "jobgen[batch node N]:".
+# shellcheck source-path=SCRIPTDIR source-path=SCRIPTDIR/../../payload/common  # -x follows the flow
 set -uo pipefail
 
-node_index=${AWS_BATCH_JOB_NODE_INDEX:-}
-say() { printf 'jobgen[batch node %s]: %s\n' "${node_index:-?}" "$*" >&2; }
-fail() {
-  say "$1"
-  exit "${2:-1}"
-}
-is_count() { case $1 in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
+# The two-pass flow itself is payload/common/job_flow.sh, shared with every other executor; its
+# helpers (flow_say, flow_fail, flow_is_count) are this script's too.
+FLOW_WHO="jobgen[batch node ${AWS_BATCH_JOB_NODE_INDEX:-?}]"
+flow=${JOBGEN_PAYLOAD_DIR:-}/common/job_flow.sh
+if [ ! -f "$flow" ]; then
+  printf '%s: no %s (is payload/ in the image at JOBGEN_PAYLOAD_DIR?)\n' "$FLOW_WHO" "$flow" >&2
+  exit 1
+fi
+# shellcheck source=../../payload/common/job_flow.sh
+source "$flow"
 
 # ---- the node's place in the job -------------------------------------------------------------
 for var in AWS_BATCH_JOB_NODE_INDEX AWS_BATCH_JOB_MAIN_NODE_INDEX AWS_BATCH_JOB_NUM_NODES; do
   if [ -z "${!var:-}" ]; then
-    fail "$var is not set: this entrypoint runs as a node of an AWS Batch multi-node parallel job (type multinode); for a local rehearsal set AWS_BATCH_JOB_NODE_INDEX, AWS_BATCH_JOB_MAIN_NODE_INDEX and AWS_BATCH_JOB_NUM_NODES yourself"
+    flow_fail "$var is not set: this entrypoint runs as a node of an AWS Batch multi-node parallel job (type multinode); for a local rehearsal set AWS_BATCH_JOB_NODE_INDEX, AWS_BATCH_JOB_MAIN_NODE_INDEX and AWS_BATCH_JOB_NUM_NODES yourself"
   fi
-  is_count "${!var}" || fail "$var='${!var}' is not a non-negative integer"
+  flow_is_count "${!var}" || flow_fail "$var='${!var}' is not a non-negative integer"
 done
 node_index=$((10#$AWS_BATCH_JOB_NODE_INDEX))
+FLOW_WHO="jobgen[batch node $node_index]" FLOW_CONTRACT_FROM="the job definition"
 main_index=$((10#$AWS_BATCH_JOB_MAIN_NODE_INDEX))
 num_nodes=$((10#$AWS_BATCH_JOB_NUM_NODES))
 if [ "$num_nodes" -lt 1 ] || [ "$node_index" -ge "$num_nodes" ] || [ "$main_index" -ge "$num_nodes" ]; then
-  fail "inconsistent AWS Batch variables: node $node_index, main node $main_index, $num_nodes nodes"
+  flow_fail "inconsistent AWS Batch variables: node $node_index, main node $main_index, $num_nodes nodes"
 fi
 is_main=0
 [ "$node_index" -eq "$main_index" ] && is_main=1
@@ -58,25 +63,18 @@ is_main=0
 node_rank=$(((node_index - main_index + num_nodes) % num_nodes))
 
 # ---- the job's settings (the node contract, from the job definition's environment) -------------
-# The two-pass flow itself is payload/common/job_flow.sh, shared with every other executor.
-[ $# -ge 2 ] || fail "usage: entrypoint.sh LAUNCHER COMPILE_ARGC COMPILE_ARG... TRAIN_ARG..."
+[ $# -ge 2 ] || flow_fail "usage: entrypoint.sh LAUNCHER COMPILE_ARGC COMPILE_ARG... TRAIN_ARG..."
 export JOBGEN_LAUNCHER=$1
 shift
-flow=${JOBGEN_PAYLOAD_DIR:-}/common/job_flow.sh
-[ -f "$flow" ] || fail "no $flow (is payload/ in the image at JOBGEN_PAYLOAD_DIR?)"
-# shellcheck disable=SC1090  # payload/common/job_flow.sh, checked on its own
-source "$flow"
-# shellcheck disable=SC2034  # both read by job_flow.sh
-FLOW_WHO="jobgen[batch node $node_index]" FLOW_CONTRACT_FROM="the job definition"
 flow_init || exit "$?"
 if [ -n "${JOBGEN_NODES:-}" ] && [ "$JOBGEN_NODES" != "$num_nodes" ]; then
   # The trainer's flags (data-parallel degree, batch arithmetic, Neuron graphs) were computed for
   # JOBGEN_NODES nodes; a different count would train something else or hang.
-  fail "this job definition was rendered for $JOBGEN_NODES nodes but the job has $num_nodes (a numNodes override?); render it again with --nodes $num_nodes"
+  flow_fail "this job definition was rendered for $JOBGEN_NODES nodes but the job has $num_nodes (a numNodes override?); render it again with --nodes $num_nodes"
 fi
 compile_argc=${1:-}
 if ! flow_is_count "$compile_argc" || [ "$compile_argc" -gt $(($# - 1)) ]; then
-  fail "COMPILE_ARGC '$compile_argc' is not a count of the $(($# - 1)) trainer arguments that follow it"
+  flow_fail "COMPILE_ARGC '$compile_argc' is not a count of the $(($# - 1)) trainer arguments that follow it"
 fi
 
 # ---- addresses ---------------------------------------------------------------------------------
@@ -91,12 +89,12 @@ own_address() {
   return 1
 }
 if [ "$is_main" -eq 1 ]; then
-  found=$(own_address) || fail "cannot find this node's own IPv4 address (no IPv4 address on interface ${JOBGEN_NET_IFACE:-eth0}, nothing from 'hostname -i'); set JOBGEN_NET_IFACE to the interface the other nodes reach"
+  found=$(own_address) || flow_fail "cannot find this node's own IPv4 address (no IPv4 address on interface ${JOBGEN_NET_IFACE:-eth0}, nothing from 'hostname -i'); set JOBGEN_NET_IFACE to the interface the other nodes reach"
   MASTER_ADDR=${found%% *}
   role="main node, address $MASTER_ADDR (${found#* })"
 else
   MASTER_ADDR=${AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS:-}
-  [ -n "$MASTER_ADDR" ] || fail "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set or empty: a child node (index $node_index, main $main_index) cannot find the main node"
+  [ -n "$MASTER_ADDR" ] || flow_fail "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set or empty: a child node (index $node_index, main $main_index) cannot find the main node"
   role="child node, main node at $MASTER_ADDR"
 fi
 export MASTER_ADDR MASTER_PORT
@@ -108,16 +106,16 @@ job_id=${job_id%%#*}       # "<id>#<node>" on the nodes of a multi-node job
 job_id=${job_id//\//_}
 if [ -z "$job_id" ]; then
   job_id=no-job-id
-  say "AWS_BATCH_JOB_ID is not set; logs go under logs/$job_id"
+  flow_say "AWS_BATCH_JOB_ID is not set; logs go under logs/$job_id"
 fi
 attempt=${AWS_BATCH_JOB_ATTEMPT:-1}
-is_count "$attempt" || attempt=1
+flow_is_count "$attempt" || attempt=1
 export JOBGEN_LOG_DIR="$JOBGEN_RUN_DIR/logs/$job_id/attempt-$attempt"
 # When this attempt began on the main node (`jobgen report` starts the allocation there).
 if [ "$is_main" -eq 1 ] && mkdir -p "$JOBGEN_LOG_DIR" 2>/dev/null; then
   printf 'launch %s\n' "$(flow_now)" >>"$JOBGEN_LOG_DIR/allocation.times" 2>/dev/null || true
 fi
-say "job $job_id attempt $attempt: node $node_index of $num_nodes (torchrun node rank $node_rank), $role, port $MASTER_PORT, rendezvous timeout ${JOBGEN_RDZV_TIMEOUT:-torch default} s, logs in $JOBGEN_LOG_DIR"
+flow_say "job $job_id attempt $attempt: node $node_index of $num_nodes (torchrun node rank $node_rank), $role, port $MASTER_PORT, rendezvous timeout ${JOBGEN_RDZV_TIMEOUT:-torch default} s, logs in $JOBGEN_LOG_DIR"
 
 # ---- the two passes ---------------------------------------------------------------------------
 # On every node: files and prepare (each container has its own root), the compile pass
@@ -146,12 +144,12 @@ on_node_lost() {
   { read -r lost <"$watch_record"; } 2>/dev/null || lost="? lost 0 (no record)"
   case $FLOW_STOPPING in
     TERM | INT)   # this node is saving and stopping on the service's signal: let it finish
-      say "the watcher reported node ${lost%% *}, but this node is stopping on SIG$FLOW_STOPPING; letting it save"
+      flow_say "the watcher reported node ${lost%% *}, but this node is stopping on SIG$FLOW_STOPPING; letting it save"
       return 0 ;;
   esac
   FLOW_STOPPING=USR2    # the flow starts no further pass
   if [ -n "${FLOW_PASS_PID:-}" ]; then
-    say "stopping the $FLOW_PASS pass: its ranks cannot go on without node ${lost%% *}"
+    flow_say "stopping the $FLOW_PASS pass: its ranks cannot go on without node ${lost%% *}"
     # shellcheck disable=SC2046  # a list of process ids
     kill -KILL $(flow_tree "$FLOW_PASS_PID") 2>/dev/null
   fi
@@ -186,10 +184,10 @@ fi
 if [ -n "$lost" ] && [ "$status" -ne 0 ] && [ "$stopping" -eq 0 ]; then
   read -r lost_node lost_kind lost_status _ <<<"$lost"
   if [ "$lost_kind" = failed ] && flow_is_count "$lost_status"; then
-    say "node $lost_node's flow failed with status $lost_status; this attempt ends with it"
+    flow_say "node $lost_node's flow failed with status $lost_status; this attempt ends with it"
     status=$lost_status
   else
-    say "node $lost_node was lost; this attempt ends with status $node_lost_status, which the job's retry strategy retries"
+    flow_say "node $lost_node was lost; this attempt ends with status $node_lost_status, which the job's retry strategy retries"
     status=$node_lost_status
   fi
 fi

@@ -20,14 +20,19 @@
 #      logs/$TRAINING_JOB_NAME/attempt-N (N: this instance's attempt; SageMaker restores the run
 #      folder with the checkpoints on a retry), and exits with the last pass's status. SageMaker
 #      ends the job when any instance's container exits non-zero; it succeeds when all exit 0.
+# shellcheck source-path=SCRIPTDIR source-path=SCRIPTDIR/../../payload/common  # -x follows the flow
 set -uo pipefail
 
-who="jobgen[sagemaker ${SM_CURRENT_HOST:-?}]"
-say() { printf '%s: %s\n' "$who" "$*" >&2; }
-fail() {
-  say "$1"
-  exit "${2:-1}"
-}
+# The two-pass flow (payload/common/job_flow.sh); its helpers (flow_say, flow_fail) are this
+# script's too.
+FLOW_WHO="jobgen[sagemaker ${SM_CURRENT_HOST:-?}]"
+flow=${JOBGEN_PAYLOAD_DIR:-}/common/job_flow.sh
+if [ ! -f "$flow" ]; then
+  printf '%s: no %s (is payload/ in the image at JOBGEN_PAYLOAD_DIR?)\n' "$FLOW_WHO" "$flow" >&2
+  exit 1
+fi
+# shellcheck source=../../payload/common/job_flow.sh
+source "$flow"
 
 config_dir=${SM_INPUT_CONFIG_DIR:-/opt/ml/input/config}
 # "<node index> <host count> <main host> <this host>" from the toolkit's variables or the file.
@@ -47,18 +52,18 @@ if current not in hosts:
     sys.exit(f"this host {current!r} is not among the job's hosts {hosts}")
 print(hosts.index(current), len(hosts), hosts[0], current)
 PY
-) || fail "cannot find this instance's place in the job"
+) || flow_fail "cannot find this instance's place in the job"
 read -r node_index num_nodes main_host current_host <<<"$place"
-who="jobgen[sagemaker $current_host]"
+FLOW_WHO="jobgen[sagemaker $current_host]" FLOW_CONTRACT_FROM="the training job's Environment"
 
 # The hyperparameters jobgen rendered: the flow's arguments (jobgen_args_NN, a JSON list in
 # pieces), environment values too long for the request's Environment (jobgen_env_NAME_NN) and
 # SMP v2's mp_parameters. Read back NUL-separated: no value is ever parsed by the shell.
 hp=$config_dir/hyperparameters.json
-[ -f "$hp" ] || fail "no $hp: this entrypoint runs in a SageMaker training job"
-spilled=$(mktemp) || fail "cannot create a temporary file"
+[ -f "$hp" ] || flow_fail "no $hp: this entrypoint runs in a SageMaker training job"
+spilled=$(mktemp) || flow_fail "cannot create a temporary file"
 trap 'rm -f "$spilled"' EXIT
-HP=$hp python3 - >"$spilled" <<'PY' || fail "cannot read the job's arguments from $hp"
+HP=$hp python3 - >"$spilled" <<'PY' || flow_fail "cannot read the job's arguments from $hp"
 import json, os, re, sys
 with open(os.environ["HP"], encoding="utf-8") as f:
     hp = json.load(f)
@@ -85,18 +90,12 @@ while IFS= read -r -d '' item; do
 done <"$spilled"
 for item in ${exports[@]+"${exports[@]}"}; do export "${item?}"; done
 
-[ $# -eq 1 ] || fail "usage: sagemaker-entrypoint.sh LAUNCHER (the flow's arguments are hyperparameters)"
+[ $# -eq 1 ] || flow_fail "usage: sagemaker-entrypoint.sh LAUNCHER (the flow's arguments are hyperparameters)"
 export JOBGEN_LAUNCHER=$1
 set -- ${flow_argv[@]+"${flow_argv[@]}"}
-flow=${JOBGEN_PAYLOAD_DIR:-}/common/job_flow.sh
-[ -f "$flow" ] || fail "no $flow (is payload/ in the image at JOBGEN_PAYLOAD_DIR?)"
-# shellcheck disable=SC1090  # payload/common/job_flow.sh, checked on its own
-source "$flow"
-# shellcheck disable=SC2034  # both read by job_flow.sh
-FLOW_WHO=$who FLOW_CONTRACT_FROM="the training job's Environment"
 flow_init || exit "$?"
 if [ -n "${JOBGEN_NODES:-}" ] && [ "$JOBGEN_NODES" != "$num_nodes" ]; then
-  fail "this training job was rendered for $JOBGEN_NODES instances but has $num_nodes; render it again with --nodes $num_nodes"
+  flow_fail "this training job was rendered for $JOBGEN_NODES instances but has $num_nodes; render it again with --nodes $num_nodes"
 fi
 
 job=${TRAINING_JOB_NAME:-no-job-name}
@@ -107,7 +106,7 @@ JOBGEN_LOG_DIR=$(flow_next_attempt "$JOBGEN_RUN_DIR/logs/$job" "$node_index")
 export JOBGEN_LOG_DIR
 is_main=0
 [ "$node_index" -eq 0 ] && is_main=1
-say "job $job: node $node_index of $num_nodes, main node $MASTER_ADDR:$MASTER_PORT, logs in $JOBGEN_LOG_DIR"
+flow_say "job $job: node $node_index of $num_nodes, main node $MASTER_ADDR:$MASTER_PORT, logs in $JOBGEN_LOG_DIR"
 # JOBGEN_SHARED_FS=0: this instance's disk is its own. Its checkpoint folder is synced to the
 # one S3 prefix with every other instance's, writes and deletes alike, so each node's leader
 # seals, clears and prunes only its own keys (payload/common/checkpoints.py); and NeMo's dataset
@@ -119,7 +118,7 @@ if [ "$status" -eq 75 ]; then
   # A bad node: SageMaker shows what /opt/ml/output/failure holds as the job's failure reason.
   output=${config_dir%/input/config}/output
   if ! { mkdir -p "$output" && "${JOBGEN_PYTHON:-python3}" "$JOBGEN_PAYLOAD_DIR/common/health.py" summary >"$output/failure"; }; then
-    say "cannot write the failure reason to $output/failure"
+    flow_say "cannot write the failure reason to $output/failure"
   fi
 fi
 exit "$status"

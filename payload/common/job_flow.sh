@@ -41,7 +41,8 @@
 #   slurm.sh     flow_slurm_job: the sbatch script's controller
 
 # The stage files are found next to this file (the payload snapshot the job runs, or the image's
-# payload), never in a checkout.
+# payload), never in a checkout. (shellcheck -x follows them from here.)
+# shellcheck source-path=SCRIPTDIR
 case ${BASH_SOURCE[0]} in
   /*) FLOW_LIB=${BASH_SOURCE[0]%/*}/flow ;;
   */*) FLOW_LIB=$PWD/${BASH_SOURCE[0]%/*}/flow ;;

@@ -11,6 +11,11 @@ FLOW_UNHEALTHY=75
 FLOW_WHO=${FLOW_WHO:-jobgen}
 
 flow_say() { printf '%s: %s\n' "$FLOW_WHO" "$*" >&2; }
+# flow_fail MESSAGE [STATUS]: say MESSAGE and exit with STATUS (default 1): an entrypoint's refusal.
+flow_fail() {
+  flow_say "$1"
+  exit "${2:-1}"
+}
 # flow_now: the time as epoch seconds, with nanoseconds where date has them (GNU date).
 flow_now() {
   local t
