@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -156,29 +155,26 @@ while :; do sleep 0.1; done
 """
 
 
-def wait_for(path: Path) -> None:
-    for _ in range(100):
-        if path.exists():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {path}")
+def signal_a_pass(tmp_path: Path, pass_name: str, start: str) -> subprocess.CompletedProcess[str]:
+    """A trainer started as the pass PASS_NAME (by START), then flow_on_signal TERM."""
+    (tmp_path / "logs" / "node-0").mkdir(parents=True)
+    (tmp_path / "trainer.sh").write_text(TRAINER)
+    script = (f'FLOW_PASS={pass_name}; {start} bash "$1/trainer.sh" child "$1/got" & '
+              'FLOW_PASS_PID=$!; while [ ! -e "$1/got.ready" ]; do sleep 0.05; done; '
+              'flow_on_signal TERM; wait "$FLOW_PASS_PID"; echo "status $? $FLOW_STOPPING"')
+    env = {"JOBGEN_LOG_DIR": str(tmp_path / "logs"), "JOBGEN_NODE_RANK": "0",
+           "JOBGEN_STOP_SIGNAL": "USR1"}
+    return subprocess.run(["bash", "-c", f'source "{STAGES}/base.sh" && source '
+                           f'"{STAGES}/pass.sh" && source "{STAGES}/signals.sh" && {script}',
+                           "stage", str(tmp_path)], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=30, check=False)
 
 
 def test_sigterm_during_training_writes_the_stop_request_then_signals_every_trainer(
         tmp_path: Path) -> None:
     """The trainers' stop request: the file first (a trainer still starting reads it), then
     JOBGEN_STOP_SIGNAL to every process below the pass, not SIGTERM."""
-    (tmp_path / "logs" / "node-0").mkdir(parents=True)
-    (tmp_path / "trainer.sh").write_text(TRAINER)
-    script = ('FLOW_PASS=train; bash "$1/trainer.sh" child "$1/got" & FLOW_PASS_PID=$!; '
-              'while [ ! -e "$1/got.ready" ]; do sleep 0.05; done; '
-              'flow_on_signal TERM; wait "$FLOW_PASS_PID"; echo "status $? $FLOW_STOPPING"')
-    env = {"JOBGEN_LOG_DIR": str(tmp_path / "logs"), "JOBGEN_NODE_RANK": "0",
-           "JOBGEN_STOP_SIGNAL": "USR1"}
-    proc = subprocess.run(["bash", "-c", f'source "{STAGES}/base.sh" && source '
-                           f'"{STAGES}/pass.sh" && source "{STAGES}/signals.sh" && {script}',
-                           "stage", str(tmp_path)], env={"PATH": "/usr/bin:/bin", **env},
-                          capture_output=True, text=True, timeout=30, check=False)
+    proc = signal_a_pass(tmp_path, "train", "")
     assert proc.stdout == "status 0 TERM\n", proc.stderr
     assert (tmp_path / "got").read_text() == "child\n"
     assert (tmp_path / "logs" / "node-0" / "stop-requested").exists()
@@ -186,18 +182,8 @@ def test_sigterm_during_training_writes_the_stop_request_then_signals_every_trai
 
 
 def test_sigterm_outside_training_stops_the_pass(tmp_path: Path) -> None:
-    (tmp_path / "logs" / "node-0").mkdir(parents=True)
-    (tmp_path / "trainer.sh").write_text(TRAINER)
-    script = ('FLOW_PASS=compile; setsid bash "$1/trainer.sh" child "$1/got" & FLOW_PASS_PID=$!; '
-              'while [ ! -e "$1/got.ready" ]; do sleep 0.05; done; '
-              'flow_on_signal TERM; wait "$FLOW_PASS_PID"; echo "status $?"')
-    env = {"JOBGEN_LOG_DIR": str(tmp_path / "logs"), "JOBGEN_NODE_RANK": "0",
-           "JOBGEN_STOP_SIGNAL": "USR1"}
-    proc = subprocess.run(["bash", "-c", f'source "{STAGES}/base.sh" && source '
-                           f'"{STAGES}/pass.sh" && source "{STAGES}/signals.sh" && {script}',
-                           "stage", str(tmp_path)], env={"PATH": "/usr/bin:/bin", **env},
-                          capture_output=True, text=True, timeout=30, check=False)
-    assert proc.stdout == f"status {128 + signal.SIGTERM}\n", proc.stderr
+    proc = signal_a_pass(tmp_path, "compile", "setsid")    # the pass's own session, as run
+    assert proc.stdout == f"status {128 + signal.SIGTERM} TERM\n", proc.stderr
     assert not (tmp_path / "got").exists()
     assert not (tmp_path / "logs" / "node-0" / "stop-requested").exists()
     assert "received SIGTERM; stopping the running pass" in proc.stderr
