@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_slurm_e2e as e2e
+from test_slurm_e2e import cluster  # noqa: F401  (the local cluster's fixture)
 
 from jobgen import api
 from jobgen.planning import planner
@@ -91,3 +93,68 @@ def test_plan_bills_the_spares_and_restarts_in_place_while_one_remains() -> None
     one = _plan("job.spare_nodes=3", "job.restarts_in_place=1")
     three = _plan("job.spare_nodes=3", "job.restarts_in_place=3")
     assert one.rows[0].failures.restart_s > three.rows[0].failures.restart_s  # type: ignore
+
+
+# --- the rehearsal on the local Slurm cluster ---------------------------------------------------
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_lost_node_is_replaced_by_the_spare_without_a_requeue(
+        cluster: int, tmp_path: Path) -> None:  # noqa: F811
+    """2 training nodes + 1 spare (llama2-7b --smoke, job.spare_nodes=1, restarts_in_place=2):
+    once a checkpoint is sealed, training node 1's host is set DOWN. Slurm keeps the allocation
+    (--no-kill) and ends only that node's task; torchrun's next round takes the spare, which
+    trains the rest from the newest checkpoint. One allocation, no requeue, the run completes."""
+    import json
+    import time
+
+    if cluster < 3:
+        pytest.skip(f"the cluster has {cluster} nodes; 2 + 1 spare are needed")
+    job = e2e.render_into_sbatch(
+        tmp_path, "llama2-7b", run_name=e2e.unique("spare"), port=e2e.free_port(),
+        env=e2e.job_env(JOBGEN_SMOKE_STEP_DELAY="0.3"), label="spare node",
+        render_args=["--compile", "never", *[w for s in SPARE for w in ("--set", s)]],
+        sbatch_args=["--job-name=spare-e2e"])
+    logs = job.run_dir / "logs" / job.job_id / "restart-0"
+    lost, downed_at = "", 0.0
+    try:
+        sealed = e2e.wait_until(job, lambda: e2e.complete_checkpoints(job.run_dir), "a checkpoint",
+                                240, poll=0.2)
+        lost = (logs / "node-1" / "host").read_text().strip()
+        downed_at = time.time()
+        subprocess.run(["scontrol", "update", f"nodename={lost}", "state=down",
+                        "reason=jobgen-spare-test"], capture_output=True, text=True, timeout=30,
+                       check=True)
+        fields = e2e.wait_finished(job)
+    finally:
+        if lost and e2e.node_state(lost).startswith(("down", "drain")):
+            subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"],
+                           capture_output=True, text=True, timeout=30, check=False)
+        if e2e._squeue_state(job.job_id):
+            subprocess.run(["scancel", job.job_id], capture_output=True, timeout=30, check=False)
+    e2e.assert_state(job, fields, "COMPLETED")
+    out = job.output()
+    assert "spare nodes: 1 of 1 kept" in out, e2e.explain(job, "no spare kept")
+    # One allocation: no requeue, the lost node left the job.
+    assert not (job.run_dir / "logs" / job.job_id / "restart-1").exists()
+    assert fields.get("Restarts", "0") == "0", e2e.explain(job, "requeued")
+    assert lost not in e2e._hosts(fields["NodeList"])
+    # The main node's workers started twice in this allocation and resumed from the newest
+    # checkpoint sealed before the loss; the run trained to its end.
+    events = job.events(0, "train")
+    starts = e2e.only(events, "start")
+    assert [s["restart_in_place"] for s in starts] == [0, 1], e2e.explain(job, "starts")
+    assert starts[0]["allocation"] == starts[1]["allocation"]
+    resumed = [e["step"] for e in e2e.only(events, "resume")]
+    assert len(resumed) == 1 and resumed[0] >= sealed[-1], (resumed, sealed)
+    assert [e["step"] for e in e2e.only(events, "done")] == [e2e.MAX_STEPS]
+    assert (logs / "node-0" / "train.restarts").read_text() == "1\n"
+    # The spare (node 2, another host) trained the steps after the resume as group rank 1.
+    assert (logs / "node-2" / "host").read_text().strip() != lost
+    spare_steps = [json.loads(line)["step"] for line in
+                   (logs / "node-2" / "train.log").read_text(errors="replace").splitlines()
+                   if line.startswith('{"event": "beat"')]
+    assert spare_steps and spare_steps[-1] == e2e.MAX_STEPS and min(spare_steps) > resumed[0]
+    assert (logs / "node-2" / "job.status").read_text() == "0 train\n"
+    again = e2e.event_time(starts[1]) - downed_at
+    print(f"\nspare node: {lost} down -> the spare's round started training {again:.1f} s later")

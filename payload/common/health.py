@@ -164,6 +164,14 @@ def judge(found: List[Optional[Dict[str, Any]]], requeues: Optional[int],
             "fix the site's health section (jobgen show lists it) or set job.health_gate: false")
         return CONFIG
     hosts = ",".join(sorted({f["host"] for f in failed}))
+    spares = int(os.environ.get("JOBGEN_SPARE_NODES") or 0)
+    if requeues is not None and 0 < len(failed) <= spares:
+        # Spare nodes (job.spare_nodes) cover the bad ones: the healthy nodes run the job and the
+        # controller leaves these out of its step (printed), with no requeue.
+        record(failed, f"left out {hosts}; the healthy nodes train, spares among them")
+        say(f"health: {summary}; left out, the spare nodes cover it")
+        print(hosts)
+        return 0
     if os.environ.get("JOBGEN_IS_MAIN", "1") != "1":
         # The main node records and explains; the others only say why they stop.
         if requeues is None:

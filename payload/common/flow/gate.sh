@@ -38,7 +38,10 @@ flow_slurm_health() {
   case $status in
     0)
       JOBGEN_NNODES=$SLURM_JOB_NUM_NODES "$FLOW_PYTHON" "$health" collective || return 1
-      flow_say "health gate passed" ;;
+      # Bad nodes that spare nodes cover (job.spare_nodes): the controller's step leaves them out.
+      # shellcheck disable=SC2034  # read by flow_spare_step (slurm.sh)
+      FLOW_LEFT_OUT=$bad
+      flow_say "health gate passed${bad:+ without $bad (the spare nodes cover it)}" ;;
     "$FLOW_UNHEALTHY")
       printf '%s\n' "$((requeues + 1))" >"$file" || flow_say "cannot count the requeue for health in $file"
       flow_say "requeueing without $bad (requeue for health $((requeues + 1)); not counted against the ${JOBGEN_MAX_RESTARTS:-0} restarts for failures)"

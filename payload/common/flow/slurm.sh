@@ -14,6 +14,30 @@ flow_resolve_master() {
   esac
 }
 
+# flow_spare_step FIRST_NODE: the srun options of the job step (FLOW_STEP). With spare nodes
+# (job.spare_nodes; the allocation has JOBGEN_NODES + JOBGEN_SPARE_NODES, sbatch --no-kill) the
+# step runs on the nodes the gate kept, in the allocation's order: the first JOBGEN_NODES train
+# (FLOW_TRAIN_NODES), the others are spares (node.sh). A node lost later is removed from the job
+# by Slurm (--no-kill) and only its task ends (srun --no-kill, --kill-on-bad-exit=0): torchrun's
+# next round takes a spare in its place. MASTER_ADDR moves if the gate left out the first node.
+flow_spare_step() {
+  FLOW_STEP=(--kill-on-bad-exit=1)
+  flow_is_count "${JOBGEN_SPARE_NODES:-}" && [ "$JOBGEN_SPARE_NODES" -gt 0 ] || return 0
+  local host kept="" count=0 first=""
+  for host in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    case ",${FLOW_LEFT_OUT:-}," in *",$host,"*) continue ;; esac
+    kept+=${kept:+,}$host count=$((count + 1))
+    [ -n "$first" ] || first=$host
+  done
+  FLOW_STEP=(--no-kill --kill-on-bad-exit=0 --nodes="$count" --nodelist="$kept")
+  export FLOW_TRAIN_NODES=$JOBGEN_NODES
+  flow_say "spare nodes: $((count - JOBGEN_NODES)) of $JOBGEN_SPARE_NODES kept; the first $JOBGEN_NODES of $kept train, the others take a lost node's place"
+  [ "$first" != "$1" ] || return 0
+  MASTER_ADDR=$(flow_resolve_master "$first" "${JOBGEN_MASTER_RESOLVER:-nslookup}")
+  [ -n "$MASTER_ADDR" ] || { flow_say "cannot resolve '$first' to an IPv4 address"; return 1; }
+  flow_say "master $first = $MASTER_ADDR:$MASTER_PORT (the gate left out $1)"
+}
+
 # flow_slurm_job COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the sbatch script's controller.
 flow_slurm_job() {
   local allocation=${SLURM_RESTART_COUNT:-0} restart=0 job=$SLURM_JOB_ID first_node status_line status what step_pid began
@@ -49,13 +73,14 @@ flow_slurm_job() {
   if [ "$status" -ne 0 ]; then
     flow_finish "$status" "health gate" "$restart" scontrol requeue "$SLURM_JOB_ID"
   fi
+  flow_spare_step "$first_node" || exit 1
   # One decision for every node, so that they cannot disagree about the compile pass.
   flow_decide_compile
   export JOBGEN_RUN_COMPILE=$FLOW_RUN_COMPILE JOBGEN_SETUP_ON=none JOBGEN_SHARED_FS=1 JOBGEN_HEALTH_DONE=1
   case $JOBGEN_PASSES in
     train) flow_say "training pass only: the compile pass ran in its own job, which this one depends on" ;;
     *) if [ "$FLOW_RUN_COMPILE" = 1 ]; then
-         flow_say "compile pass (${JOBGEN_COMPILE_STEPS:-?} steps) on $SLURM_JOB_NUM_NODES nodes"
+         flow_say "compile pass (${JOBGEN_COMPILE_STEPS:-?} steps) on ${FLOW_TRAIN_NODES:-$SLURM_JOB_NUM_NODES} nodes"
        else
          flow_say "compile pass skipped (compile mode $JOBGEN_COMPILE_MODE; cache marker ${FLOW_MARKER##*/})"
        fi ;;
@@ -63,8 +88,8 @@ flow_slurm_job() {
   # The node's rank and the main node come from srun (SLURM_NODEID; node 0 hosts the rendezvous).
   # shellcheck disable=SC2016  # expanded by the node's bash, not here
   # In the background, so that the time-limit trap runs while the step does.
-  srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c \
-    'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
+  srun "${FLOW_STEP[@]}" --ntasks-per-node=1 bash -c \
+    'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=${FLOW_TRAIN_NODES:-$SLURM_NNODES} JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
     "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@" &
   step_pid=$!
   flow_wait_step "$step_pid"
