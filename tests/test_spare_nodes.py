@@ -5,6 +5,7 @@ fast tests cover render, validation, the other backends' notes and the plan's pr
 Slurm rehearsal (tests/test_slurm_e2e.py's cluster) loses a training node mid-run."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,6 @@ def test_a_lost_node_is_replaced_by_the_spare_without_a_requeue(
     once a checkpoint is sealed, training node 1's host is set DOWN. Slurm keeps the allocation
     (--no-kill) and ends only that node's task; torchrun's next round takes the spare, which
     trains the rest from the newest checkpoint. One allocation, no requeue, the run completes."""
-    import json
     import time
 
     if cluster < 3:
@@ -158,3 +158,37 @@ def test_a_lost_node_is_replaced_by_the_spare_without_a_requeue(
     assert (logs / "node-2" / "job.status").read_text() == "0 train\n"
     again = e2e.event_time(starts[1]) - downed_at
     print(f"\nspare node: {lost} down -> the spare's round started training {again:.1f} s later")
+
+
+def test_the_gate_leaves_out_as_many_bad_nodes_as_there_are_spares(tmp_path: Path) -> None:
+    """The controller's verdict over N+S nodes: up to S bad ones are left out (named, recorded)
+    with no requeue; more than S: today's requeue without them."""
+    from test_health import TRN1, _node, _reports
+    _reports(tmp_path, [("n1", []), ("n2", ["devices"]), ("n3", []), ("n4", ["efa"])])
+    env = {"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "0"}
+    covered = _node(tmp_path, TRN1, nodes=4, command="verdict --requeues 0",
+                    extra={**env, "JOBGEN_SPARE_NODES": "2"})
+    assert covered.returncode == 0 and covered.stdout == "n2,n4\n", covered.stderr
+    assert "left out, the spare nodes cover it" in covered.stderr
+    (line, _) = (tmp_path / "run" / "jobgen-health.jsonl").read_text().splitlines()
+    assert json.loads(line)["action"] == ("left out n2,n4; the healthy nodes train, spares "
+                                          "among them")
+    short = _node(tmp_path, TRN1, nodes=4, command="verdict --requeues 0",
+                  extra={**env, "JOBGEN_SPARE_NODES": "1"})
+    assert short.returncode == 75 and short.stdout == "n2,n4\n"
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [
+    ({0: "0 train", 2: "0 train"}, "0 training pass"),        # node 1 lost: no status at all
+    ({0: "0 train", 1: "143 train", 2: "0 spare"}, "0 training pass"),
+    ({0: "1 train", 2: "0 spare"}, "1 training pass"),        # the group failed: as before
+])
+def test_with_spares_the_main_nodes_finished_training_is_the_jobs(
+        tmp_path: Path, nodes: dict[int, str], expected: str) -> None:
+    from test_flow_stages import stage
+    for rank, line in nodes.items():
+        (tmp_path / f"node-{rank}").mkdir()
+        (tmp_path / f"node-{rank}" / "job.status").write_text(line + "\n")
+    proc = stage("status", "flow_job_status", "137",
+                 env={"JOBGEN_LOG_DIR": str(tmp_path), "JOBGEN_SPARE_NODES": "1"})
+    assert proc.stdout == expected + "\n", proc.stderr
