@@ -192,3 +192,14 @@ def test_with_spares_the_main_nodes_finished_training_is_the_jobs(
     proc = stage("status", "flow_job_status", "137",
                  env={"JOBGEN_LOG_DIR": str(tmp_path), "JOBGEN_SPARE_NODES": "1"})
     assert proc.stdout == expected + "\n", proc.stderr
+
+
+def test_report_reads_a_resized_allocation_as_one() -> None:
+    """sacct records a --no-kill job that lost a node as RESIZING up to the loss, then the rest
+    on fewer nodes: one allocation for the report, from the first start to the last end."""
+    from jobgen.reporting import sacct
+    text = ("319|2026-11-27T06:11:44|2026-11-27T06:13:07|2026-11-27T06:14:02|RESIZING|n[1-3]\n"
+            "319|2026-11-27T06:14:02|2026-11-27T06:14:02|2026-11-27T06:14:41|COMPLETED|n[1,3]\n")
+    (span,) = sacct.parse(text, "319")
+    assert (span.state, span.nodes) == ("COMPLETED", "n[1-3]")
+    assert span.end is not None and span.end - span.start == 94

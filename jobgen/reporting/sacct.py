@@ -44,7 +44,22 @@ def parse(text: str, job: str) -> list[Span]:
             continue
         spans.append(Span(_epoch(cells[1]), start, _epoch(cells[3]),
                           cells[4].split()[0] if cells[4].strip() else "", cells[5]))
-    return sorted(spans, key=lambda s: s.start)
+    return _resized(sorted(spans, key=lambda s: s.start))
+
+
+def _resized(spans: list[Span]) -> list[Span]:
+    """One allocation per span: a job that lost a node and kept its allocation (sbatch --no-kill,
+    job.spare_nodes) is recorded as a RESIZING row up to the loss, then a row for the rest on
+    fewer nodes; they are one allocation, held from the first row's start on its nodes."""
+    out: list[Span] = []
+    for span in spans:
+        before = out[-1] if out else None
+        if before is not None and before.state == "RESIZING" and before.end is not None \
+                and abs(span.start - before.end) <= 2:
+            out[-1] = Span(before.submit, before.start, span.end, span.state, before.nodes)
+        else:
+            out.append(span)
+    return out
 
 
 def spans(job: str) -> Optional[list[Span]]:
