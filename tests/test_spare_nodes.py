@@ -203,3 +203,31 @@ def test_report_reads_a_resized_allocation_as_one() -> None:
     (span,) = sacct.parse(text, "319")
     assert (span.state, span.nodes) == ("COMPLETED", "n[1-3]")
     assert span.end is not None and span.end - span.start == 94
+
+
+@pytest.mark.parametrize(("left_out", "step", "master"), [
+    ("", "--no-kill --kill-on-bad-exit=0 --nodes=3 --nodelist=n1,n2,n3", "10.0.0.1"),
+    ("n1", "--no-kill --kill-on-bad-exit=0 --nodes=2 --nodelist=n2,n3", "10.0.0.2"),
+])
+def test_the_step_runs_on_the_nodes_the_gate_kept(tmp_path: Path, left_out: str, step: str,
+                                                  master: str) -> None:
+    """The controller's job step with spares: the kept nodes in the allocation's order, the first
+    JOBGEN_NODES of them train; the master moves when the gate left out the first node."""
+    from test_flow_stages import STAGES
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'n1\\nn2\\nn3\\n'\n")
+    (bin_dir / "getent").write_text('#!/bin/sh\necho "10.0.0.${2#n} STREAM $2"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = (f'source "{STAGES}/base.sh" && source "{STAGES}/slurm.sh" && MASTER_ADDR=10.0.0.1 '
+              f'&& flow_spare_step n1 && echo "${{FLOW_STEP[*]}}|$FLOW_TRAIN_NODES|$MASTER_ADDR"')
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "JOBGEN_SPARE_NODES": "1", "JOBGEN_NODES": "2",
+           "SLURM_JOB_NODELIST": "n[1-3]", "FLOW_LEFT_OUT": left_out, "MASTER_PORT": "41000",
+           "JOBGEN_MASTER_RESOLVER": "getent"}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.stdout == f"{step}|2|{master}\n", proc.stderr
+    plain = subprocess.run(["bash", "-c", script], env={**env, "JOBGEN_SPARE_NODES": ""},
+                           capture_output=True, text=True, timeout=30, check=False)
+    assert plain.stdout == "--kill-on-bad-exit=1||10.0.0.1\n", plain.stderr
