@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import test_slurm_e2e as e2e
@@ -231,3 +232,21 @@ def test_the_step_runs_on_the_nodes_the_gate_kept(tmp_path: Path, left_out: str,
     plain = subprocess.run(["bash", "-c", script], env={**env, "JOBGEN_SPARE_NODES": ""},
                            capture_output=True, text=True, timeout=30, check=False)
     assert plain.stdout == "--kill-on-bad-exit=1||10.0.0.1\n", plain.stderr
+
+
+def test_logs_reads_a_spare_nodes_logs(jobgen: Any, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare logs past the training nodes' ranks: `logs --node 2` of a 2-node job reads it
+    where its folder is; a rank no node logged is still refused."""
+    from jobgen import runs
+    monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
+    folder = tmp_path / "run" / "logs" / "101" / "restart-0" / "node-2"
+    folder.mkdir(parents=True)
+    (folder / "train.log").write_text("the spare trained\n")
+    runs.record(runs.Run(name="spare-2n", backend="slurm", job_id="101", recipe="llama2-7b",
+                         nodes=2, site="", run_dir=str(tmp_path / "run"),
+                         submitted="2026-11-27T06:00:00Z", jobs=("101",)))
+    result = jobgen("logs", "spare-2n", "--node", "2")
+    assert result.exit_code == 0 and "the spare trained" in result.output, result.output
+    refused = jobgen("logs", "spare-2n", "--node", "3")
+    assert refused.exit_code == 2 and "job 101 has 2 nodes (0 to 1)" in refused.stderr

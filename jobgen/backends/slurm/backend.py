@@ -209,10 +209,11 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
             raise ConfigError(f"--node: job {ref.job_id} has no run record (it was not "
                               "submitted by jobgen here); its nodes' logs are in "
                               f"RUN_DIR/logs/{ref.job_id}/restart-N/node-K/")
-        if node >= ref.run.nodes:
+        folder = Path(ref.run.run_dir, "logs", ref.job_id)
+        # Spare nodes (job.spare_nodes) log past the training nodes' ranks.
+        if node >= ref.run.nodes and not any(folder.glob(f"restart-*/node-{node}")):
             raise ConfigError(f"--node: job {ref.job_id} has {ref.run.nodes} nodes "
                               f"(0 to {ref.run.nodes - 1})")
-        folder = Path(ref.run.run_dir, "logs", ref.job_id)
         files = lambda: slurm_jobs.node_logs(folder, node)   # noqa: E731
         if not follow and not files():
             raise RemoteError(f"job {ref.job_id} node {node}: no logs yet in {folder}")
