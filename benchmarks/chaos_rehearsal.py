@@ -204,6 +204,21 @@ def check(report: dict[str, Any], injected: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def detection(report: dict[str, Any], injected: list[dict[str, Any]]) -> Optional[float]:
+    """Mean seconds from a kill (this script's clock) to the failure the timeline records (the
+    killed node's flow ending): a cost the run's own records cannot show, measured from outside."""
+    found = []
+    for item in injected:
+        if item["what"] != "kill":
+            continue
+        near = [a["failure_at"] for a in report["timeline"]["allocations"]
+                if a["ending"] == "failed" and a["failure_at"] is not None
+                and 0 <= a["failure_at"] - item["time"] <= 60]
+        if near:
+            found.append(min(near) - item["time"])
+    return round(sum(found) / len(found), 2) if found else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="about how long (default 10)")
@@ -264,6 +279,8 @@ def main() -> int:
         "failures_per_node_hour": acc["cluster"]["failures_per_node_hour"],
         "restart_s": acc["cluster"]["restart_s"],
         "checkpoint_write_s": acc["cluster"]["checkpoint_write_s"],
+        "seal_lag_s": acc["cluster"].get("seal_lag_s"),
+        "kill_to_failure_s": detection(report, injected),
         "measured_utilisation": acc["utilisation"], "plan_predicts": acc["predicted"],
         "difference_points": None if acc["predicted"] is None
         else round(100 * (acc["utilisation"] - acc["predicted"]), 2),
@@ -274,8 +291,8 @@ def main() -> int:
     print(shown.stdout, end="")
     print("\nchaos rehearsal figures")
     for key in ("wall_s", "step_delay_s", "failures_per_node_hour", "restart_s",
-                "checkpoint_write_s", "measured_utilisation", "plan_predicts",
-                "difference_points"):
+                "checkpoint_write_s", "seal_lag_s", "kill_to_failure_s", "measured_utilisation",
+                "plan_predicts", "difference_points"):
         print(f"  {key}: {figures[key]}")
     for item in injected:
         when = time.strftime("%H:%M:%S", time.gmtime(item["time"]))

@@ -5,8 +5,10 @@ benchmarks/chaos_rehearsal.py compares one run's measured effective utilisation 
 failure model (an expectation) for the run's own figures. This draws that run many times: the
 same process (a first kill early in training, then exponential gaps; a failure during a restart
 starts it over; a checkpoint every `--interval` seconds of training), the same estimates the
-report makes (failures per second at risk, the mean of the restarts no failure cut short), the
-same model and the same fixed costs around it, and prints how the difference is spread.
+report makes (failures per second at risk; the restart as the mean of its parts, whose
+requeue and queue wait the report measures whole even where a failure then cuts the start-up
+short: here each drawn restart's length; a background save's seal lag added), the same model
+and the same fixed costs around it, and prints how the difference is spread.
 
     python benchmarks/chaos_scatter.py                       # CI's short rehearsal, 1 kill
     python benchmarks/chaos_scatter.py --kills 0 --kill-every 120 --restart 40
@@ -26,15 +28,20 @@ from jobgen.planning import failures as model
 
 
 def one_run(rng: random.Random, a: argparse.Namespace) -> tuple[float, int, list[float]]:
-    """(seconds from the first training step to the end, failures, uncut restart lengths)."""
+    """(seconds from the first training step to the end, failures, drawn restart lengths)."""
     t = saved = 0.0
-    failures, restarts = 0, []
+    failures, restarts = 0, list[float]()
+    seals: list[tuple[float, float]] = []   # (when a save is sealed, the training it keeps)
     kills_left = a.kills if a.kills > 0 else math.inf
     next_kill = rng.uniform(*a.first_kill)
     restarting_since: Optional[float] = None
 
     def strike() -> None:
-        nonlocal failures, kills_left, next_kill
+        nonlocal failures, kills_left, next_kill, saved
+        # Back to the newest save sealed by now: a background save is sealed a lag after it
+        # is taken (at the step boundary after its last byte); one in flight is lost.
+        seals[:] = [x for x in seals if x[0] <= t]
+        saved = seals[-1][1] if seals else 0.0
         failures += 1
         kills_left -= 1
         next_kill = t + rng.expovariate(1 / a.kill_every) if kills_left > 0 else math.inf
@@ -46,14 +53,15 @@ def one_run(rng: random.Random, a: argparse.Namespace) -> tuple[float, int, list
                 t, saved = t + took, goal
                 if saved >= a.work - 1e-9:
                     return t, failures, restarts
+                seals.append((t + a.seal_lag, saved))
                 continue
             t = next_kill
             strike()
             restarting_since = t
         restart = rng.uniform(0.8, 1.2) * a.restart
+        restarts.append(restart)
         if t + restart <= next_kill:
             t += restart
-            restarts.append(t - restarting_since)
             restarting_since = None
         else:                                           # the restart starts over
             t = next_kill
@@ -66,7 +74,8 @@ def difference(rng: random.Random, a: argparse.Namespace) -> tuple[float, int]:
     risk, failures, restarts = one_run(rng, a)
     measured = a.work / (a.fixed + risk)
     restart = statistics.fmean(restarts) if restarts else a.restart
-    wall = (model.expected_wall(a.work, a.interval, a.write, restart, risk / failures)
+    wall = (model.expected_wall(a.work, a.interval, a.write, restart + a.seal_lag,
+                                risk / failures)
             if failures else a.work)
     return 100 * (measured - a.work / (a.fixed + wall)), failures
 
@@ -76,6 +85,9 @@ def main() -> int:
     p.add_argument("--work", type=float, default=36.0, help="seconds of training (CI: 24 x 1.5)")
     p.add_argument("--interval", type=float, default=1.5, help="seconds of training per save")
     p.add_argument("--write", type=float, default=0.1, help="seconds per checkpoint write")
+    p.add_argument("--seal-lag", type=float, default=0.0,
+                   help="seconds from a save to its seal (background saves: the step after "
+                        "it; 0: in place), added to the model's restart as the report adds it")
     p.add_argument("--restart", type=float, default=40.0,
                    help="seconds from a failure to training again (drawn +-20 %%)")
     p.add_argument("--fixed", type=float, default=140.0,
@@ -88,6 +100,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     if not (a.work > 0 and a.interval > 0 and a.write >= 0 and a.restart > 0 and a.fixed >= 0
+            and a.seal_lag >= 0
             and a.kill_every > 0 and a.kills >= 0 and 0 <= a.first_kill[0] <= a.first_kill[1]
             and 0 < a.runs <= 1_000_000):
         p.error("every figure finite and in its range (times > 0, --runs 1 to 1,000,000)")

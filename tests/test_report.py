@@ -291,3 +291,40 @@ def test_a_background_save_shows_its_stall_apart_from_its_write(tmp_path: Path) 
     assert parts["repeat"] == 0.0 and parts["checkpoint"] == pytest.approx(2 * 4.1 / 3600)
     c = made.account.cluster
     assert c.checkpoint_stall_s == pytest.approx(2.0) and c.checkpoint_write_s == pytest.approx(7.0)
+    # Exposed from the copy's end to the seal (after step 6): a failure then resumes from the
+    # save before; the save in place has no such lag.
+    assert c.seal_lag_s == pytest.approx(20.5)
+
+
+def test_a_restart_cut_short_still_counts_its_wait_for_nodes(tmp_path: Path) -> None:
+    """Allocation 1 fails; the requeue waits 61 s for nodes and a second failure strikes
+    allocation 2's start-up; after 11 s more, allocation 3 starts up in 7 s and trains. The
+    restart is its parts' means (failure to allocation end (1 + 0) / 2, wait (61 + 11) / 2,
+    start-up 7), not only the restarts no failure cut: that would drop the 61-s wait."""
+    run = tmp_path / "jobgen-runs" / "cut"
+    job = run / "logs" / "5"
+    a1, s1 = job / "restart-0", T0
+    steps, end = _steps(1, 4, s1 + 10)
+    _log(a1 / "node-0" / "train.log", [{"event": "start", "phase": "train", "t": s1 + 5},
+                                       *steps])
+    _node(a1, 0, "n1", (s1 + 1, s1 + 3), (1, end + 6))
+    _node(a1, 1, "n2", (s1 + 1, s1 + 3), (1, end + 5))
+    a2, s2 = job / "restart-1", end + 6 + 60
+    _node(a2, 0, "n1", (s2 + 1, s2 + 3), (1, s2 + 4))
+    _node(a2, 1, "n2", (s2 + 1, s2 + 3), (1, s2 + 4))
+    a3, s3 = job / "restart-2", s2 + 4 + 10
+    steps, end = _steps(5, 8, s3 + 8)
+    _log(a3 / "node-0" / "train.log", [{"event": "start", "phase": "train", "t": s3 + 5},
+                                       {"event": "resume", "phase": "train", "step": 4,
+                                        "t": s3 + 8}, *steps,
+                                       {"event": "done", "phase": "train", "step": 8,
+                                        "t": end + 1}])
+    _node(a3, 0, "n1", (s3 + 1, s3 + 3), (0, end + 2))
+    _node(a3, 1, "n2", (s3 + 1, s3 + 3), (0, end + 2))
+    made = report.make(None, run, use_sacct=False)
+    assert [x.ending for x in made.timeline.allocations] == ["failed", "failed", "done"]
+    c = made.account.cluster
+    assert c.failures == 2 and c.seal_lag_s is None
+    assert c.restart_s == pytest.approx(0.5 + (61 + 11) / 2 + 7)
+    assert c.restart_s > made.timeline.allocations[2].training_at - (  # type: ignore[operator]
+        made.timeline.allocations[1].failure_at or 0)      # the one restart nothing cut

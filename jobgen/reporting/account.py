@@ -9,6 +9,7 @@ from typing import Optional
 from ..planning import failures as model
 from ..record import record
 from .bounds import relabel
+from .stalls import seal_lags
 from .timeline import KINDS, Segment, Timeline
 
 LABELS = {
@@ -49,6 +50,10 @@ class Cluster:
     # What each save stopped training for, from the checkpoint events (the cost plan's model
     # takes); None where the trainer does not say. checkpoint_write_s is then the write itself.
     checkpoint_stall_s: Optional[float] = None
+    # A background save's exposure: from the end of its copy to its seal (at a step boundary
+    # after its last byte); a failure in it trains the interval before again. None: none sealed
+    # after a step (saves in place, whose write is the model's checkpoint segment).
+    seal_lag_s: Optional[float] = None
 
 
 @record
@@ -82,20 +87,28 @@ def _cluster(t: Timeline, segs: list[Segment], risk_h: float) -> Cluster:
     failures strike training, checkpoint writes and restarts, not the job's first start)."""
     allocs = t.allocations
     fails = [a for a in allocs if a.ending == "failed"]
-    restarts, loads = [], []
+    # A restart in three parts, each mean over every complete measurement of it: the failure to
+    # its allocation's end, the requeue and queue wait (the gap to the next allocation: complete
+    # even when a failure then cuts that allocation's start-up short), and the start-up to the
+    # first training step (only where it got there). Taking whole restarts only where no failure
+    # cut them would drop the waits of those that were cut, the longest under a loaded queue.
+    ends, waits, starts, loads = [], [], [], []
     for a in fails:
-        # A restart that another failure cut short is not one restart's cost.
         after = allocs[a.index + 1] if a.index + 1 < len(allocs) else None
-        if after is not None and after.training_at is not None and a.failure_at is not None:
-            restarts.append(after.training_at - a.failure_at)
+        if after is None or a.failure_at is None:
+            continue
+        # From the failure, or from the allocation's end where the scheduler's clock (whole
+        # seconds) ends it before the failed node's record: the gap is counted from there.
+        ends.append(max(0.0, a.end - a.failure_at))
+        waits.append(max(0.0, after.start - a.end))
+        if after.training_at is not None:
+            starts.append(after.training_at - after.start)
             if after.load_s is not None:
                 loads.append(after.load_s)
-    if fails and not restarts:   # every restart was cut short: its parts, measured apart
-        ends = [a.end - a.failure_at for a in fails if a.failure_at is not None]
-        gaps_s = [s.end - s.start for s in segs if s.kind == "gap"]
+    if not starts:   # every start-up after a failure was cut short: those after a stop
         starts = [a.training_at - a.start for a in allocs[1:] if a.training_at is not None]
-        if ends and gaps_s and starts:
-            restarts = [_mean(ends) + _mean(gaps_s) + _mean(starts)]  # type: ignore[operator]
+    restart = (_mean(ends) + _mean(waits) + _mean(starts)  # type: ignore[operator]
+               if ends and starts else None)
     writes = [s.end - s.start for s in segs if s.kind == "checkpoint" and s.step is not None]
     steps = [s.end - s.start for s in segs if s.kind in ("train", "repeat") and s.step]
     ckpt_steps = sorted({s.step for s in segs if s.kind == "checkpoint" and s.step})
@@ -107,9 +120,10 @@ def _cluster(t: Timeline, segs: list[Segment], risk_h: float) -> Cluster:
     stalls = [s for _, s, _ in saves if s is not None]
     written = [w for _, _, w in saves if w is not None]
     return Cluster(len(fails), rate, (risk_h / len(fails)) if fails else None,
-                   _mean(restarts), _mean(loads), _mean(written) if written else _mean(writes),
+                   restart, _mean(loads), _mean(written) if written else _mean(writes),
                    interval, step_s, sum(a.ending == "stopped" for a in allocs),
-                   sum(a.ending == "unhealthy" for a in allocs), risk_h, _mean(stalls))
+                   sum(a.ending == "unhealthy" for a in allocs), risk_h, _mean(stalls),
+                   _mean(seal_lags(list(allocs), segs)))
 
 
 def _prediction(c: Cluster, work: float, fixed: float, nodes: int
@@ -117,13 +131,14 @@ def _prediction(c: Cluster, work: float, fixed: float, nodes: int
     """Plan's failure model (planning/failures.py, Daly's expected wall time) for this run's
     work, checkpoint interval and write time, restart cost and failure rate; then with the run's
     own costs that model leaves out (first start-up and compile, health requeues, time-limit
-    stops, idle at the end) added to the wall time."""
+    stops, idle at the end) added to the wall time. A failure costs its restart and, with saves
+    in the background, the seal's lag: one before the seal trains the interval before again."""
     # A save costs training its stall (a background save's write goes on beside training).
     cost = c.checkpoint_stall_s if c.checkpoint_stall_s is not None else c.checkpoint_write_s
     if not (work > 0 and c.checkpoint_interval_s and cost is not None):
         return None, None
     mtbf = (c.node_mtbf_hours * 3600 / nodes) if c.node_mtbf_hours else float("inf")
-    restart = c.restart_s or 0.0
+    restart = (c.restart_s or 0.0) + (c.seal_lag_s or 0.0)
     if mtbf == float("inf"):
         full, rest = model.segments(work, c.checkpoint_interval_s)
         wall = work + (full + (1 if rest else 0)) * cost
@@ -135,8 +150,9 @@ def _prediction(c: Cluster, work: float, fixed: float, nodes: int
 def _fixed(t: Timeline, segs: list[Segment]) -> float:
     """Seconds the failure model leaves out: everything before the first training step (start-up,
     health gate and its requeue, compile), each time-limit stop's own restart (to the end of its
-    allocation, the gap, and a start-up as long as the run's others: a failure during it is the
-    model's), and idle at the end."""
+    allocation, the gap, and the next allocation's start-up, measured where it reached training;
+    one a failure cut short counts as long as the run's others: that failure is the model's),
+    and idle at the end."""
     allocs = t.allocations
     started = [a for a in allocs if a.training_at is not None]
     if not started:
@@ -152,7 +168,10 @@ def _fixed(t: Timeline, segs: list[Segment]) -> float:
                         a.end)
             gap = sum(s.end - s.start for s in segs if s.kind == "gap" and
                       s.allocation == a.index + 1)
-            fixed += (a.end - stop) + gap + typical
+            after = allocs[a.index + 1] if a.index + 1 < len(allocs) else None
+            own = (after.training_at - after.start if after is not None
+                   and after.training_at is not None else typical)
+            fixed += (a.end - stop) + gap + own
     return fixed + sum(s.end - s.start for s in segs if s.kind == "idle")
 
 

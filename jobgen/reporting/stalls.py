@@ -53,3 +53,33 @@ def split(allocations: list[Allocation], segments: list[Segment]) -> list[Segmen
             mine = [i for i, x in enumerate(out) if x.allocation == a.index]
             taken = {i + 1 if i >= after else i for i in taken}
     return [s for s in out if s.end > s.start]
+
+
+def seal_lags(allocations: list[Allocation], segments: list[Segment]) -> list[float]:
+    """Each sealed background save's window of exposure, in seconds: from the end of its copy
+    (training goes on) to its seal. The trainer seals a save at the first step boundary after
+    its last byte (at least one step later), so a failure before the seal resumes from the save
+    before it and trains that interval again: this window is a cost per failure that a save in
+    place does not have. `segments` as `split` leaves them."""
+    lags: list[float] = []
+    for a in allocations:
+        background = {step for step, stall, write in a.saves
+                      if stall is not None and stall > 0 and stall != write}
+        mine = [s for s in segments if s.allocation == a.index]
+        for i, s in enumerate(mine):
+            if s.kind != "checkpoint" or s.step not in background:
+                continue
+            # The seal: the last checkpoint segment of this step before it is trained again.
+            later = next((x for x in mine[i + 1:] if x.step == s.step), None)
+            if later is not None and later.kind == "checkpoint":
+                continue
+            saved = [j for j in range(i) if mine[j].kind in TRAINING and mine[j].step == s.step]
+            if not saved:
+                continue
+            first = saved[-1] + 1        # the copy, if it took any time, else the next step
+            if mine[first].kind == "checkpoint" and mine[first].step == s.step:
+                first += 1
+            # Sealed at the pass's end, right after it was saved: no step trained meanwhile.
+            if any(x.kind in TRAINING for x in mine[first:i]):
+                lags.append(s.end - mine[first].start)
+    return lags
