@@ -294,6 +294,9 @@ def test_a_background_save_shows_its_stall_apart_from_its_write(tmp_path: Path) 
     # Exposed from the copy's end to the seal (after step 6): a failure then resumes from the
     # save before; the save in place has no such lag.
     assert c.seal_lag_s == pytest.approx(20.5)
+    from jobgen.reporting.text import text
+    shown = text(made.timeline, made.account, made.curves, "async")
+    assert "stall 2.0 s (write 7.0 s, sealed 20.5 s after its copy)" in shown
 
 
 def test_a_restart_cut_short_still_counts_its_wait_for_nodes(tmp_path: Path) -> None:

@@ -71,7 +71,9 @@ def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
                  "(allocations after the first)")
     lines.append(f"  restart cost {_num(c.restart_s)} (failure to training again; checkpoint "
                  f"load {_num(c.load_s)}), checkpoint stall {_num(c.checkpoint_stall_s)} "
-                 f"(write {_num(c.checkpoint_write_s)}), "
+                 f"(write {_num(c.checkpoint_write_s)}"
+                 + (f", sealed {_num(c.seal_lag_s)} after its copy" if c.seal_lag_s else "")
+                 + "), "
                  f"every {_num(c.checkpoint_interval_s)} of training; step {_num(c.step_s)}")
     saves = [save for alloc in t.allocations for save in alloc.saves]
     if saves:   # each save: what the training loop waited for, apart from the write
