@@ -331,3 +331,32 @@ def test_a_restart_cut_short_still_counts_its_wait_for_nodes(tmp_path: Path) -> 
     assert c.restart_s == pytest.approx(0.5 + (61 + 11) / 2 + 7)
     assert c.restart_s > made.timeline.allocations[2].training_at - (  # type: ignore[operator]
         made.timeline.allocations[1].failure_at or 0)      # the one restart nothing cut
+
+
+def test_saves_in_the_background_after_every_step(tmp_path: Path) -> None:
+    """A save after every step (the chaos rehearsal's): after step k's event the loop seals
+    save k-1 (0.2 s, its checkpoint event), then copies save k (0.5 s, no event) and trains
+    step k+1 (10 s). Each copy is cut from the step after that seal; each save is exposed from
+    its copy's end to its seal, a step and a seal later (10.2 s)."""
+    run = tmp_path / "jobgen-runs" / "every"
+    a0, t = run / "logs" / "4" / "restart-0", T0 + 10
+    events: list[dict[str, Any]] = [{"event": "start", "phase": "train", "t": t}]
+    for step in range(1, 5):
+        t += 10.0 + (0.5 if step > 1 else 0.0)
+        events.append({"event": "step", "phase": "train", "step": step, "t": t})
+        if step > 1:
+            t += 0.2
+            events.append({"event": "checkpoint", "step": step - 1, "async": True,
+                           "stall_s": 0.7, "write_s": 0.01, "t": t})
+    events.append({"event": "done", "phase": "train", "step": 4, "t": t + 0.1})
+    _log(a0 / "node-0" / "train.log", events)
+    for node, host in ((0, "n1"), (1, "n2")):
+        _node(a0, node, host, (T0 + 1, T0 + 3), (0, t + 1))
+    made = report.make(None, run, use_sacct=False)
+    segs = [(s.kind, s.step, round(s.end - s.start, 3)) for s in made.timeline.segments
+            if s.kind in ("train", "checkpoint")]
+    assert segs == [("train", 1, 10.0), ("checkpoint", 1, 0.5), ("train", 2, 10.0),
+                    ("checkpoint", 1, 0.2), ("checkpoint", 2, 0.5), ("train", 3, 10.0),
+                    ("checkpoint", 2, 0.2), ("checkpoint", 3, 0.5), ("train", 4, 10.0),
+                    ("checkpoint", 3, 0.2), ("checkpoint", None, 0.1)]
+    assert made.account.cluster.seal_lag_s == pytest.approx(10.2)

@@ -19,39 +19,62 @@ from .spans import Allocation, Segment
 TRAINING = ("train", "repeat")
 
 
+def _background(allocations: list[Allocation]) -> dict[int, dict[int, list[float]]]:
+    """Each allocation's background saves: step -> their stalls, in order (a step saved again
+    after a restart in place has two)."""
+    found: dict[int, dict[int, list[float]]] = {}
+    for a in allocations:
+        for step, stall, write in a.saves:
+            if stall is not None and stall > 0 and stall != write:
+                found.setdefault(a.index, {}).setdefault(step, []).append(stall)
+    return found
+
+
+def _after(segments: list[Segment], j: int, end: int) -> int:
+    """Where a save of the step trained in segment `j` began: after that step and after the
+    seal of an earlier save at the same step boundary (the loop seals one whose write is done
+    before it starts the next); `end` at most."""
+    k = j + 1
+    while k < end and segments[k].kind == "checkpoint" and segments[k].step != segments[j].step:
+        k += 1
+    return k
+
+
 def split(allocations: list[Allocation], segments: list[Segment]) -> list[Segment]:
     """`segments` (in order within each allocation) with each background save's copy cut out of
-    the step trained after the step it saves."""
-    out = list(segments)
-    for a in allocations:
-        saves = [(step, stall) for step, stall, write in a.saves
-                 if stall is not None and stall > 0 and stall != write]
-        if not saves:
+    the step trained after the step it saves. One pass to find the cuts, one to make them."""
+    background = _background(allocations)
+    if not background:
+        return list(segments)
+    cuts: dict[int, tuple[float, int]] = {}    # segment index -> (seconds, the saved step)
+    last: dict[tuple[int, int], int] = {}      # (allocation, step) -> its last training segment
+    matched: dict[tuple[int, int], int] = {}
+    for i, s in enumerate(segments):
+        stalls = background.get(s.allocation, {}).get(s.step) if s.step is not None else None
+        if stalls is None:
             continue
-        mine = [i for i, s in enumerate(out) if s.allocation == a.index]
-        taken: set[int] = set()
-        for step, stall in saves:
-            # The save's seal: its checkpoint segment (the first of this step not yet matched).
-            seal = next((i for i in mine if i not in taken and out[i].kind == "checkpoint"
-                         and out[i].step == step), None)
-            if seal is None:
-                continue
-            taken.add(seal)
-            left = stall - (out[seal].end - out[seal].start)
-            # The step it saves, the last trained before the seal, and the segment after it.
-            saved = [i for i in mine if i < seal and out[i].kind in TRAINING
-                     and out[i].step == step]
-            if left <= 0 or not saved:
-                continue
-            after = next((i for i in mine if i > saved[-1]), None)
-            if after is None or after >= seal or out[after].kind not in TRAINING:
-                continue
-            s = out[after]
-            cut = min(s.start + left, s.end)
-            out[after] = dataclasses.replace(s, start=cut)
-            out.insert(after, Segment("checkpoint", s.start, cut, a.index, step))
-            mine = [i for i, x in enumerate(out) if x.allocation == a.index]
-            taken = {i + 1 if i >= after else i for i in taken}
+        key = (s.allocation, s.step or 0)
+        if s.kind in TRAINING:
+            last[key] = i
+            continue
+        if s.kind != "checkpoint" or matched.get(key, 0) >= len(stalls):
+            continue
+        # The save's seal: the seal's own part is this segment; the rest is the copy, right
+        # after the step it saves (unless the seal came right after it: nothing trained).
+        left = stalls[matched.get(key, 0)] - (s.end - s.start)
+        matched[key] = matched.get(key, 0) + 1
+        j = last.get(key)
+        k = _after(segments, j, i) if j is not None else i
+        if left > 0 and k < i and segments[k].kind in TRAINING:
+            cuts[k] = (max(left, cuts.get(k, (0.0, 0))[0]), s.step or 0)
+    out: list[Segment] = []
+    for i, s in enumerate(segments):
+        if i in cuts:
+            seconds, step = cuts[i]
+            cut = min(s.start + seconds, s.end)
+            out.append(Segment("checkpoint", s.start, cut, s.allocation, step))
+            s = dataclasses.replace(s, start=cut)
+        out.append(s)
     return [s for s in out if s.end > s.start]
 
 
@@ -61,25 +84,25 @@ def seal_lags(allocations: list[Allocation], segments: list[Segment]) -> list[fl
     its last byte (at least one step later), so a failure before the seal resumes from the save
     before it and trains that interval again: this window is a cost per failure that a save in
     place does not have. `segments` as `split` leaves them."""
+    background = _background(allocations)
     lags: list[float] = []
-    for a in allocations:
-        background = {step for step, stall, write in a.saves
-                      if stall is not None and stall > 0 and stall != write}
-        mine = [s for s in segments if s.allocation == a.index]
-        for i, s in enumerate(mine):
-            if s.kind != "checkpoint" or s.step not in background:
-                continue
-            # The seal: the last checkpoint segment of this step before it is trained again.
-            later = next((x for x in mine[i + 1:] if x.step == s.step), None)
-            if later is not None and later.kind == "checkpoint":
-                continue
-            saved = [j for j in range(i) if mine[j].kind in TRAINING and mine[j].step == s.step]
-            if not saved:
-                continue
-            first = saved[-1] + 1        # the copy, if it took any time, else the next step
-            if mine[first].kind == "checkpoint" and mine[first].step == s.step:
-                first += 1
-            # Sealed at the pass's end, right after it was saved: no step trained meanwhile.
-            if any(x.kind in TRAINING for x in mine[first:i]):
-                lags.append(s.end - mine[first].start)
+    last: dict[tuple[int, int], int] = {}
+    for i, s in enumerate(segments):
+        if s.step is None or s.step not in background.get(s.allocation, {}):
+            continue
+        key = (s.allocation, s.step)
+        if s.kind in TRAINING:
+            last[key] = i
+            continue
+        j = last.get(key)
+        if s.kind != "checkpoint" or j is None:
+            continue
+        first = _after(segments, j, i)   # the copy, if it took any time, else the next step
+        if first < i and segments[first].kind == "checkpoint" and segments[first].step == s.step:
+            first += 1
+        # A seal after steps trained beside the write (not the copy itself, nor a seal at the
+        # pass's end right after the step).
+        if any(x.kind in TRAINING for x in segments[first:i]):
+            lags.append(s.end - segments[first].start)
+            del last[key]
     return lags
