@@ -250,3 +250,17 @@ def test_logs_reads_a_spare_nodes_logs(jobgen: Any, tmp_path: Path,
     assert result.exit_code == 0 and "the spare trained" in result.output, result.output
     refused = jobgen("logs", "spare-2n", "--node", "3")
     assert refused.exit_code == 2 and "job 101 has 2 nodes (0 to 1)" in refused.stderr
+
+
+def test_a_spares_agent_meets_the_trainers_as_a_reachable_host(tmp_path: Path) -> None:
+    """A spare (node rank 2 of a job that trains on 2) runs torchrun's agent with --nnodes 2 and
+    its host's name as --local_addr: after the main node's address and before the trainers'
+    labels, so a round that formed without the main node would rank a reachable host first."""
+    from test_restarts_in_place import launch
+    proc, argv = launch(tmp_path, node="2", JOBGEN_RESTARTS_IN_PLACE="2", SLURMD_NODENAME="n3")
+    assert proc.returncode == 0, proc.stderr
+    from torch.distributed.run import get_args_parser
+    args = get_args_parser().parse_args(argv)
+    assert (args.nnodes, args.local_addr, args.rdzv_conf) == ("2", "n3", "is_host=0")
+    assert sorted(["~jobgen-node-000001", "n3", "10.0.0.1"]) == ["10.0.0.1", "n3",
+                                                                 "~jobgen-node-000001"]
