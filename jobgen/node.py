@@ -128,7 +128,7 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         say_once(f"note: {spec.source}: job.restarts_in_place={recipe.job.restarts_in_place} does "
                  f"not apply on {executor}: its nodes do not share the run folder (each keeps "
                  "its own checkpoint part), so a failure goes to the service's retry")
-    spares = recipe.job.spare_nodes if recipe.job.restarts_in_place and shared else 0
+    spares = recipe.job.spare_nodes if shared else 0
     if recipe.job.spare_nodes and executor != "slurm":
         say_once(f"note: {spec.source}: job.spare_nodes={recipe.job.spare_nodes} does not apply "
                  f"on {executor}: {NO_SPARES.get(executor, 'only Slurm allocates spare nodes')}")

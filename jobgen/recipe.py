@@ -134,7 +134,7 @@ class Job:
     # before the job goes back to the scheduler; 0: every failure goes back to it.
     restarts_in_place: int = 0
     # Slurm: nodes allocated beyond the ones that train (sbatch --no-kill); the health gate picks
-    # which train, and a spare's agent takes a lost node's place at torchrun's next round.
+    # which train, and the job step runs again on a spare when it lost a node.
     spare_nodes: int = 0
     master_port: int = 41000
     time_limit: Optional[str] = None

@@ -124,10 +124,6 @@ def _check_ranges(recipe: Recipe, where: str) -> None:
     if not 1024 <= j.master_port <= 65535:
         raise ConfigError(f"{where}: job.master_port: {j.master_port} is not a port between "
                           "1024 and 65535")
-    if j.spare_nodes > 0 and not j.restarts_in_place:
-        raise ConfigError(f"{where}: job.spare_nodes: {j.spare_nodes} needs "
-                          "job.restarts_in_place of 1 or more (a spare takes a lost node's place "
-                          "when torchrun restarts the training pass in place)")
     if j.max_restarts > MAX_RESTARTS:
         raise ConfigError(f"{where}: job.max_restarts: {j.max_restarts} is more than "
                           f"{MAX_RESTARTS}")

@@ -1,8 +1,8 @@
 """Spare nodes on Slurm (recipe job.spare_nodes, issue 40 item 2): the job allocates N+S nodes
-with --no-kill, the health gate picks which N train, and a node lost during training is
-replaced by a spare's torchrun agent at the next rendezvous round, inside the allocation. The
-fast tests cover render, validation, the other backends' notes and the plan's pricing; the
-Slurm rehearsal (tests/test_slurm_e2e.py's cluster) loses a training node mid-run."""
+with --no-kill, the health gate picks which N train, and when the job step loses a node the
+controller runs it again on the nodes left and a spare, inside the allocation. The fast tests
+cover render, validation, the other backends' notes, the plan's pricing and the controller's
+stages; the Slurm rehearsal (tests/test_slurm_e2e.py's cluster) loses a training node mid-run."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,6 @@ def test_slurm_allocates_the_spares_with_no_kill() -> None:
 
 
 @pytest.mark.parametrize(("sets", "says"), [
-    (["job.spare_nodes=1"], "job.spare_nodes: 1 needs job.restarts_in_place of 1 or more"),
     (["job.spare_nodes=-1", "job.restarts_in_place=1"], "job.spare_nodes"),
     (["job.spare_nodes=65", "job.restarts_in_place=1"], "job.spare_nodes"),
     (["job.spare_nodes=two"], "job.spare_nodes: expected an integer"),
@@ -53,11 +52,12 @@ def test_a_bad_value_is_one_line_and_exit_2(sets: list[str], says: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_nemo_refuses_spares() -> None:
+def test_spares_need_no_restart_budget_and_suit_every_payload() -> None:
+    """The step runs again on a spare: no torchrun restart budget is needed, and NeMo's
+    launcher, which picks its checkpoint at launch, resumes from the newest one too."""
     proc = jobgen("render", "neox20b", "--nodes", "2", "--smoke", "--set", "job.spare_nodes=1")
-    assert proc.returncode == 2 and "job.spare_nodes" in proc.stderr, proc.stderr
-    shown = jobgen("show", "neox20b")
-    assert "job.spare_nodes" in shown.stdout + shown.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=3\n#SBATCH" in proc.stdout and "#SBATCH --no-kill\n" in proc.stdout
 
 
 @pytest.mark.parametrize(("backend", "why"), [
@@ -91,10 +91,9 @@ def test_plan_bills_the_spares_and_restarts_in_place_while_one_remains() -> None
         assert b.failures.recipe.goodput > a.failures.recipe.goodput
     assert any("job.spare_nodes=1: every count below is billed with 1 spare" in n
                for n in spared.notes)
-    # A restart budget of 1 bounds what one allocation's spares can do.
-    one = _plan("job.spare_nodes=3", "job.restarts_in_place=1")
-    three = _plan("job.spare_nodes=3", "job.restarts_in_place=3")
-    assert one.rows[0].failures.restart_s > three.rows[0].failures.restart_s  # type: ignore
+    # More spares: more of the failures stay inside the allocation.
+    three = _plan("job.spare_nodes=3")
+    assert three.rows[0].failures.restart_s < spared.rows[0].failures.restart_s  # type: ignore
 
 
 # --- the rehearsal on the local Slurm cluster ---------------------------------------------------
@@ -105,8 +104,8 @@ def test_a_lost_node_is_replaced_by_the_spare_without_a_requeue(
         cluster: int, tmp_path: Path) -> None:  # noqa: F811
     """2 training nodes + 1 spare (llama2-7b --smoke, job.spare_nodes=1, restarts_in_place=2):
     once a checkpoint is sealed, training node 1's host is set DOWN. Slurm keeps the allocation
-    (--no-kill) and ends only that node's task; torchrun's next round takes the spare, which
-    trains the rest from the newest checkpoint. One allocation, no requeue, the run completes."""
+    (--no-kill) and the step ends; the controller runs it again on node 0 and the spare, which
+    train the rest from the newest checkpoint. One allocation, no requeue, the run completes."""
     import time
 
     if cluster < 3:
@@ -135,7 +134,7 @@ def test_a_lost_node_is_replaced_by_the_spare_without_a_requeue(
             subprocess.run(["scancel", job.job_id], capture_output=True, timeout=30, check=False)
     e2e.assert_state(job, fields, "COMPLETED")
     out = job.output()
-    assert "spare nodes: 1 of 1 kept" in out, e2e.explain(job, "no spare kept")
+    assert f"the job step lost {lost}: a spare takes its place" in out, e2e.explain(job, "spare")
     # One allocation: no requeue, the lost node left the job.
     assert not (job.run_dir / "logs" / job.job_id / "restart-1").exists()
     assert fields.get("Restarts", "0") == "0", e2e.explain(job, "requeued")
@@ -144,21 +143,21 @@ def test_a_lost_node_is_replaced_by_the_spare_without_a_requeue(
     # checkpoint sealed before the loss; the run trained to its end.
     events = job.events(0, "train")
     starts = e2e.only(events, "start")
-    assert [s["restart_in_place"] for s in starts] == [0, 1], e2e.explain(job, "starts")
-    assert starts[0]["allocation"] == starts[1]["allocation"]
+    assert len(starts) == 2 and starts[0]["allocation"] == starts[1]["allocation"], \
+        e2e.explain(job, "starts")
     resumed = [e["step"] for e in e2e.only(events, "resume")]
     assert len(resumed) == 1 and resumed[0] >= sealed[-1], (resumed, sealed)
     assert [e["step"] for e in e2e.only(events, "done")] == [e2e.MAX_STEPS]
-    assert (logs / "node-0" / "train.restarts").read_text() == "1\n"
-    # The spare (node 2, another host) trained the steps after the resume as group rank 1.
-    assert (logs / "node-2" / "host").read_text().strip() != lost
-    spare_steps = [json.loads(line)["step"] for line in
-                   (logs / "node-2" / "train.log").read_text(errors="replace").splitlines()
-                   if line.startswith('{"event": "beat"')]
-    assert spare_steps and spare_steps[-1] == e2e.MAX_STEPS and min(spare_steps) > resumed[0]
-    assert (logs / "node-2" / "job.status").read_text() == "0 train\n"
+    # The spare, another host of the allocation, ran as node 1 and trained to the end.
+    spare = (logs / "node-1" / "host").read_text().strip()
+    assert spare != lost and (logs / "spares-used").read_text().split()[1:] == [lost]
+    beats = [json.loads(line)["step"] for line in
+             (logs / "node-1" / "train.log").read_text(errors="replace").splitlines()
+             if line.startswith('{"event": "beat"')]
+    assert beats and beats[-1] == e2e.MAX_STEPS
+    assert (logs / "node-1" / "job.status").read_text() == "0 train\n"
     again = e2e.event_time(starts[1]) - downed_at
-    print(f"\nspare node: {lost} down -> the spare's round started training {again:.1f} s later")
+    print(f"\nspare node: {lost} down -> {spare}'s step started training {again:.1f} s later")
 
 
 def test_the_gate_leaves_out_as_many_bad_nodes_as_there_are_spares(tmp_path: Path) -> None:
@@ -179,22 +178,6 @@ def test_the_gate_leaves_out_as_many_bad_nodes_as_there_are_spares(tmp_path: Pat
     assert short.returncode == 75 and short.stdout == "n2,n4\n"
 
 
-@pytest.mark.parametrize(("nodes", "expected"), [
-    ({0: "0 train", 2: "0 train"}, "0 training pass"),        # node 1 lost: no status at all
-    ({0: "0 train", 1: "143 train", 2: "0 spare"}, "0 training pass"),
-    ({0: "1 train", 2: "0 spare"}, "1 training pass"),        # the group failed: as before
-])
-def test_with_spares_the_main_nodes_finished_training_is_the_jobs(
-        tmp_path: Path, nodes: dict[int, str], expected: str) -> None:
-    from test_flow_stages import stage
-    for rank, line in nodes.items():
-        (tmp_path / f"node-{rank}").mkdir()
-        (tmp_path / f"node-{rank}" / "job.status").write_text(line + "\n")
-    proc = stage("status", "flow_job_status", "137",
-                 env={"JOBGEN_LOG_DIR": str(tmp_path), "JOBGEN_SPARE_NODES": "1"})
-    assert proc.stdout == expected + "\n", proc.stderr
-
-
 def test_report_reads_a_resized_allocation_as_one() -> None:
     """sacct records a --no-kill job that lost a node as RESIZING up to the loss, then the rest
     on fewer nodes: one allocation for the report, from the first start to the last end."""
@@ -206,33 +189,68 @@ def test_report_reads_a_resized_allocation_as_one() -> None:
     assert span.end is not None and span.end - span.start == 94
 
 
-@pytest.mark.parametrize(("left_out", "step", "master"), [
-    ("", "--no-kill --kill-on-bad-exit=0 --nodes=3 --nodelist=n1,n2,n3", "10.0.0.1"),
-    ("n1", "--no-kill --kill-on-bad-exit=0 --nodes=2 --nodelist=n2,n3", "10.0.0.2"),
-])
-def test_the_step_runs_on_the_nodes_the_gate_kept(tmp_path: Path, left_out: str, step: str,
-                                                  master: str) -> None:
-    """The controller's job step with spares: the kept nodes in the allocation's order, the first
-    JOBGEN_NODES of them train; the master moves when the gate left out the first node."""
+def _controller(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """slurm.sh's functions with stand-ins for scontrol, squeue and getent: an allocation of
+    n1-n3 (squeue: the job's nodes now, $NOW), node nK at 10.0.0.K."""
     from test_flow_stages import STAGES
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'n1\\nn2\\nn3\\n'\n")
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text('#!/bin/sh\ncase $3 in "n[1-3]") echo n1; echo n2; '
+                                      'echo n3 ;; "n[1,3]") echo n1; echo n3 ;; esac\n')
+    (bin_dir / "squeue").write_text('#!/bin/sh\necho "$NOW"\n')
     (bin_dir / "getent").write_text('#!/bin/sh\necho "10.0.0.${2#n} STREAM $2"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    script = (f'source "{STAGES}/base.sh" && source "{STAGES}/slurm.sh" && MASTER_ADDR=10.0.0.1 '
-              f'&& flow_spare_step n1 && echo "${{FLOW_STEP[*]}}|$FLOW_TRAIN_NODES|$MASTER_ADDR"')
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "JOBGEN_SPARE_NODES": "1", "JOBGEN_NODES": "2",
-           "SLURM_JOB_NODELIST": "n[1-3]", "FLOW_LEFT_OUT": left_out, "MASTER_PORT": "41000",
-           "JOBGEN_MASTER_RESOLVER": "getent"}
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+    text = (f'source "{STAGES}/base.sh" && source "{STAGES}/compile.sh" && '
+            f'source "{STAGES}/slurm.sh" && MASTER_ADDR=10.0.0.1 && {script}')
+    full = {"PATH": f"{bin_dir}:/usr/bin:/bin", "JOBGEN_SPARE_NODES": "1", "JOBGEN_NODES": "2",
+            "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_ID": "7", "MASTER_PORT": "41000",
+            "JOBGEN_MASTER_RESOLVER": "getent", "JOBGEN_LOG_DIR": str(tmp_path),
+            "JOBGEN_COMPILE_CACHE": str(tmp_path / "cache"), "JOBGEN_COMPILE_KEY": "k",
+            "JOBGEN_PASSES": "both", "JOBGEN_COMPILE_MODE": "auto", **env}
+    return subprocess.run(["bash", "-c", text], env=full, capture_output=True, text=True,
                           timeout=30, check=False)
-    assert proc.stdout == f"{step}|2|{master}\n", proc.stderr
-    plain = subprocess.run(["bash", "-c", script], env={**env, "JOBGEN_SPARE_NODES": ""},
-                           capture_output=True, text=True, timeout=30, check=False)
+
+
+SHOW = 'echo "${FLOW_STEP[*]}|$FLOW_SPARES|$MASTER_ADDR"'
+
+
+@pytest.mark.parametrize(("left_out", "step", "spares", "master"), [
+    ("", "--nodes=2 --ntasks=2 --nodelist=n1,n2", "n3", "10.0.0.1"),
+    ("n1", "--nodes=2 --ntasks=2 --nodelist=n2,n3", "", "10.0.0.2"),
+])
+def test_the_step_runs_on_the_first_nodes_the_gate_kept(tmp_path: Path, left_out: str,
+                                                        step: str, spares: str,
+                                                        master: str) -> None:
+    """The controller's job step with spares: the first JOBGEN_NODES nodes the gate kept, in the
+    allocation's order, the rest wait; the master moves when the gate left out the first node.
+    Without spares the step is today's."""
+    proc = _controller(tmp_path, f"flow_spare_step n1 && {SHOW}", FLOW_LEFT_OUT=left_out)
+    assert proc.stdout == f"--kill-on-bad-exit=1 {step}|{spares}|{master}\n", proc.stderr
+    plain = _controller(tmp_path, f"flow_spare_step n1 && {SHOW}", JOBGEN_SPARE_NODES="")
     assert plain.stdout == "--kill-on-bad-exit=1||10.0.0.1\n", plain.stderr
 
+
+def test_a_step_that_lost_a_node_runs_again_on_a_spare(tmp_path: Path) -> None:
+    """n2 left the job (squeue: n[1,3]): the step runs again on n1 and the spare n3, deciding
+    the compile pass again (no marker: it runs); no spare left after that. A step that lost no
+    node, or one with no spare left, is not run again (the failure goes on as before)."""
+    again = (f'flow_spare_step n1 && flow_spare_relaunch && {SHOW} && '
+             'echo "compile $JOBGEN_RUN_COMPILE" && cat "$JOBGEN_LOG_DIR/spares-used"')
+    proc = _controller(tmp_path, again, NOW="n[1,3]")
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["--kill-on-bad-exit=1 --nodes=2 --ntasks=2 --nodelist=n1,n3||10.0.0.1",
+                         "compile 1"], proc.stderr
+    assert lines[2].endswith(" n2")
+    assert "the job step lost n2: a spare takes its place" in proc.stderr
+    assert _controller(tmp_path, "flow_spare_step n1 && flow_spare_relaunch",
+                       NOW="n[1-3]").returncode == 1
+    twice = _controller(tmp_path, "flow_spare_step n1 && flow_spare_relaunch && "
+                        "FLOW_STEP_NODES=n1,n2 && flow_spare_relaunch", NOW="n[1,3]")
+    assert twice.returncode == 1
+    none = _controller(tmp_path, "flow_spare_step n1 && FLOW_SPARES=n2 && flow_spare_relaunch",
+                       NOW="n[1,3]")
+    assert none.returncode == 1 and "no spare is left" in none.stderr
 
 def test_logs_reads_a_spare_nodes_logs(jobgen: Any, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,17 +268,3 @@ def test_logs_reads_a_spare_nodes_logs(jobgen: Any, tmp_path: Path,
     assert result.exit_code == 0 and "the spare trained" in result.output, result.output
     refused = jobgen("logs", "spare-2n", "--node", "3")
     assert refused.exit_code == 2 and "job 101 has 2 nodes (0 to 1)" in refused.stderr
-
-
-def test_a_spares_agent_meets_the_trainers_as_a_reachable_host(tmp_path: Path) -> None:
-    """A spare (node rank 2 of a job that trains on 2) runs torchrun's agent with --nnodes 2 and
-    its host's name as --local_addr: after the main node's address and before the trainers'
-    labels, so a round that formed without the main node would rank a reachable host first."""
-    from test_restarts_in_place import launch
-    proc, argv = launch(tmp_path, node="2", JOBGEN_RESTARTS_IN_PLACE="2", SLURMD_NODENAME="n3")
-    assert proc.returncode == 0, proc.stderr
-    from torch.distributed.run import get_args_parser
-    args = get_args_parser().parse_args(argv)
-    assert (args.nnodes, args.local_addr, args.rdzv_conf) == ("2", "n3", "is_host=0")
-    assert sorted(["~jobgen-node-000001", "n3", "10.0.0.1"]) == ["10.0.0.1", "n3",
-                                                                 "~jobgen-node-000001"]

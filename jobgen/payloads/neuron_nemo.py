@@ -227,9 +227,6 @@ PAYLOAD = Payload(
     fixed={"job.restarts_in_place": Fixed(0, "launch.sh chooses the checkpoint NeMo resumes from "
                                            "before torchrun starts: a restart in place would "
                                            "resume from that one, not the newest"),
-           "job.spare_nodes": Fixed(0, "a spare takes a lost node's place at a restart in "
-                                       "place, which NeMo's launcher cannot do (see "
-                                       "job.restarts_in_place)"),
            "model.vocab_size": Fixed(
         50257, "NeMo takes the vocabulary from the GPT-2 BPE tokenizer files (data.vocab_file, "
                "data.merge_file) and pads it to a multiple of parallelism.tensor")},

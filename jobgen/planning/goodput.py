@@ -85,14 +85,14 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
     # resumes from the one before (seal_lag, added to every restart below).
     background = saves_in_background(spec)
     stall = ckpt_bytes / (STAGE_GB_S_PER_NODE * 1e9 * nodes) if background else write
-    # Spare nodes: in each allocation the first k node failures (k: the spares, at most the
-    # restart budget in place) are restarts in place, the next one a requeue, which brings a
-    # fresh allocation with its spares: k of every k + 1 failures stay inside the allocation.
+    # Spare nodes: in each allocation the first k node failures (k: the spares) are restarts in
+    # place, the next one a requeue, which brings a fresh allocation with its spares: k of every
+    # k + 1 failures stay inside the allocation.
     # The spares are billed all along; a spare's own failure is not modelled (it costs no
     # training time, only the spare).
     job = spec.recipe.job
     billed = nodes + job.spare_nodes
-    kept = min(job.spare_nodes, job.restarts_in_place)
+    kept = job.spare_nodes
     if kept and in_place_fixed is not None:
         share = kept / (kept + 1)
         restart = share * (restart - restart_fixed + in_place_fixed) + (1 - share) * restart

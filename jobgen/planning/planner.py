@@ -211,11 +211,11 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     # A node lost while a spare remains (job.spare_nodes) restarts inside the allocation: the
     # failure is detected and torchrun meets again, with no requeue, gate or compile pass.
     in_place_fixed = r.detect_s + r.rendezvous_s
-    spares, budget = base.recipe.job.spare_nodes, base.recipe.job.restarts_in_place
+    spares = base.recipe.job.spare_nodes
     if spares:
         notes.append(f"job.spare_nodes={spares}: every count below is billed with {spares} "
-                     f"spare node(s); of every {min(spares, budget) + 1} node failures, "
-                     f"{min(spares, budget)} restart in place (detect {r.detect_s:g} + "
+                     f"spare node(s); of every {spares + 1} node failures, "
+                     f"{spares} restart in place (detect {r.detect_s:g} + "
                      f"rendezvous {r.rendezvous_s:g} s, plus the checkpoint load) and one is "
                      "requeued (a spare's own failure is not modelled)")
     if mtbf_h is None:

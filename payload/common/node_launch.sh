@@ -159,11 +159,6 @@ node_launch() {
     local conf=is_host=0 addr
     addr=$(printf '~jobgen-node-%06d' "$node_rank")
     [ "$node_rank" != 0 ] || conf=is_host=1 addr=$MASTER_ADDR
-    # A spare node (job.spare_nodes: a rank from the count that trains on) gives its host's name,
-    # which sorts after the main node's address and before every label: should a round ever form
-    # without the main node (a spare rejoining first after a failure), its first rank is then
-    # on a host the workers can reach, not on a label.
-    [ "$node_rank" -lt "$nnodes" ] || addr=${SLURMD_NODENAME:-$(hostname)}
     [ -z "${JOBGEN_RDZV_TIMEOUT:-}" ] || conf+=",join_timeout=$JOBGEN_RDZV_TIMEOUT"
     # The workers meet in a store of their own each round (on a free port of the main node), not
     # in the agents' store under a prefix named by each node's own restart count: a node

@@ -2,34 +2,6 @@
 # The flow on one node, stage by stage: setup, health gate, compile decision and pass, marker,
 # node-local cache copy, training pass, and the record of how it ended. Needs every stage file.
 
-# --- spare nodes (job.spare_nodes): node ranks from JOBGEN_NNODES on, which the Slurm controller
-# starts beside the nodes that train. A spare compiles nothing; its torchrun agent joins the
-# training pass's c10d rendezvous once the trainers' round has formed (joining earlier, it could
-# take a trainer's place and push the main node out of rank 0), and waits there (torch >= 2.3
-# keeps such an agent aside) until a lost node's place is free at the next round.
-FLOW_TRAIN_STARTED='^\{"event": "start", "phase": "train"'
-
-# flow_spare_wait: until the main node's workers have started training (0), or its flow ended
-# without needing a spare (1).
-flow_spare_wait() {
-  local main="$JOBGEN_LOG_DIR/node-0"
-  while :; do
-    grep -Eq "$FLOW_TRAIN_STARTED" "$main/train.log" 2>/dev/null && return 0
-    [ ! -f "$main/job.status" ] || return 1
-    sleep 1
-  done
-}
-
-# flow_spare_watch: once the main node's flow has ended, give this spare's agent a while to end
-# with the group, then stop it (an agent still waiting aside would wait for its join timeout).
-flow_spare_watch() {
-  local pid
-  until [ -f "$JOBGEN_LOG_DIR/node-0/job.status" ]; do sleep 2; done
-  sleep 20
-  read -r pid <"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/train.torchrun-pid" 2>/dev/null &&
-    kill -TERM "$pid" 2>/dev/null
-}
-
 # flow_node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the two passes on this node.
 flow_node() {
   local compile_argc=${1:-} status
@@ -75,9 +47,7 @@ flow_node() {
 
   flow_decide_compile
   flow_use_cache "$JOBGEN_COMPILE_CACHE"
-  local spare=0 watcher=""
-  [ "$JOBGEN_NODE_RANK" -lt "$JOBGEN_NNODES" ] || spare=1
-  if [ "$FLOW_RUN_COMPILE" = 1 ] && [ "$spare" = 0 ]; then
+  if [ "$FLOW_RUN_COMPILE" = 1 ]; then
     flow_say "compile pass (${#compile_args[@]} trainer arguments) on $JOBGEN_NNODES nodes"
     flow_node_pass compile ${compile_args[@]+"${compile_args[@]}"}
     status=$?
@@ -124,29 +94,9 @@ flow_node() {
     flow_use_cache "$JOBGEN_LOCAL_COMPILE_CACHE"
   fi
 
-  if [ "$spare" = 1 ]; then
-    if ! flow_spare_wait; then
-      flow_say "spare node: the training pass ended without needing it"
-      flow_node_end 0 spare
-      return
-    fi
-    flow_say "spare node: waiting in torchrun's rendezvous to take a lost node's place"
-    flow_spare_watch &
-    watcher=$!
-  fi
   flow_say "training pass on $JOBGEN_NNODES nodes"
   flow_node_pass train ${train_args[@]+"${train_args[@]}"}
   status=$?
-  if [ -n "$watcher" ]; then
-    kill "$watcher" 2>/dev/null
-    wait "$watcher" 2>/dev/null
-    local main_status=""
-    read -r main_status _ <"$JOBGEN_LOG_DIR/node-0/job.status" 2>/dev/null
-    if [ "$status" -ne 0 ] && [ "$main_status" = 0 ]; then
-      flow_say "spare node: stopped once the training group had finished (status $status)"
-      status=0
-    fi
-  fi
   if [ "$status" -eq 0 ] && [ -n "$FLOW_STOPPING" ]; then
     # Stopped by the service: not a finished job (an EKS pod that exits 0 is done for good).
     flow_say "training pass saved and stopped on SIG$FLOW_STOPPING; exiting 143 so that the service counts this attempt as stopped"

@@ -16,26 +16,64 @@ flow_resolve_master() {
 
 # flow_spare_step FIRST_NODE: the srun options of the job step (FLOW_STEP). With spare nodes
 # (job.spare_nodes; the allocation has JOBGEN_NODES + JOBGEN_SPARE_NODES, sbatch --no-kill) the
-# step runs on the nodes the gate kept, in the allocation's order: the first JOBGEN_NODES train
-# (FLOW_TRAIN_NODES), the others are spares (node.sh). A node lost later is removed from the job
-# by Slurm (--no-kill) and only its task ends (srun --no-kill, --kill-on-bad-exit=0): torchrun's
-# next round takes a spare in its place. MASTER_ADDR moves if the gate left out the first node.
+# step runs on the first JOBGEN_NODES nodes the gate kept, in the allocation's order; the others
+# wait outside it (FLOW_SPARES) for flow_spare_relaunch. MASTER_ADDR moves if the gate left out
+# the first node.
 flow_spare_step() {
-  FLOW_STEP=(--kill-on-bad-exit=1)
+  FLOW_STEP=(--kill-on-bad-exit=1) FLOW_SPARES="" FLOW_STEP_NODES=""
   flow_is_count "${JOBGEN_SPARE_NODES:-}" && [ "$JOBGEN_SPARE_NODES" -gt 0 ] || return 0
   local host kept="" count=0 first=""
   for host in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
     case ",${FLOW_LEFT_OUT:-}," in *",$host,"*) continue ;; esac
-    kept+=${kept:+,}$host count=$((count + 1))
     [ -n "$first" ] || first=$host
+    if [ "$count" -lt "$JOBGEN_NODES" ]; then
+      kept+=${kept:+,}$host count=$((count + 1))
+    else
+      FLOW_SPARES+=${FLOW_SPARES:+,}$host
+    fi
   done
-  FLOW_STEP=(--no-kill --kill-on-bad-exit=0 --nodes="$count" --nodelist="$kept")
-  export FLOW_TRAIN_NODES=$JOBGEN_NODES
-  flow_say "spare nodes: $((count - JOBGEN_NODES)) of $JOBGEN_SPARE_NODES kept; the first $JOBGEN_NODES of $kept train, the others take a lost node's place"
+  FLOW_STEP=(--kill-on-bad-exit=1 --nodes="$count" --ntasks="$count" --nodelist="$kept") FLOW_STEP_NODES=$kept
+  flow_say "spare nodes: ${FLOW_SPARES:-none} (of $JOBGEN_SPARE_NODES) wait to take a lost node's place; $kept train"
   [ "$first" != "$1" ] || return 0
   MASTER_ADDR=$(flow_resolve_master "$first" "${JOBGEN_MASTER_RESOLVER:-nslookup}")
   [ -n "$MASTER_ADDR" ] || { flow_say "cannot resolve '$first' to an IPv4 address"; return 1; }
   flow_say "master $first = $MASTER_ADDR:$MASTER_PORT (the gate left out $1)"
+}
+
+# flow_spare_relaunch: after the job step failed, whether it lost a node that a spare can replace
+# (0: FLOW_STEP names the new nodes). Slurm removes a lost node from a --no-kill job (squeue's
+# node list no longer holds it); the step runs again on the nodes left and a spare, in the same
+# allocation: no requeue, gate or compile pass (the marker is there), and the trainers resume
+# from the newest complete checkpoint. The main node (this script's host) is never lost alone.
+flow_spare_relaunch() {
+  [ -n "${FLOW_SPARES:-}" ] || return 1
+  local now host kept="" count=0 lost="" spares=""
+  now=",$(scontrol show hostnames "$(squeue -h -j "$SLURM_JOB_ID" -o %N 2>/dev/null)" 2>/dev/null | tr '\n' ','),"
+  for host in ${FLOW_STEP_NODES//,/ }; do
+    case $now in
+      *",$host,"*) kept+=${kept:+,}$host count=$((count + 1)) ;;
+      *) lost+=${lost:+,}$host ;;
+    esac
+  done
+  [ -n "$lost" ] || return 1
+  for host in ${FLOW_SPARES//,/ }; do
+    case $now in *",$host,"*) ;; *) continue ;; esac
+    if [ "$count" -lt "$JOBGEN_NODES" ]; then
+      kept+=,$host count=$((count + 1))
+    else
+      spares+=${spares:+,}$host
+    fi
+  done
+  FLOW_SPARES=$spares
+  if [ "$count" -lt "$JOBGEN_NODES" ]; then
+    flow_say "the job step lost $lost and no spare is left to take its place"
+    return 1
+  fi
+  FLOW_STEP=(--kill-on-bad-exit=1 --nodes="$count" --ntasks="$count" --nodelist="$kept") FLOW_STEP_NODES=$kept
+  printf '%s %s\n' "$(flow_now)" "$lost" >>"$JOBGEN_LOG_DIR/spares-used" 2>/dev/null || true
+  flow_decide_compile
+  export JOBGEN_RUN_COMPILE=$FLOW_RUN_COMPILE
+  flow_say "the job step lost $lost: a spare takes its place; the step runs again on $kept in this allocation (spares left: ${spares:-none})"
 }
 
 # flow_slurm_job COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the sbatch script's controller.
@@ -80,7 +118,7 @@ flow_slurm_job() {
   case $JOBGEN_PASSES in
     train) flow_say "training pass only: the compile pass ran in its own job, which this one depends on" ;;
     *) if [ "$FLOW_RUN_COMPILE" = 1 ]; then
-         flow_say "compile pass (${JOBGEN_COMPILE_STEPS:-?} steps) on ${FLOW_TRAIN_NODES:-$SLURM_JOB_NUM_NODES} nodes"
+         flow_say "compile pass (${JOBGEN_COMPILE_STEPS:-?} steps) on ${JOBGEN_NODES:-$SLURM_JOB_NUM_NODES} nodes"
        else
          flow_say "compile pass skipped (compile mode $JOBGEN_COMPILE_MODE; cache marker ${FLOW_MARKER##*/})"
        fi ;;
@@ -88,12 +126,16 @@ flow_slurm_job() {
   # The node's rank and the main node come from srun (SLURM_NODEID; node 0 hosts the rendezvous).
   # shellcheck disable=SC2016  # expanded by the node's bash, not here
   # In the background, so that the time-limit trap runs while the step does.
-  srun "${FLOW_STEP[@]}" --ntasks-per-node=1 bash -c \
-    'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=${FLOW_TRAIN_NODES:-$SLURM_NNODES} JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
-    "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@" &
-  step_pid=$!
-  flow_wait_step "$step_pid"
-  status=$?
+  # With spare nodes, a step that lost a node runs again on a spare (flow_spare_relaunch).
+  while :; do
+    srun "${FLOW_STEP[@]}" --ntasks-per-node=1 bash -c \
+      'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
+      "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@" &
+    step_pid=$!
+    flow_wait_step "$step_pid"
+    status=$?
+    { [ "$status" -ne 0 ] && [ -z "$FLOW_TIME_LIMIT" ] && flow_spare_relaunch; } || break
+  done
   if [ -n "$FLOW_TIME_LIMIT" ] && { [ "$status" -ne 0 ] || [ -f "$JOBGEN_LOG_DIR/stopped.json" ]; }; then
     if [ "$status" -eq 124 ]; then
       flow_say "the job step is still running close to the time limit; requeueing now"

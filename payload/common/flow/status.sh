@@ -16,15 +16,6 @@ flow_node_end() {
 # 128) wins.
 flow_job_status() {
   local file code what rank best=-1 found="" found_what=""
-  # With spare nodes, the training group is whoever torchrun's last round took: a node lost on
-  # the way (or a spare never needed) says nothing of the job. The main node's agent ends 0 only
-  # once the whole group has trained to the end, so its success is the job's.
-  if flow_is_count "${JOBGEN_SPARE_NODES:-}" && [ "$JOBGEN_SPARE_NODES" -gt 0 ] &&
-    read -r code what <"$JOBGEN_LOG_DIR/node-0/job.status" 2>/dev/null &&
-    [ "$code" = 0 ] && [ "$what" = train ]; then
-    printf '0 training pass\n'
-    return 0
-  fi
   for file in "$JOBGEN_LOG_DIR"/node-*/job.status; do
     [ -f "$file" ] || continue
     read -r code what <"$file" || continue
