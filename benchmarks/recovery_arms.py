@@ -17,9 +17,9 @@ The arms (a 2-node `jobgen submit llama2-7b --smoke`, 24 steps, a save every 4):
 - C      B plus job.spare_nodes=1 (run only where jobgen renders the key)
 - D      C (B where C cannot run) with background saves (checkpoint.async_save)
 
-A spare takes the place of a node Slurm removes from the job; the schedule's node loss kills the
-node's processes instead, and srun then ends the whole step, so C and D requeue for it as B does
-(setting a node of the shared cluster DOWN is left to a cluster of one's own).
+The node loss kills node 1's processes; in the arms with a spare it sets node 1's host DOWN
+instead (and back in service once training goes on): a spare takes the place of a node Slurm
+removes from the job, while a killed task makes srun end the whole step (a requeue, as in B).
 
 The schedule, drawn from --seed, the same for every arm: node 1's worker is SIGKILLed when a
 step in 5-8 is logged (a process failure); every process of node 1 (its flow, torchrun, the
@@ -149,6 +149,22 @@ def _when(stamp: Any) -> float:
         return time.time()
 
 
+def node_host(run_dir: Path, node: int) -> str:
+    """The host of a node of the newest allocation (its flow writes it)."""
+    hosts = sorted(run_dir.glob(f"logs/*/restart-*/node-{node}/host"),
+                   key=lambda p: int(p.parent.parent.name.split("-")[1]))
+    return hosts[-1].read_text().strip() if hosts else ""
+
+
+def resume(host: str) -> None:
+    """A host this benchmark set DOWN back in service (only where it is still down)."""
+    shown = subprocess.run(["sinfo", "-h", "-n", host, "-o", "%t"], capture_output=True,
+                           text=True, check=False).stdout
+    if shown.strip().startswith(("down", "drain")):
+        subprocess.run(["scontrol", "update", f"nodename={host}", "state=resume"],
+                       capture_output=True, check=False)
+
+
 def kill(pids: list[int]) -> None:
     for pid in pids:
         try:
@@ -198,6 +214,7 @@ def run_arm(arm: str, seed: int, workdir: Path, a: argparse.Namespace,
                                    cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
     failures: list[dict[str, Any]] = []
     delays = 0
+    downed = ""
     ended = time.time() + a.timeout
     try:
         while time.time() < ended:
@@ -221,10 +238,21 @@ def run_arm(arm: str, seed: int, workdir: Path, a: argparse.Namespace,
             for cause in ("process", "node"):
                 if cause not in done_causes and steps[cause] in logged:
                     worker, node = node_processes(job, 1)
-                    if worker:
+                    if worker and cause == "node" and spares and use_spare:
+                        # Lost as Slurm sees it: the host DOWN (the job keeps its other nodes,
+                        # --no-kill); back in service once training has gone on without it.
+                        downed = node_host(run_dir, 1)
+                        subprocess.run(["scontrol", "update", f"nodename={downed}",
+                                        "state=down", "reason=jobgen-recovery-arms"],
+                                       capture_output=True, check=False)
+                    elif worker:
                         kill(worker if cause == "process" else node)
+                    if worker:
                         failures.append({"cause": cause, "time": time.time(),
                                          "step": steps[cause]})
+            if downed and any(n > steps["node"] + 1 for n in logged):
+                resume(downed)
+                downed = ""
             if "hang" not in done_causes and steps["hang"] - 1 in logged and \
                     steps["hang"] not in logged and "node" in done_causes:
                 # Node 1 stops before this step: the failure is when the step before ended.
@@ -235,6 +263,8 @@ def run_arm(arm: str, seed: int, workdir: Path, a: argparse.Namespace,
             subprocess.run(["scancel", job], check=False)
             raise SystemExit(f"{arm}: job {job} still running after {a.timeout:.0f} s; cancelled")
     finally:
+        if downed:
+            resume(downed)
         try:
             watcher.wait(timeout=60)
         except subprocess.TimeoutExpired:
