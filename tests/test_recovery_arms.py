@@ -1,9 +1,10 @@
 """The short version of benchmarks/recovery_arms.py (issue 40 item 4) on the local Slurm cluster:
 one failure of each kind (a worker killed, a node lost, a hang that `jobgen watch` catches)
 against arm A-cut (requeue only, synchronous saves, the requeue delay cut) and arm D (restarts
-in place, background saves), both jobs at once. Behaviour only: D restarts the killed worker in
-place (no requeue for it), A requeues for every failure, no save is sealed before its last byte
-and every resume is from a sealed step. The figures (never asserted) are printed last."""
+in place, a spare node where jobgen has them, background saves), both jobs at once. Behaviour
+only: D restarts the killed worker in place (no requeue for it), its spare takes the lost node
+(no requeue for it either), A requeues for every failure, no save is sealed before its last
+byte and every resume is from a sealed step. The figures (never asserted) are printed last."""
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,9 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_a_against_d_one_failure_of_each_kind(cluster: int, tmp_path: Path,  # noqa: F811
                                                request: pytest.FixtureRequest) -> None:
-    # D without its spare: the schedule's node loss kills node 1's processes, and srun then
-    # ends the whole step (a task killed by a signal), so the spare never gets its turn; the
-    # spare path is rehearsed with the node set DOWN (Slurm removes it from the job).
-    spare = False
+    # D with its spare where jobgen has them (then its node loss sets the host DOWN, and the
+    # spare takes its place), else without.
+    spare = arms.spares_supported(tmp_path) and cluster >= 3
     # A-cut on the 2-node partition where there is one, D on the default one: both at once.
     side = "side" if "side" in arms.partitions() else ""
     options = {arm: argparse.Namespace(step_delay=0.3, save_delay=SAVE_DELAY, a_delay=0.0,
@@ -67,8 +67,11 @@ def test_a_against_d_one_failure_of_each_kind(cluster: int, tmp_path: Path,  # n
     assert (a["requeues"], a["in_place"]) == (3, 0), a
     # D: the killed worker restarted in place; the hang went through watch's requeue; the lost
     # node is the spare's where spares exist, else a requeue (the fallback).
-    assert d["in_place"] >= 1, d
+    assert d["in_place"] >= (2 if spare else 1), d
     assert d["requeues"] == (1 if spare else 2), d
+    if spare:
+        out = "".join(f.read_text() for f in (tmp_path / "D").glob("*.out"))
+        assert "a spare takes its place" in out, out[-3000:]
     for r in runs.values():
         events = _events(Path(r["run_dir"]))
         sealed: set[int] = set()
