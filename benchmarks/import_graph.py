@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Import circles among jobgen's modules: prints each one, exits 1 if there is any.
+"""Import circles among jobgen's modules, and imports that run up the layers: prints each one,
+exits 1 if there is any.
 
     python benchmarks/import_graph.py [--edges] [--all] [--runtime]
 
@@ -11,6 +12,9 @@ submodule runs its packages' __init__ first, so `from ..payloads.base import X` 
 jobgen.payloads as well ("package"). A circle is a strongly connected set of modules; each is
 printed with its shortest circles (one per edge inside the set, the first few unless --edges)
 and where those edges are.
+
+The layers (LAYERS, bottom up) are the packages of jobgen/: a module imports its own layer and
+those below it, never one above ("up"). A module no layer names is reported too (place it).
 
 --edges prints every edge as well; --all includes the command line (jobgen.cli.*), which is left
 out by default: it sits on top of the core, and nothing in the core imports it; --runtime leaves
@@ -28,6 +32,29 @@ from typing import NamedTuple, Optional, Union
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "jobgen"
 SHOW = 6             # circles printed per set of modules (all of them with --edges)
+
+# The layers, bottom up. A pattern names a module and the modules under it ("*" stands for one
+# part of a name); "=NAME" that module only; "NAME.?" each package directly under NAME (a
+# backend's declaration, its __init__.py).
+# The most specific pattern wins: the registry and the declarations sit low, the backends'
+# implementations high; the Slurm request is an input the job spec carries.
+LAYERS = [
+    ("plumbing", ["=jobgen", "jobgen.plumbing", "jobgen.data"]),
+    ("registry", ["=jobgen.backends", "jobgen.backends.?"]),
+    ("inputs", ["jobgen.inputs", "jobgen.backends.slurm.request",
+                "jobgen.backends.slurm.sbatch_options"]),
+    ("images", ["jobgen.images"]),
+    ("job", ["jobgen.job"]),
+    ("payloads", ["jobgen.payloads"]),
+    ("runs", ["jobgen.runs"]),
+    ("watching", ["jobgen.watching"]),
+    ("api", ["jobgen.api"]),
+    ("planning", ["jobgen.planning"]),
+    ("reporting", ["jobgen.reporting"]),
+    ("backends", ["jobgen.backends"]),
+    ("check", ["jobgen.check"]),
+    ("cli", ["jobgen.cli", "jobgen.backends.*.cli"]),     # a backend's own commands too
+]
 
 
 class Edge(NamedTuple):
@@ -132,52 +159,52 @@ def edges(known: dict[str, Path], typing: bool = False) -> list[Edge]:
     return sorted(found)
 
 
+def layer(module: str, known: dict[str, Path]) -> Optional[int]:
+    """The index in LAYERS of a module's layer (the most specific pattern), None if unplaced."""
+    best: Optional[tuple[int, int]] = None
+    for rank, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if pattern.startswith("="):
+                hit, weight = module == pattern[1:], 1000
+            elif pattern.endswith(".?"):
+                base = pattern[:-2]
+                hit = (module.startswith(base + ".") and module.count(".") == base.count(".") + 1
+                       and _is_package(module, known))
+                weight = len(pattern)
+            else:
+                parts, have = pattern.split("."), module.split(".")
+                hit = len(have) >= len(parts) and all(
+                    p in ("*", h) for p, h in zip(parts, have))
+                weight = len(pattern)
+            if hit and (best is None or weight > best[0]):
+                best = (weight, rank)
+    return None if best is None else best[1]
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph[node] - seen)
+    return seen
+
+
 def components(nodes: list[str], graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    result: list[list[str]] = []
-    counter = 0
-    for start in nodes:
-        if start in index:
+    """Strongly connected sets of more than one module: each module with those it reaches and
+    that reach it back (the graph is a few hundred edges: one walk per module is enough)."""
+    reach = {node: _reach(graph, node) for node in nodes}
+    result, placed = [], set()
+    for node in nodes:
+        if node in placed:
             continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            advanced = False
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                    advanced = True
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == index[node]:
-                members = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    members.append(member)
-                    if member == node:
-                        break
-                if len(members) > 1:
-                    result.append(sorted(members))
+        members = sorted({node} | {m for m in reach[node] if node in reach[m]})
+        placed.update(members)
+        if len(members) > 1:
+            result.append(members)
     return sorted(result)
 
 
@@ -223,8 +250,22 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{edge.source} -> {edge.target}  ({edge.kind}, line {edge.line})")
     circles = components(sorted(known), graph)
     verbose = args.edges
+    ranks = {name: layer(name, known) for name in known}
+    unplaced = sorted(name for name, rank in ranks.items() if rank is None)
+    up = []
+    for edge in found:
+        low, high = ranks[edge.source], ranks[edge.target]
+        if low is not None and high is not None and high > low:
+            up.append((edge, LAYERS[low][0], LAYERS[high][0]))
     print(f"{len(known)} modules, {len(where)} imported pairs, "
-          f"{len(circles)} import circle{'s' if len(circles) != 1 else ''}")
+          f"{len(circles)} import circle{'s' if len(circles) != 1 else ''}, "
+          f"{len(up)} up the layers")
+    for edge, below, above in up:
+        path = known[edge.source].relative_to(ROOT)
+        print(f"  up: {path}:{edge.line}: {edge.source} ({below}) imports {edge.target} "
+              f"({above}, {edge.kind})")
+    for name in unplaced:
+        print(f"  in no layer: {name} (add it to LAYERS)")
     for number, members in enumerate(circles, 1):
         within = set(members)
         print(f"\ncircle {number}: {', '.join(members)}")
@@ -251,7 +292,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         print(f"      {path}:{edge.line}: imports {b} ({edge.kind})")
         if shown > SHOW and not verbose:
             print(f"  ... and {shown - SHOW} more through the same modules (--edges shows all)")
-    return 1 if circles else 0
+    return 1 if circles or up or unplaced else 0
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from . import backends, recipe
-from . import site as sites
+from . import backends
+from .inputs import recipe
+from .inputs import site as sites
+from .job.plan import Plan
+from .job.spec import Backend, CompileMode, JobSpec
 from .payloads import resolved as resolve
-from .plan import Plan
-from .spec import Backend, CompileMode, JobSpec
 
 
 def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] = (),
@@ -31,7 +32,7 @@ def steps_for_target(spec: JobSpec, tokens: Optional[float] = None,
     `jobgen plan` counts them: ceil(samples / global batch), samples = tokens / seq_length."""
     import math
 
-    from .errors import ConfigError
+    from .plumbing.errors import ConfigError
     if tokens is not None and samples is not None:
         raise ConfigError("--tokens and --samples: give one target")
     if spec.smoke:
@@ -48,7 +49,7 @@ def name_suffix(ref: str, rec: recipe.Recipe, overrides: Sequence[str], backend:
     overrides change them (so `--set optim.lr=...` never resumes the recipe's own run)."""
     if run_name is not None or not overrides:
         return ""
-    from . import runrecord
+    from .runs import runrecord
     base, _ = recipe.load(ref, [], backend)
     if runrecord.recipe_training(base) == runrecord.recipe_training(rec):
         return ""

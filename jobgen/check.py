@@ -20,11 +20,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Optional
 
-from . import api, fsio, payloads
-from . import recipe as recipe_module
-from .errors import ConfigError, JobgenError, RemoteError, RuleError
-from .record import record
-from .spec import Backend
+from . import api, payloads
+from .inputs import recipe as recipe_module
+from .job.spec import Backend
+from .plumbing import fsio
+from .plumbing.errors import ConfigError, JobgenError, RemoteError, RuleError
+from .plumbing.record import record
 
 MAX_NODES = 128   # the default bound of the node counts tried
 SHELLCHECK_ARGS = ("-S", "warning", "-s", "bash", "-f", "gcc")
@@ -109,7 +110,7 @@ def node_ranges(rows: list[Row]) -> str:
 
 def _render_matrix(site: Optional[str], names: list[str], backend: Backend,
                    counts: range) -> list[Row]:
-    from . import site as sites
+    from .inputs import site as sites
     profile = sites.load(site)
     rows = []
     for name in names:
@@ -206,12 +207,13 @@ def _test_only(rows: list[Row], report: Report, partition: Optional[str]) -> Non
 def _site_paths(site: Optional[str], names: list[str], backend: Backend,
                 look: bool) -> list[str]:
     """The site's paths that jobs of these recipes read or make, looked for on this host
-    (jobgen/site_paths.py), before anything is rendered. With --paths a missing one is an error
+    (jobgen/job/site_paths.py), before anything is rendered. With --paths a missing one is an error
     (MissingPaths names every one); with a --site and no --paths each missing one is named in a
     note of its own, and the check goes on (a CI machine is not the cluster's login node).
     Returns the notes the report carries."""
-    from . import backends, site_paths
-    from . import site as sites
+    from . import backends
+    from .inputs import site as sites
+    from .job import site_paths
     if not backends.declaration(backend).run_dir_here:
         return [f"site paths: not looked for (--backend {backend}: they are on its instances "
                 "or in its images)"]
@@ -242,7 +244,7 @@ def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
         test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm",
         max_nodes: int = MAX_NODES, paths: bool = False) -> Report:
     from . import backends
-    from . import site as sites
+    from .inputs import site as sites
     profile = sites.load(site)   # an unknown site or recipe is one error, not a table of them
     declared = backends.declaration(backend)
     if not declared.checks:

@@ -62,7 +62,7 @@ def without_payload_digest(text: str) -> str:
     <payload>: golden files hold what the rest of the output is."""
     import re
 
-    from jobgen import snapshot
+    from jobgen.images import snapshot
     full = snapshot.digest()
     if full in text:   # hashes of a text that holds the digest: a Batch definition's content
         # hash, a dry run's here-document delimiters

@@ -13,7 +13,7 @@ import pytest
 from jobgen import api
 from jobgen.backends.batch import backend as batch
 from jobgen.backends.batch import rules as batch_rules
-from jobgen.errors import JobgenError
+from jobgen.plumbing.errors import JobgenError
 
 SITE = "dl1-batch"
 GOLDEN = [("bert1.5b", 8), ("bert1.5b", 16), ("bert-large", 8), ("neox20b", 4),
@@ -125,7 +125,7 @@ def test_render_says_when_a_save_cannot_finish_in_batchs_stop_grace(
         jobgen: Callable[..., Any], recipe: str, cut: bool) -> None:
     """30 s from SIGTERM to SIGKILL; at dl1-batch's 1,000 MB/s a llama2-7b checkpoint (81 GB)
     takes about 81 s, a bert1.5b one (21 GB) 21 s."""
-    from jobgen import node
+    from jobgen.payloads import node
     node._SAID.clear()   # notes are said once per process
     result = jobgen("render", recipe, "--backend", "batch", "--site", SITE, "--nodes", "4")
     assert result.exit_code == 0, result.output

@@ -21,10 +21,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_batch_client import _aws_env, aws, moto_inprocess, moto_url  # noqa: E402,F401
 
-from jobgen import api, recipe  # noqa: E402
+from jobgen import api  # noqa: E402
 from jobgen.backends.eks import backend as eks  # noqa: E402
 from jobgen.backends.sagemaker import backend as sagemaker  # noqa: E402
-from jobgen.errors import ConfigError, JobgenError, RuleError  # noqa: E402
+from jobgen.inputs import recipe
+from jobgen.plumbing.errors import ConfigError, JobgenError, RuleError  # noqa: E402
 
 RECIPES = ("neox20b", "pythia6.9b", "llama2-7b", "bert1.5b", "bert-large")
 Jobgen = Callable[..., Any]
@@ -64,7 +65,8 @@ def test_sagemaker_renders_or_refuses_every_recipe(name: str) -> None:
     # The flow's arguments survive the trip through the hyperparameters, in order.
     pieces = sorted(k for k in req["HyperParameters"] if k.startswith("jobgen_args_"))
     args = json.loads("".join(req["HyperParameters"][k] for k in pieces))
-    from jobgen import node, payloads
+    from jobgen import payloads
+    from jobgen.payloads import node
     lau = payloads.for_spec(s, "sagemaker")
     assert args == node.flow_args(lau)
     assert req["AlgorithmSpecification"]["ContainerArguments"] == [lau.launcher]

@@ -16,7 +16,8 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, payloads, snapshot
+from jobgen import api, payloads
+from jobgen.images import snapshot
 
 GOLDEN = [("neox20b", 4), ("neox20b", 16), ("pythia6.9b", 1), ("pythia6.9b", 4),
           ("llama2-7b", 4), ("llama2-7b", 128)]
@@ -243,7 +244,7 @@ def test_sbatch_lines_come_before_the_first_command(jobgen: Callable, recipe: st
 def test_generated_values_as_bash_sees_them(jobgen: Callable, tmp_path: Path) -> None:
     values = generated_values(
         render(jobgen, "neox20b", "--nodes", "4", "--site", "trn1-pcluster"), tmp_path)
-    # The node contract (jobgen/node.py), exported for the flow and the nodes.
+    # The node contract (jobgen/payloads/node.py), exported for the flow and the nodes.
     assert values.env["JOBGEN_RUN_DIR"] == "/fsx/jobgen/runs/neox20b-4n"
     # The payload snapshot under the site's paths.payload_dir, named by the payload's digest.
     assert values.env["JOBGEN_PAYLOAD_DIR"] == \

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jobgen import api
-from jobgen import recipe as recipes
+from jobgen.inputs import recipe as recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from jobgen import aws as aws_layer
-from jobgen import site as sites
+from jobgen.backends import aws as aws_layer
 from jobgen.backends.batch import client as batch_client
-from jobgen.errors import ConfigError, RemoteError
+from jobgen.inputs import site as sites
+from jobgen.plumbing.errors import ConfigError, RemoteError
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"

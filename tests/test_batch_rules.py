@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from jobgen.backends.batch import rules as batch_rules
-from jobgen.errors import ConfigError
+from jobgen.plumbing.errors import ConfigError
 
 RANGES = ("nodeProperties", "nodeRangeProperties")
 

@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 
 from jobgen import check
-from jobgen import recipe as recipes
+from jobgen.inputs import recipe as recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBGEN_EXE = Path(sys.executable).parent / "jobgen"
@@ -50,7 +50,7 @@ COUNTS = range(1, check.MAX_NODES + 1)
 def forbidden(name: str, nodes: int) -> bool:
     """The batch arithmetic, recomputed here from the recipe file: a global batch that the
     data-parallel ranks times the micro-batch do not divide cannot be trained."""
-    from jobgen.platforms import PLATFORMS
+    from jobgen.inputs.platforms import PLATFORMS
     rec, _ = recipes.load(name)
     par = rec.parallelism
     if par.global_batch_size is None:
@@ -240,7 +240,7 @@ def test_check_summarises_the_skipped_rows_and_json_lists_them(jobgen: Callable)
 def _model_keys() -> list[str]:
     import dataclasses
 
-    from jobgen.recipe import Model
+    from jobgen.inputs.recipe import Model
     return [f.name for f in dataclasses.fields(Model)]
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 import yaml
 
 from jobgen import __version__, api
-from jobgen import recipe as recipes
+from jobgen.inputs import recipe as recipes
 
 
 def test_version(jobgen: Callable) -> None:
@@ -385,7 +385,7 @@ def test_run_dry_run_prints_each_nodes_command(jobgen: Callable) -> None:
     nodes = json.loads(result.stdout)["nodes"]
     assert [n["env"]["JOBGEN_NODE_RANK"] for n in nodes] == ["0", "1"]
     assert nodes[0]["argv"][:3] == ["bash", nodes[0]["argv"][1], "node"]
-    # The job's payload snapshot (jobgen/snapshot.py), never jobgen's own folder.
+    # The job's payload snapshot (jobgen/images/snapshot.py), never jobgen's own folder.
     assert re.search(r"/jobgen-runs/\.jobgen/payload/[0-9a-f]{16}/common/job_flow\.sh$",
                      nodes[0]["argv"][1])
 

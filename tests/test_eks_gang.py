@@ -25,12 +25,15 @@ from typing import Any
 import pytest
 import yaml
 
-from jobgen import api, local_runner, node, snapshot
+from jobgen import api
 from jobgen.backends.eks import engine
 from jobgen.backends.eks import jobset as jobsets
 from jobgen.backends.eks import manifests as eks
-from jobgen.errors import ConfigError
-from jobgen.platforms import PLATFORMS
+from jobgen.backends.local import runner as local_runner
+from jobgen.images import snapshot
+from jobgen.inputs.platforms import PLATFORMS
+from jobgen.payloads import node
+from jobgen.plumbing.errors import ConfigError
 
 # --- the manifest against the platform files ----------------------------------------------------
 
@@ -198,7 +201,7 @@ def test_without_jobset_render_says_in_one_line_what_the_setup_cannot_do(
 
 
 def test_a_site_that_says_two_things_is_one_line(write_site: Any) -> None:
-    from jobgen import site as sites
+    from jobgen.inputs import site as sites
     path = write_site("sagemaker", {"eks.gang": "jobset", "eks.training_operator": True})
     with pytest.raises(ConfigError, match="eks.training_operator: true contradicts eks.gang: "
                                           "jobset") as caught:
@@ -299,7 +302,8 @@ def test_the_engine_deletes_every_pod_on_a_drain_and_counts_what_the_rules_count
 
 def test_a_platform_pod_that_does_not_fit_is_one_line(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobgen import platforms, resources
+    from jobgen.inputs import platforms
+    from jobgen.plumbing import resources
     # The shipped file, changed one key at a time.
     text = (resources.folder("platforms") / "dl1.24xlarge.yaml").read_text()
     monkeypatch.setenv("JOBGEN_PLATFORMS", str(tmp_path))

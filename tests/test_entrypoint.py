@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from jobgen import snapshot
+from jobgen.images import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = ROOT / "env" / "containers" / "entrypoint.sh"
@@ -374,8 +374,8 @@ def test_definition_carries_what_the_entrypoint_reads() -> None:
 
 
 def test_every_payload_gets_the_declared_collective_timeout() -> None:
-    """The job declares one collective timeout (jobgen/node.py); every trainer's process group
-    is made with it, so that a collective whose peer is gone fails instead of waiting for the
+    """The job declares one collective timeout (jobgen/payloads/node.py); every trainer's process
+    group is made with it, so that a collective whose peer is gone fails instead of waiting for the
     job's time limit."""
     import datetime
     import re
@@ -383,7 +383,7 @@ def test_every_payload_gets_the_declared_collective_timeout() -> None:
     from common.init import process_group_timeout
     from common.runtime import PayloadError
 
-    from jobgen import node
+    from jobgen.payloads import node
 
     assert smoke_definition().env["JOBGEN_COLLECTIVE_TIMEOUT"] == str(node.COLLECTIVE_TIMEOUT_S)
     assert process_group_timeout({"JOBGEN_COLLECTIVE_TIMEOUT": "90"}) == \

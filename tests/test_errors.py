@@ -10,12 +10,12 @@ from typing import Callable, NamedTuple
 
 import pytest
 
-from jobgen import errors
-from jobgen.recipe import Model
+from jobgen.inputs.recipe import Model
+from jobgen.plumbing import errors
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-LIBYAML = False  # jobgen/yaml12.py: the pure-Python loader
+LIBYAML = False  # jobgen/inputs/yaml12.py: the pure-Python loader
 
 
 def names(folder: str) -> str:

@@ -101,7 +101,7 @@ def run(case: dict[str, Any], tmp: Path) -> subprocess.CompletedProcess[str]:
 def _snapshot(cwd: Path) -> set[Path]:
     """The paths of the payload snapshot a successful render placed under the local site's
     run folder, once checked whole: that is its output, not something left behind."""
-    from jobgen import snapshot
+    from jobgen.images import snapshot
     root = cwd / "jobgen-runs" / ".jobgen" / "payload"
     if not root.exists():
         return set()
@@ -134,7 +134,8 @@ def test_case(case: dict[str, Any], tmp_path: Path) -> None:
     for secret in case.get("lacks") or ():
         assert secret not in proc.stderr + proc.stdout, where
     after = {p for p in tmp.rglob("*") if ".cache" not in p.parts}
-    if proc.returncode == 0:   # a rendered job's payload snapshot, whole (jobgen/snapshot.py)
+    if proc.returncode == 0:   # a rendered job's payload snapshot, whole
+                               # (jobgen/images/snapshot.py)
         after -= _snapshot(tmp)
     made = sorted(str(p.relative_to(tmp)) for p in after - before)
     assert made == sorted(case.get("writes") or []), f"{where}: left behind {made}"

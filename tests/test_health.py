@@ -1,4 +1,4 @@
-"""The health gate: what jobgen asks the nodes to check (jobgen/health.py), and the checks
+"""The health gate: what jobgen asks the nodes to check (jobgen/job/health.py), and the checks
 themselves (payload/common/health.py) run as the nodes run them, as a program with the job's
 environment. Devices and EFA are read under a stand-in root (JOBGEN_HEALTH_SYSROOT); the device
 tools, chronyc and the collective benchmark are small stand-in programs on PATH. The gate in a
@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 import pytest
 
-from jobgen import api, health
+from jobgen import api
+from jobgen.job import health
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALTH = ROOT / "payload" / "common" / "health.py"
@@ -30,7 +31,7 @@ def test_a_trn1_job_checks_devices_efa_storage_and_clock() -> None:
     assert found is not None
     assert found["devices"] == {"count": 16, "files": "/dev/neuron*", "command": ["neuron-ls"]}
     assert found["efa_interfaces"] == 8
-    from jobgen.sizes import checkpoint_bytes
+    from jobgen.job.sizes import checkpoint_bytes
     # One checkpoint must fit (20B parameters x 12 bytes: about 230 GiB) beyond the floor.
     assert found["shared_free_gib"] == pytest.approx(checkpoint_bytes(spec) / 2**30, abs=0.1)
     assert found["clock_max_offset_ms"] == 100
@@ -44,7 +45,7 @@ def test_gaudi_and_cuda_count_what_their_tool_lists() -> None:
     assert bert["devices"]["command"][0] == "hl-smi" and bert["devices"]["count"] == 8
     # dl1-batch attaches one EFA interface per node (batch.efa_interfaces): the gate checks one.
     assert bert["devices"]["files"] == "/dev/hl[0-9]*" and bert["efa_interfaces"] == 1
-    from jobgen.platforms import PLATFORMS
+    from jobgen.inputs.platforms import PLATFORMS
     assert PLATFORMS["p4d.24xlarge"].health.device_command == (
         "nvidia-smi", "--query-gpu=index", "--format=csv,noheader")
 

@@ -20,8 +20,8 @@ from typing import Any, Callable, Optional
 import pytest
 from test_nemo_checkpoints import write_ckpt
 
-from jobgen import snapshot
-from jobgen.schema import describe
+from jobgen.images import snapshot
+from jobgen.inputs.schema import describe
 
 StubBin = Any  # conftest.StubBin, the stub_bin fixture
 
@@ -289,7 +289,8 @@ GROUPS = {
         "description", "data.path (NeMo)", "data.vocab_file", "data.merge_file",
         "env value (NeMo)", "launch.config_name",
         "site description", "paths.work_dir (NeMo)", "paths.nemo_dir"],
-    # Not beside the run folders' own: a cache that is the run folder is refused (jobgen/rules.py).
+    # Not beside the run folders' own: a cache that is the run folder is refused
+    # (jobgen/inputs/rules.py).
     "compile cache": ["paths.compile_cache"],
     "NxD recipe and site": [
         "data.path (NxD)", "env value (NxD)", "paths.work_dir (NxD)", "paths.nxd_llama_dir"],

@@ -30,9 +30,12 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen import cache, fsio, runrecord, runs, sweep, yaml12
-from jobgen.errors import ConfigError, JobgenError, RenderError
-from jobgen.plan import Plan, PlannedFile
+from jobgen.inputs import sweep, yaml12
+from jobgen.job.plan import Plan, PlannedFile
+from jobgen.plumbing import cache, fsio
+from jobgen.plumbing.errors import ConfigError, JobgenError, RenderError
+from jobgen.runs import ledger as runs
+from jobgen.runs import runrecord
 from jobgen.watching import actions, command, readers, tfrecord
 from jobgen.watching.observations import TIME_MAX, plausible_time
 
@@ -185,12 +188,12 @@ READERS: dict[str, tuple[str, Callable[[Path, Path], Any], Any]] = {
 
 
 def yamlfile_load(path: Path) -> Any:
-    from jobgen.yamlfile import load_yaml
+    from jobgen.inputs.yamlfile import load_yaml
     return load_yaml(path, path.name)
 
 
 def progress_step(run: Path) -> Any:
-    from jobgen.progress import newest_step
+    from jobgen.runs.progress import newest_step
     return newest_step(str(run), "1")
 
 
@@ -215,7 +218,7 @@ def test_readers_never_block_on_what_is_not_a_regular_file(
 @pytest.mark.parametrize("kind", SPECIAL)
 def test_a_user_config_that_is_not_a_file_is_refused_not_ignored(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
-    from jobgen import userconfig
+    from jobgen.inputs import userconfig
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.delenv("JOBGEN_SITE", raising=False)
     make(kind, tmp_path / "jobgen" / "config.yaml", tmp_path / "outside")
@@ -245,7 +248,7 @@ def test_plan_options_take_exactly_their_declared_domain(key: str, text: str) ->
     import click
 
     from jobgen.cli.param_types import _Amount
-    from jobgen.limits import PLAN_DOMAINS
+    from jobgen.inputs.limits import PLAN_DOMAINS
     low, high, unit = PLAN_DOMAINS[key]
     try:
         number = float(text)
@@ -268,7 +271,7 @@ EDGES = [(f"--{k.replace('_', '-')}", v) for k in PLAN_KEYS if k != "samples"
 @pytest.mark.parametrize("nodes", ["4", "1..1024"])
 def test_plan_at_the_edges_of_its_domains_is_strict_json_or_one_line(
         jobgen: Callable[..., Any], option: str, edge: str, nodes: str) -> None:
-    from jobgen.limits import PLAN_DOMAINS
+    from jobgen.inputs.limits import PLAN_DOMAINS
     low, high, _ = PLAN_DOMAINS[option[2:].replace("-", "_")]
     result = jobgen("plan", "neox20b", "--nodes", nodes, option,
                     repr(low if edge == "low" else high), "--json")
@@ -305,8 +308,8 @@ SITE_PLAN = {"plan.platforms.p.prices.on_demand": "price",
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0, 1e-300, 1e300, 5e-324])
 @pytest.mark.parametrize("key", sorted(SITE_PLAN))
 def test_the_sites_plan_numbers_have_the_options_domains(key: str, value: float) -> None:
-    from jobgen.limits import PLAN_DOMAINS
-    from jobgen.site_plan import PlanSite, PlatformFacts, Restart, Storage, check_plan
+    from jobgen.inputs.limits import PLAN_DOMAINS
+    from jobgen.inputs.site_plan import PlanSite, PlatformFacts, Restart, Storage, check_plan
     low, high, unit = PLAN_DOMAINS[SITE_PLAN[key]]
     leaf = key.rsplit(".", 1)[1]
     if key.startswith("plan.platforms"):
@@ -558,7 +561,7 @@ def test_overlong_integers_are_one_line(digits: int, form: str) -> None:
 @pytest.mark.parametrize("key", ["nodes", "parallelism.global_batch_size", "seed",
                                  "schedule.max_steps"])
 def test_overlong_integers_through_set_are_one_line(key: str) -> None:
-    from jobgen import recipe
+    from jobgen.inputs import recipe
     with pytest.raises(ConfigError, match=r"--set: 999999999999\.\.\.: an integer of 4,301"):
         recipe.load("neox20b", [f"{key}={'9' * 4301}"])
 
@@ -573,7 +576,7 @@ BAD_K8S = ["FSX", "a b", "a..b", ".a", "a.", "-a", "a-", "x" * 254, "fsx\n", "fs
 @pytest.mark.parametrize("key", ["eks.shared_pvc", "eks.service_account", "eks.namespace"])
 def test_kubernetes_names_are_checked_where_they_enter(write_site: Callable[..., Path],
                                                        key: str, value: str) -> None:
-    from jobgen import site as sites
+    from jobgen.inputs import site as sites
     path = write_site("local", {key: value})
     with pytest.raises(ConfigError) as info:
         sites.load_file(path, path.name)
@@ -583,15 +586,15 @@ def test_kubernetes_names_are_checked_where_they_enter(write_site: Callable[...,
 @pytest.mark.parametrize("value", ["fsx-claim", "a", "a.b-c.d", "x" * 253])
 def test_kubernetes_names_the_api_server_takes_are_taken(write_site: Callable[..., Path],
                                                          value: str) -> None:
-    from jobgen import site as sites
+    from jobgen.inputs import site as sites
     path = write_site("local", {"eks.shared_pvc": value})
     assert sites.load_file(path, path.name).eks.shared_pvc == value
 
 
 @pytest.fixture(scope="module")
 def slurm_inputs() -> tuple[Any, Any]:
-    from jobgen import recipe
-    from jobgen import site as sites
+    from jobgen.inputs import recipe
+    from jobgen.inputs import site as sites
     return sites.load("local"), recipe.load("neox20b")[0]
 
 
@@ -611,7 +614,7 @@ SLURM_VALUES = {
 def test_slurm_host_lists_and_times_within_slurms_domain(slurm_inputs: tuple[Any, Any],
                                                          option: str, value: str,
                                                          good: bool) -> None:
-    from jobgen.slurm_request import slurm_request
+    from jobgen.backends.slurm.request import slurm_request
     site, recipe = slurm_inputs
     if good:
         slurm_request(site, recipe, {option: value}, 65536)
@@ -631,8 +634,8 @@ def test_aws_regions_are_checked_wherever_they_come_from(
         monkeypatch: pytest.MonkeyPatch, origin: str, value: str) -> None:
     import dataclasses
 
-    from jobgen import aws
-    from jobgen import site as sites
+    from jobgen.backends import aws
+    from jobgen.inputs import site as sites
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     site = sites.load("local")

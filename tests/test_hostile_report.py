@@ -22,9 +22,9 @@ from typing import Callable
 import pytest
 from test_report import make_run
 
-from jobgen import runrecord
 from jobgen.cli import main
-from jobgen.errors import ConfigError
+from jobgen.plumbing.errors import ConfigError
+from jobgen.runs import runrecord
 
 JOBGEN = Path(sys.executable).with_name("jobgen")
 
@@ -178,7 +178,7 @@ def test_numbers_that_are_not_numbers_are_skipped(tmp_path: Path) -> None:
                                *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     from jobgen.reporting import report
-    from jobgen.restart_counts import counts
+    from jobgen.runs.restart_counts import counts
     assert counts(run)["by_allocation"] == {"7/restart-1": int("9" * 60)}   # not ², not -²
     made = report.make(None, run, use_sacct=False)
     assert [n.node for n in made.timeline.allocations[2].nodes] == [0, 1]
@@ -243,7 +243,7 @@ def test_the_page_has_a_legend_for_every_colour(tmp_path: Path) -> None:
 # --- printed commands paste into a shell ----------------------------------------------------
 
 def test_image_context_words_paste_as_they_stand(tmp_path: Path) -> None:
-    from jobgen.render import shell_path, shell_quote
+    from jobgen.plumbing.render import shell_path, shell_quote
     for text in ("a\x1bb", "x\x00y", "it's", "-rf", "a b", "\x9b31m"):
         word = shell_path(text) if text.startswith("-") else shell_quote(text)
         assert not any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in word)
@@ -290,7 +290,7 @@ def test_a_printed_drain_command_is_quoted() -> None:
 def test_eks_mounts_and_images_are_refused_in_one_line(
         write_site: Callable[..., Path], capsys: pytest.CaptureFixture[str], key: str,
         value: str) -> None:
-    from jobgen import site as sites
+    from jobgen.inputs import site as sites
     path = write_site("local", {key: value})
     with pytest.raises(ConfigError) as info:
         sites.load_file(path, path.name)

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from conftest import Require
 
-from jobgen import images
+from jobgen.images import catalog as images
 
 ROOT = Path(__file__).resolve().parent.parent
 # The oldest C library of the bases (Ubuntu 20.04's glibc 2.31) and every manylinux tag below

@@ -1,5 +1,5 @@
-"""jobgen/images.py and env/containers/images.yaml: what each image holds is declared once, and
-the Dockerfiles, the rendered jobs, `jobgen image-context` and the container rehearsals all
+"""jobgen/images/catalog.py and env/containers/images.yaml: what each image holds is declared once,
+and the Dockerfiles, the rendered jobs, `jobgen image-context` and the container rehearsals all
 follow it; a rehearsal whose image tree differs from the declaration fails as a wrong image
 would."""
 from __future__ import annotations
@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, images, local_runner, recipe, snapshot
+from jobgen import api
+from jobgen.backends.local import runner as local_runner
+from jobgen.images import catalog as images
+from jobgen.images import snapshot
+from jobgen.inputs import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "env" / "containers"
@@ -55,8 +59,8 @@ def test_dockerfile_defaults_are_the_declared_paths(name: str) -> None:
 def test_the_declaration_names_real_site_keys_and_every_built_in_payload() -> None:
     import dataclasses
 
+    from jobgen.inputs.site_sections import Paths
     from jobgen.payloads import BUILT_IN
-    from jobgen.site_sections import Paths
     decl = images.declared()
     fields = {f.name for f in dataclasses.fields(Paths)}
     for image in decl.images.values():
@@ -428,8 +432,9 @@ def test_nemo_writes_its_index_files_where_every_instance_has_them() -> None:
     every instance sees the files rank 0 builds."""
     import dataclasses
 
-    from jobgen import payloads, recipe
-    from jobgen import site as sites
+    from jobgen import payloads
+    from jobgen.inputs import recipe
+    from jobgen.inputs import site as sites
 
     def index_dir(site: str, backend: str, access_mode: str = "") -> list[str]:
         loaded = sites.load(site)

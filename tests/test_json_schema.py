@@ -14,11 +14,11 @@ import jsonschema
 import pytest
 import yaml
 
-from jobgen import json_schema
-from jobgen import recipe as recipes
-from jobgen import site as sites
-from jobgen.errors import ConfigError
-from jobgen.yaml12 import loads
+from jobgen.inputs import json_schema
+from jobgen.inputs import recipe as recipes
+from jobgen.inputs import site as sites
+from jobgen.inputs.yaml12 import loads
+from jobgen.plumbing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBGEN = Path(sys.executable).parent / "jobgen"

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from jobgen import local_runner
+from jobgen.backends.local import runner as local_runner
 
 
 def _alive(pid: int) -> bool:
@@ -70,8 +70,8 @@ def test_a_taken_master_port_is_moved_or_refused() -> None:
 
     import pytest
 
-    from jobgen import rehearsal
-    from jobgen.errors import ConfigError
+    from jobgen.backends.local import rehearsal
+    from jobgen.plumbing.errors import ConfigError
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()

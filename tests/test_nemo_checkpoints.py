@@ -30,7 +30,8 @@ from typing import Any, Optional
 
 import pytest
 
-from jobgen import api, payloads, resources
+from jobgen import api, payloads
+from jobgen.plumbing import resources
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "megatron_neox--step={}-consumed_samples={}.0.ckpt"
@@ -394,7 +395,7 @@ def test_the_launcher_resumes_with_a_top_k_of_keep_minus_one(
 
 
 def test_keep_1_is_refused() -> None:
-    from jobgen.errors import ConfigError
+    from jobgen.plumbing.errors import ConfigError
     with pytest.raises(ConfigError, match="keeps at least 2"):
         api.job_spec("neox20b", 1, site="local", backend="slurm",
                      overrides=("checkpoint.keep=1",))

@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, node, payloads, resources
+from jobgen import api, payloads
 from jobgen.backends.sagemaker.request import METRICS
+from jobgen.payloads import node
 from jobgen.planning.measurements import read_events, run_throughput
+from jobgen.plumbing import resources
 from jobgen.watching.readers import RunReader, parse_lines
 
 pytest.importorskip("tensorboard")

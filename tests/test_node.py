@@ -1,6 +1,6 @@
-"""The node contract (jobgen/node.py) is defined once and every executor produces it: the sbatch
-script exports it, the Batch job definition carries it, submitit and `jobgen run` put it in each
-node's environment. What the node-side scripts read is documented there."""
+"""The node contract (jobgen/payloads/node.py) is defined once and every executor produces it: the
+sbatch script exports it, the Batch job definition carries it, submitit and `jobgen run` put it in
+each node's environment. What the node-side scripts read is documented there."""
 from __future__ import annotations
 
 import re
@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobgen import api, local_runner, node, payloads
+from jobgen import api, payloads
 from jobgen.backends.batch import backend as batch
+from jobgen.backends.local import runner as local_runner
 from jobgen.backends.submitit import runner as submitit_runner
+from jobgen.payloads import node
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = [ROOT / "payload" / "common" / "job_flow.sh",
@@ -63,7 +65,8 @@ def test_every_variable_the_node_scripts_read_is_documented_once() -> None:
     for script in NODE_SCRIPTS:
         read |= set(re.findall(r"\b(JOBGEN_[A-Z_]+|MASTER_(?:ADDR|PORT))\b", script.read_text()))
     undocumented = read - set(documented) - NOT_CONTRACT
-    assert undocumented == set(), f"read on the nodes but not in jobgen/node.py: {undocumented}"
+    assert undocumented == set(), (
+        f"read on the nodes but not in jobgen/payloads/node.py: {undocumented}")
 
 
 @pytest.mark.parametrize("recipe,nodes,smoke", [("neox20b", 4, False), ("llama2-7b", 2, False),

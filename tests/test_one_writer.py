@@ -1,5 +1,5 @@
-"""Fast tier: no module of jobgen/ writes a file around the one writer (jobgen/fsio.py). The
-check parses every module with ast and fails on a write it finds elsewhere: `open` (and
+"""Fast tier: no module of jobgen/ writes a file around the one writer (jobgen/plumbing/fsio.py).
+The check parses every module with ast and fails on a write it finds elsewhere: `open` (and
 `os.fdopen`, `Path.open`) for writing, `write_text`/`write_bytes`, `os.replace`/`os.rename`
 (and a path's one-argument `replace`/`rename`), `mkstemp`/`NamedTemporaryFile`, `shutil`'s
 copies and moves, and a library's `savefig`. A write that must stay where it is goes on the
@@ -14,16 +14,16 @@ from typing import Iterator
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "jobgen"
-WRITER = "fsio.py"
+WRITER = "plumbing/fsio.py"
 
 # (module, what) -> why it may write there itself. Keep it short; every entry has a reason.
 ALLOWED = {
-    ("plan.py", "mkstemp"):
+    ("job/plan.py", "mkstemp"):
         "render's writer stages all of a job's files (mkstemp, fsync) and renames them together "
         "while SIGINT/SIGTERM are held, after fsio.refuse_special checked every target",
-    ("plan.py", "open"):
+    ("job/plan.py", "open"):
         "the same staged files, written through the descriptor mkstemp returned",
-    ("plan.py", "os.replace"):
+    ("job/plan.py", "os.replace"):
         "the same staged files, renamed over their targets together",
     ("reporting/png.py", "savefig"):
         "renders into a BytesIO; the bytes then go through fsio.write_or_refuse",
@@ -32,19 +32,19 @@ ALLOWED = {
     ("cli/render_cmds.py", "shutil.copytree"):
         "image-context copies jobgen's own env/containers tree into a folder it just created "
         "(refused if it exists); a tree, not one file",
-    ("snapshot.py", "shutil.copyfile"):
+    ("images/snapshot.py", "shutil.copyfile"):
         "the payload snapshot copies jobgen's own payload files into its private temporary "
         "tree, renamed into place as a whole",
-    ("snapshot.py", "write_text"):
+    ("images/snapshot.py", "write_text"):
         "the snapshot's marker, written inside the private temporary tree before its rename",
-    ("snapshot.py", "os.rename"):
+    ("images/snapshot.py", "os.rename"):
         "publishes the finished snapshot tree by renaming the folder (atomic; fsio writes "
         "files, not trees)",
-    ("local_runner.py", "os.rename"):
+    ("backends/local/runner.py", "os.rename"):
         "publishes the rehearsal's stand-in image tree by renaming the folder it built",
-    ("local_runner.py", "write_text"):
+    ("backends/local/runner.py", "write_text"):
         "stand-in files inside the rehearsal's private temporary tree, before its rename",
-    ("local_runner.py", "write_bytes"):
+    ("backends/local/runner.py", "write_bytes"):
         "jobgen's scripts copied into the rehearsal's private temporary tree, before its rename",
     ("watching/actions.py", "os.rename"):
         "a rollback moves checkpoint folders aside within the run's checkpoint folder "
@@ -117,8 +117,9 @@ def test_every_write_goes_through_the_one_writer() -> None:
                 used.add((module, what))
             else:
                 found.append(f"jobgen/{module}:{line}: {what}")
-    assert not found, ("writes around jobgen/fsio.py (route them through fsio.write_file, or "
-                       "add an allow-list entry with its reason):\n" + "\n".join(found))
+    assert not found, ("writes around jobgen/plumbing/fsio.py (route them through "
+                       "fsio.write_file, or add an allow-list entry with its reason):\n"
+                       + "\n".join(found))
     stale = sorted(set(ALLOWED) - used)
     assert not stale, f"allow-list entries that no longer match a write: {stale}"
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from jobgen import api, payloads
-from jobgen import recipe as recipes
+from jobgen.inputs import recipe as recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = {"habana_deepspeed": "habana_deepspeed/pretrain_bert.py",

@@ -9,16 +9,16 @@ from typing import Any, Callable, Optional
 import pytest
 
 from jobgen import api, payloads
-from jobgen import recipe as recipes
-from jobgen.errors import JobgenError
+from jobgen.inputs import recipe as recipes
 from jobgen.payloads import BUILT_IN, REGISTRY, leaf_keys
+from jobgen.plumbing.errors import JobgenError
 
 RECIPES = recipes.recipe_names()
 LEAVES = dict(leaf_keys())
 
 
 def _type_at(path: str) -> Any:
-    from jobgen import schema
+    from jobgen.inputs import schema
     return schema.field_type(recipes.Recipe, path, "test")
 
 
@@ -183,6 +183,6 @@ def test_neuron_image_pins_the_releases_the_payloads_were_checked_against() -> N
     assert arg["NEMO_REF"] == json.loads((upstream / "neuron_nemo.json").read_text())["commit"]
     assert "sdk2.20" in arg["BASE_IMAGE"]
     # NeMo's torch pin is checked: the build compares the base's torch with the declared one.
-    from jobgen import images
+    from jobgen.images import catalog as images
     assert images.declared().images["trn1-nemo"].torch == "1.13.1"
     assert "python3 /tmp/jobgen-build-check.py base" in dockerfile

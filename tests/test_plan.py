@@ -15,8 +15,8 @@ from typing import Callable
 import pytest
 
 from jobgen import api
-from jobgen.errors import JobgenError
-from jobgen.plan import Plan, PlannedFile
+from jobgen.job.plan import Plan, PlannedFile
+from jobgen.plumbing.errors import JobgenError
 
 JOBGEN_EXE = Path(sys.executable).parent / "jobgen"
 

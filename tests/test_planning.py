@@ -15,8 +15,9 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from jobgen import api, runs
+from jobgen import api
 from jobgen.planning import failures, measurements, model, planner
+from jobgen.runs import ledger as runs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,9 @@ from typing import Iterator
 
 import pytest
 
-from jobgen import platforms, resources
-from jobgen.errors import ConfigError
+from jobgen.inputs import platforms
+from jobgen.plumbing import resources
+from jobgen.plumbing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBGEN_EXE = Path(sys.executable).parent / "jobgen"
@@ -183,7 +184,8 @@ def test_accelerator_facts_come_from_the_platform_file(recipe: str, backend: str
                                                        variable: str, value: str) -> None:
     """The compile cache variable is the platform's: the p4d (CUDA) job of the SageMaker overlay
     gets inductor's cache, never Gaudi's recipe cache or Neuron's."""
-    from jobgen import api, node, payloads
+    from jobgen import api, payloads
+    from jobgen.payloads import node
     spec = api.job_spec(recipe, 16 if backend == "sagemaker" else 2,
                         backend=backend)  # type: ignore[arg-type]
     lau = payloads.for_spec(spec, backend)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from jobgen.progress import Ticker
+from jobgen.runs.progress import Ticker
 
 
 class _Terminal(io.StringIO):
@@ -38,7 +38,7 @@ def test_not_a_terminal_gets_only_the_lines() -> None:
 
 
 def test_the_newest_step_comes_from_node_0s_log(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from jobgen.progress import newest_step
+    from jobgen.runs.progress import newest_step
     assert newest_step(str(tmp_path), "42") is None
     log = tmp_path / "logs" / "42" / "restart-0" / "node-0" / "train.log"
     log.parent.mkdir(parents=True)

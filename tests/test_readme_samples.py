@@ -21,7 +21,7 @@ every docs/*.md, the site mkdocs.yml builds.
   scheduler), `watch` and `report` (a running or finished run), `runs NAME` and
   `plan --from-run` (a recorded run), `check --test-only` (the Slurm controller). The Slurm and
   moto tiers run those commands for real (tests/test_slurm_e2e.py, tests/test_moto_*.py, ...).
-- Every file a page names (`jobgen/node.py`, tests/test_slurm_e2e.py) is there, and a
+- Every file a page names (`jobgen/payloads/node.py`, tests/test_slurm_e2e.py) is there, and a
   `python -c '...'` it shows runs.
 - The recipes table gives each recipe's parallelism as its file does; the install steps use a
   venv or pipx (a system `pip install` is refused on Debian's and Ubuntu's own Python).
@@ -137,7 +137,8 @@ def _nodes_not_started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """`jobgen run` does everything but start its nodes (their status: 0). Nothing listens on
     the recipe's master port then, so a port another test holds is not this one's concern (the
     EKS and SageMaker emulations refuse a taken port)."""
-    from jobgen import local_runner, rehearsal
+    from jobgen.backends.local import rehearsal
+    from jobgen.backends.local import runner as local_runner
     started: list[Any] = []
     monkeypatch.setattr(rehearsal, "port_taken", lambda port: False)
 
@@ -360,8 +361,8 @@ def test_the_docs_build_strictly(tmp_path: Path, require: Any) -> None:
 
 # --- the files the pages name -----------------------------------------------------------------
 
-# A path into the checkout: `jobgen/node.py`, tests/test_slurm_e2e.py, env/sites/*.yaml; one
-# with a placeholder (<payload>, NAME, RUN, JOB, {...}) stands for many and is not looked for.
+# A path into the checkout: `jobgen/payloads/node.py`, tests/test_slurm_e2e.py, env/sites/*.yaml;
+# one with a placeholder (<payload>, NAME, RUN, JOB, {...}) stands for many and is not looked for.
 PATH = re.compile(r"(?:(?<=^)|(?<=[\s(`'\"]))((?:jobgen|payload|tests|benchmarks|env|recipes|"
                   r"templates|docs)/[\w./*<>{}-]*[\w/*>}])")
 
@@ -408,7 +409,7 @@ def _recipe_rows() -> dict[str, str]:
 
 
 def test_the_recipes_table_agrees_with_the_recipe_files() -> None:
-    from jobgen import recipe as recipes
+    from jobgen.inputs import recipe as recipes
     rows = _recipe_rows()
     assert set(recipes.recipe_names()) <= set(rows)
     for name in recipes.recipe_names():

@@ -8,9 +8,9 @@ from typing import Any, Callable, Mapping
 
 import pytest
 
-from jobgen import recipe as recipes
-from jobgen.errors import ConfigError
-from jobgen.recipe import Recipe
+from jobgen.inputs import recipe as recipes
+from jobgen.inputs.recipe import Recipe
+from jobgen.plumbing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +105,7 @@ def test_unknown_recipes(ref: str, message: str) -> None:
 
 
 # PyYAML words its problems differently with and without libyaml (CSafeLoader, used if present).
-LIBYAML = False  # jobgen/yaml12.py: the pure-Python loader (YAML 1.2 resolvers, bounds)
+LIBYAML = False  # jobgen/inputs/yaml12.py: the pure-Python loader (YAML 1.2 resolvers, bounds)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -237,7 +237,7 @@ def test_set_on_a_file_that_has_a_scalar_where_a_section_goes(write_recipe: Call
         f"--set: optim.lr: optim is not a mapping in {path}"
 
 
-# --- the YAML reader (jobgen/yaml12.py): YAML 1.2 numbers, duplicates, bounds ------------------
+# --- the YAML reader (jobgen/inputs/yaml12.py): YAML 1.2 numbers, duplicates, bounds --------------
 
 def _bomb(levels: int = 9) -> str:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
@@ -263,7 +263,7 @@ def test_yaml_input_that_must_be_refused(write_recipe: Callable, jobgen: Callabl
 
 
 def test_yaml_1_2_numbers_and_words() -> None:
-    from jobgen.yaml12 import loads
+    from jobgen.inputs.yaml12 import loads
     data = loads("port: 041000\nlr: 1e-4\nwd: 3.0E-2\nflag: yes\non: on\nt: true\nn: ~\n"
                  "hex: 0x10\nbig: 1_000\n")
     assert data == {"port": 41000, "lr": 1e-4, "wd": 0.03, "flag": "yes", "on": "on",

@@ -1,4 +1,4 @@
-"""jobgen.record behaves like @dataclass(frozen=True) for everything jobgen uses: each test
+"""jobgen.plumbing.record behaves like @dataclass(frozen=True) for everything jobgen uses: each test
 builds the same class both ways and compares."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from jobgen.record import record
+from jobgen.plumbing.record import record
 
 
 def make(decorate: Any) -> type:
@@ -77,7 +77,7 @@ def test_dataclass_functions_and_pickle(cls: Any) -> None:
 
 
 def test_a_record_survives_pickle() -> None:
-    from jobgen.platforms import PLATFORMS
+    from jobgen.inputs.platforms import PLATFORMS
     for platform in PLATFORMS.values():
         again = pickle.loads(pickle.dumps(platform))
         assert again == platform and hash(again) == hash(platform)

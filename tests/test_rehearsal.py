@@ -1,6 +1,7 @@
 """`jobgen run` on a busy machine (issue 41): a taken rendezvous port, Ctrl-C and its resume, and
 a job that needs accelerators this machine does not have. Real processes: the console script,
-its nodes, torchrun and DeepSpeed on CPU (jobgen/rehearsal.py, jobgen/local_runner.py)."""
+its nodes, torchrun and DeepSpeed on CPU (jobgen/backends/local/rehearsal.py,
+jobgen/backends/local/runner.py)."""
 from __future__ import annotations
 
 import errno

@@ -30,8 +30,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_batch_client import _aws_env, aws, moto_inprocess, moto_url  # noqa: E402,F401
 
-from jobgen import api, local_runner  # noqa: E402
+from jobgen import api  # noqa: E402
 from jobgen.backends import declaration  # noqa: E402
+from jobgen.backends.local import runner as local_runner
 from jobgen.backends.sagemaker.request import training_job  # noqa: E402
 
 RECIPE = "neox20b"   # a Trainium recipe: --smoke runs payload/smoke/train.py, one rank per node
@@ -350,7 +351,7 @@ def test_sagemaker_and_eks_jobs_ask_the_trainers_to_save_on_sigterm() -> None:
 def test_a_sagemaker_compile_cache_outside_the_restored_folder_is_refused() -> None:
     import dataclasses
 
-    from jobgen.errors import ConfigError
+    from jobgen.plumbing.errors import ConfigError
     spec = api.job_spec("neox20b", 4, site="sagemaker", backend="sagemaker")
     site = spec.site
     assert site.sagemaker is not None

@@ -174,8 +174,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 def test_plan_from_run_takes_the_measured_failure_rate_and_restart_cost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobgen import runs
     from jobgen.reporting import inputs
+    from jobgen.runs import ledger as runs
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setattr("jobgen.reporting.sacct.spans", lambda job: None)
     run = make_run(tmp_path)

@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from jobgen import api, images, runrecord, snapshot
-from jobgen.errors import ConfigError
+from jobgen import api
+from jobgen.images import catalog as images
+from jobgen.images import snapshot
+from jobgen.plumbing.errors import ConfigError
+from jobgen.runs import runrecord
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBGEN = Path(sys.executable).parent / "jobgen"
@@ -309,7 +312,7 @@ def test_watch_says_which_jobs_it_cannot_follow(tmp_path: Path) -> None:
     """A backend that declares it cannot be watched (a local run: it ran in the foreground)
     says so in one line, exit 2, and where to look instead."""
     env = {**os.environ, "JOBGEN_STATE_DIR": str(tmp_path / "state")}
-    from jobgen import runs
+    from jobgen.runs import ledger as runs
     record = runs.Run(name="r1", backend="local", job_id="local-1", recipe="llama2-7b", nodes=2,
                       site="", run_dir=str(tmp_path / "r1"), submitted="2026-01-01T00:00:00Z")
     (tmp_path / "state").mkdir()

@@ -1,4 +1,4 @@
-"""jobgen/runs.py: the local record of submitted jobs, and the commands that read it (`jobgen
+"""jobgen/runs/ledger.py: the local record of submitted jobs, and the commands that read it (`jobgen
 runs`, and status/logs/cancel by run name) where no scheduler is needed. With a scheduler: the
 Batch flow in test_batch_client (moto over HTTP), the Slurm flow in test_slurm_e2e."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Callable
 
 import pytest
 
-from jobgen import runs
+from jobgen.runs import ledger as runs
 
 
 def _run(name: str, job_id: str, backend: str = "slurm", **extra: object) -> runs.Run:
@@ -174,7 +174,7 @@ def test_local_job_ids_differ_within_one_second(tmp_path: Path) -> None:
     import subprocess
     import sys
     script = ("import time; time.time = lambda: 1795750000.5; "
-              "from jobgen import runs; print(runs.local_job_id())")
+              "from jobgen.runs import ledger as runs; print(runs.local_job_id())")
     ids = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True).stdout.strip() for _ in range(2)}
     assert len(ids) == 2 and all(i.startswith("local-1795750000-") for i in ids)
@@ -219,9 +219,10 @@ def test_a_rehearsal_has_the_record_of_a_submission(jobgen: Callable, tmp_path: 
     """What `jobgen run` records before its nodes start: a row of `jobgen runs` and the run's
     record in its folder, which `runs NAME` shows and `resubmit NAME` runs here again (its dry
     run: the emulated nodes' commands, not a scheduler's)."""
-    from jobgen import api, rehearsal
-    from jobgen.recipe import locate as locate_recipe
-    from jobgen.site import locate as locate_site
+    from jobgen import api
+    from jobgen.backends.local import rehearsal
+    from jobgen.inputs.recipe import locate as locate_recipe
+    from jobgen.inputs.site import locate as locate_site
     monkeypatch.chdir(tmp_path)
     spec = api.job_spec("bert1.5b", 1, backend="local", smoke=True)
     warnings = rehearsal.record(spec, "local-9-1", site_ref="local", overrides=[],

@@ -9,9 +9,9 @@ from typing import Any, Literal, Mapping, Optional
 
 import pytest
 
-from jobgen import schema
-from jobgen.errors import ConfigError
-from jobgen.recipe import Recipe
+from jobgen.inputs import schema
+from jobgen.inputs.recipe import Recipe
+from jobgen.plumbing.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Callable
 import pytest
 
 from jobgen import api
-from jobgen import recipe as recipes
-from jobgen.errors import JobgenError
+from jobgen.inputs import recipe as recipes
+from jobgen.plumbing.errors import JobgenError
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "$(touch /tmp/x) `id` '; id; ' \"; id; \" \n id ; ${HOME} ~ *"
@@ -36,7 +36,7 @@ def rendered_scripts(tmp_path: Path, write_recipe: Callable, write_site: Callabl
     for mode in ("always", "never"):
         jobs.append(("neox20b", {"compile_mode": mode, "site": "trn1-pcluster"}))
     hostile_recipe = write_recipe("neox20b", {
-        # (data.splits must be numbers now: jobgen/rules.py refuses anything else)
+        # (data.splits must be numbers now: jobgen/inputs/rules.py refuses anything else)
         "description": HOSTILE, "data.path": HOSTILE,
         "env.HOSTILE": HOSTILE, "launch.config_name": HOSTILE}, filename="hostile.yaml")
     hostile_site = write_site("trn1-pcluster", {

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen import site as sites
-from jobgen.errors import ConfigError
+from jobgen.inputs import site as sites
+from jobgen.plumbing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

@@ -1,4 +1,4 @@
-"""The site-path preflight (jobgen/site_paths.py): before a Slurm job is queued (and in `jobgen
+"""The site-path preflight (jobgen/job/site_paths.py): before a Slurm job is queued (and in `jobgen
 check --paths`), every site path the job's nodes open or jobgen makes is looked for on the
 submitting host, and each one missing is named in one line (site file, key, path), exit 2,
 nothing written or queued. Paths the site lists in node_only_paths are not looked for. The
@@ -15,10 +15,10 @@ from typing import Callable
 
 import pytest
 
-from jobgen import recipe as recipes
-from jobgen import site as sites
-from jobgen import site_paths
-from jobgen.errors import ConfigError
+from jobgen.inputs import recipe as recipes
+from jobgen.inputs import site as sites
+from jobgen.job import site_paths
+from jobgen.plumbing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBGEN = Path(sys.executable).parent / "jobgen"

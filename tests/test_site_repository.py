@@ -1,5 +1,5 @@
 """A site's `repository:` (batch, sagemaker, eks) is an image name in Docker's reference grammar
-(jobgen/image_ref.py), refused in one line naming the file and the key otherwise; the site
+(jobgen/inputs/image_ref.py), refused in one line naming the file and the key otherwise; the site
 schema carries the same pattern, declared once."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 import yaml
 
-from jobgen import image_ref, json_schema
-from jobgen import site as sites
-from jobgen.errors import ConfigError
-from jobgen.yaml12 import loads
+from jobgen.inputs import image_ref, json_schema
+from jobgen.inputs import site as sites
+from jobgen.inputs.yaml12 import loads
+from jobgen.plumbing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com"

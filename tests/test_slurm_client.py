@@ -17,7 +17,7 @@ from jobgen import api
 from jobgen.backends.slurm import backend as slurm
 from jobgen.backends.slurm import client as slurm_client
 from jobgen.backends.slurm import jobs as slurm_jobs
-from jobgen.errors import RemoteError
+from jobgen.plumbing.errors import RemoteError
 
 FAKE_SBATCH = """#!/usr/bin/env bash
 # Records its arguments and its stdin (the script), answers like `sbatch --parsable`.

@@ -46,7 +46,7 @@ if str(ROOT / "payload") not in sys.path:
 
 from common.events import read_events  # noqa: E402
 
-from jobgen.smoke_spec import SMOKE  # noqa: E402
+from jobgen.job.smoke_spec import SMOKE  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -518,7 +518,7 @@ def test_killed_trainer_requeues_and_resumes(failing_job: Job, tmp_path: Path) -
     placed when it was rendered: the payload jobgen was installed with (here a copy of the
     project, through JOBGEN_HOME) is edited while the job trains, and the requeue still runs the
     snapshot. A job rendered after the edit gets a snapshot of its own."""
-    from jobgen import snapshot
+    from jobgen.images import snapshot
     project = tmp_path / "project"
     for part in ("recipes", "templates", "payload", "env"):
         shutil.copytree(ROOT / part, project / part,

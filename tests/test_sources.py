@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from jobgen import recipe as recipes
+from jobgen.inputs import recipe as recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = (ROOT / "recipes" / "SOURCES.md").read_text(encoding="utf-8")

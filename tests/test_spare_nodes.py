@@ -256,7 +256,7 @@ def test_logs_reads_a_spare_nodes_logs(jobgen: Any, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A spare logs past the training nodes' ranks: `logs --node 2` of a 2-node job reads it
     where its folder is; a rank no node logged is still refused."""
-    from jobgen import runs
+    from jobgen.runs import ledger as runs
     monkeypatch.setenv("JOBGEN_STATE_DIR", str(tmp_path / "state"))
     folder = tmp_path / "run" / "logs" / "101" / "restart-0" / "node-2"
     folder.mkdir(parents=True)

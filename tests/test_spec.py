@@ -8,10 +8,10 @@ from typing import Any, Callable
 import pytest
 
 from jobgen import api, payloads
-from jobgen import recipe as recipes
-from jobgen import site as sites
-from jobgen.errors import ConfigError, RuleError
-from jobgen.spec import JobSpec, resolve
+from jobgen.inputs import recipe as recipes
+from jobgen.inputs import site as sites
+from jobgen.job.spec import JobSpec, resolve
+from jobgen.plumbing.errors import ConfigError, RuleError
 
 
 def spec(ref: str, nodes: Any = None, *overrides: str, **kw: Any) -> JobSpec:

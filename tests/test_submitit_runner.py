@@ -7,8 +7,9 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, node
+from jobgen import api
 from jobgen.backends.submitit import runner as submitit_runner
+from jobgen.payloads import node
 
 
 @pytest.mark.parametrize("limit,minutes", [

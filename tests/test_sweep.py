@@ -8,9 +8,10 @@ from typing import Callable
 
 import pytest
 
-from jobgen import api, sweep
+from jobgen import api
 from jobgen.backends.slurm import backend as slurm
-from jobgen.errors import ConfigError
+from jobgen.inputs import sweep
+from jobgen.plumbing.errors import ConfigError
 
 
 def test_points_are_the_product_in_the_order_given() -> None:

@@ -177,7 +177,8 @@ def test_a_cache_folder_that_is_a_file_or_a_link_is_not_used(tmp_path: Path,
 
 def test_parsed_file_cache_is_exact_and_checked(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobgen import cache, yamlfile
+    from jobgen.inputs import yamlfile
+    from jobgen.plumbing import cache
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache.folder.cache_clear()
     path = tmp_path / "r.yaml"
@@ -200,9 +201,10 @@ def test_parsed_file_cache_is_exact_and_checked(tmp_path: Path,
 
 def test_botocore_verdict_is_remembered_only_for_what_it_accepted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobgen import api, cache
+    from jobgen import api
     from jobgen.backends.batch import rules as batch_rules
-    from jobgen.errors import ConfigError
+    from jobgen.plumbing import cache
+    from jobgen.plumbing.errors import ConfigError
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache.folder.cache_clear()
     import json
@@ -298,7 +300,7 @@ def test_cache_off_writes_nothing_and_renders_the_same(tmp_path: Path, expected:
 
 
 def test_the_rendered_folder_stays_bounded(tmp_path: Path) -> None:
-    from jobgen import cache
+    from jobgen.plumbing import cache
     folder = tmp_path / "rendered"
     folder.mkdir()
     for i in range(20):

@@ -117,7 +117,7 @@ def install(kind: str, dist: dict[str, Path], tmp_path_factory: pytest.TempPathF
                            "--no-build-isolation", "--no-cache-dir", str(dist[kind])],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    where = subprocess.run([str(python), "-c", "import jobgen, jobgen.resources as r; "
+    where = subprocess.run([str(python), "-c", "import jobgen, jobgen.plumbing.resources as r; "
                             "print(jobgen.__file__); print(r.installed())"],
                            capture_output=True, text=True, check=True, cwd=venv).stdout.split()
     assert where[0].startswith(str(venv)) and where[1] == "package", where

@@ -514,9 +514,9 @@ def test_notify_passes_the_alert_as_data_never_as_code(tmp_path: Path) -> None:
 
 @pytest.mark.moto
 def test_batch_requeue_submits_the_same_definition_again(jobgen: Any, aws: str) -> None:  # noqa: F811
-    from jobgen import runs
     from jobgen.backends.batch import backend as batch_backend
     from jobgen.backends.protocol import JobRef
+    from jobgen.runs import ledger as runs
     name = run_name()
     job_id, _ = submit(jobgen, "--run-name", name)
     run = runs.find(name)

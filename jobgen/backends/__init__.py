@@ -8,9 +8,15 @@ to import: what it is, what it can do, what it takes); its `backend` module hold
 names one. A backend's implementation is imported on first use, so rendering for Slurm never
 loads the AWS SDK or another backend's code.
 
+Beside the registry: protocol.py (what a backend does, as a type, and JobRef), aws.py
+(the AWS layer Batch, SageMaker, EKS and watch share); Slurm's request (slurm/request.py,
+slurm/sbatch_options.py: an input the job spec carries); `jobgen run` (local/runner.py,
+local/rehearsal.py). The registry sits below the job spec and the run record it describes:
+it imports nothing above jobgen/plumbing/ (benchmarks/import_graph.py's layers).
+
 Adding a backend: a subpackage here with its declaration and its backend module, its site
-section (jobgen/site.py), and its node entrypoint (env/containers/ or payload/common/); outside
-jobgen/, setup.cfg's package list (and an extra for its SDK). No other jobgen module.
+section (jobgen/inputs/site.py), and its node entrypoint (env/containers/ or payload/common/);
+outside jobgen/, setup.cfg's package list (and an extra for its SDK). No other jobgen module.
 """
 from __future__ import annotations
 
@@ -21,8 +27,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, cast
 
-from ..errors import ConfigError
-from ..record import record
+from ..plumbing.errors import ConfigError
+from ..plumbing.record import record
 
 Echo = Callable[[str], None]
 
@@ -100,7 +106,7 @@ class Declaration:
     #                                       ids jobgen did not record)
     default_poll_s: float = 2.0           # how often --wait asks
     health_on_failure: str = ""           # what a bad node found by the health gate leads to
-    # Its nodes, as the node contract tells the two-pass flow (jobgen/node.py):
+    # Its nodes, as the node contract tells the two-pass flow (jobgen/payloads/node.py):
     local_cache_step: bool = True         # the training pass reads a node-local copy of the
     #                                       compile cache (the site's paths.local_compile_cache)
     shared_fs: bool = True                # the nodes share the run folder's storage
@@ -204,5 +210,5 @@ def require_extra(name: str, what: str) -> None:
     refused in one line naming the extra (exit 2), before anything is written."""
     decl = declaration(name)
     if decl.extra and decl.sdk_modules:
-        from ..extras import require
+        from ..plumbing.extras import require
         require(what, decl.sdk_modules, decl.extra)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Protocol, cast
 
-from ..record import record
+from ..plumbing.record import record
 from . import Echo, JobStatus, SubmitOptions, Submitted, get
 
 if TYPE_CHECKING:   # not imported when rendering: only the types are needed here
-    from ..plan import Plan
-    from ..runs import Run
-    from ..spec import JobSpec
+    from ..job.plan import Plan
+    from ..job.spec import JobSpec
+    from ..runs.ledger import Run
 
 
 @record

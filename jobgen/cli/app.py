@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import click
 
-from ..errors import JobgenError, printable
+from ..plumbing.errors import JobgenError, printable
 
 # Each command and where it is defined: a module is imported when its command is asked for.
 COMMANDS = {

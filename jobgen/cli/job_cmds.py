@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from ..errors import ConfigError, JobgenError, printable
+from ..plumbing.errors import ConfigError, JobgenError, printable
 from .options import _echo_json, _echo_text, _job, _job_backend, _job_options, _json_option
 
 
@@ -65,8 +65,9 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
     """The jobs jobgen submitted from this account (newest last): run name, backend, job id,
     recipe, nodes, state (asked of the scheduler now), run folder. With RUN: what that run was
     submitted with, every submission (its record)."""
-    from .. import backends, runs
+    from .. import backends
     from ..backends.protocol import JobRef
+    from ..runs import ledger as runs
     if run_name is not None:
         _show_record(run_name, as_json)
         return
@@ -85,7 +86,7 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
         _echo_json(rows)
         return
     if not rows:
-        from ..runs import RECORD, state_dir
+        from ..runs.ledger import RECORD, state_dir
         click.echo(f"no runs recorded in {state_dir() / RECORD}", err=True)
         return
     columns = ["name", "backend", "job_id", "recipe", "nodes", "state", "submitted", "run_dir"]
@@ -102,13 +103,13 @@ def runs_cmd(run_name: Optional[str], last: int, no_state: bool, as_json: bool) 
 
 
 def _show_record(run: str, as_json: bool) -> None:
-    from .. import runrecord
+    from ..runs import runrecord
     found = runrecord.find(run)
     if found is None:
         raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs)")
     path, data = found
     events = runrecord.health_events(run)
-    from ..restart_counts import counts
+    from ..runs.restart_counts import counts
     # Restarts in place apart from requeues, where the record is the run folder's own.
     restarts = counts(path.parent) if path.name == runrecord.FILE else None
     if as_json:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 import click
 
 from ..backends import spec_backend
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .param_types import TEXT, _Amount, _Backends, _Seconds
 
 F = Callable[..., Any]
@@ -126,7 +126,7 @@ _json_option = click.option("--json", "as_json", is_flag=True,
 def _echo_text(text: str, nl: bool = True) -> None:
     """The one place text read off disk or from a scheduler is printed (tables, records): every
     control character but the line break escaped, so a value cannot drive the terminal."""
-    from ..errors import printable_lines
+    from ..plumbing.errors import printable_lines
     click.echo(printable_lines(text), nl=nl)
 
 
@@ -134,7 +134,7 @@ def _echo_json(data: Any) -> None:
     """The one place JSON is printed: strict JSON (NaN or Infinity is refused, never printed)."""
     import json
 
-    from ..errors import RenderError
+    from ..plumbing.errors import RenderError
     try:
         text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)
     except ValueError:
@@ -145,11 +145,11 @@ def _echo_json(data: Any) -> None:
 
 def _aws_flag(name: str) -> Callable[[F], F]:
     """--region / --profile: the AWS CLI's flags, ahead of AWS_REGION / AWS_PROFILE, the site
-    and the AWS config file (jobgen/aws.py: region)."""
+    and the AWS config file (jobgen/backends/aws.py: region)."""
     def remember(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
         if value is not None:
-            from ..aws import FLAGS
-            from ..site import REGION_RE
+            from ..backends.aws import FLAGS
+            from ..inputs.site import REGION_RE
             if name == "region" and not REGION_RE.fullmatch(value):
                 raise click.BadParameter(f"{value!r} is not an AWS region name (like us-east-1)")
             FLAGS[name] = value
@@ -204,8 +204,9 @@ def _job(ref: str, backend: Optional[str], site: Optional[str],
          endpoint_url: Optional[str]) -> tuple[Any, Any]:
     """(the backend, the job) for REF: a run name or a job id jobgen recorded (its backend comes
     from the record), else a job id of `backend` (default slurm)."""
-    from .. import backends, runs
+    from .. import backends
     from ..backends.protocol import JobRef
+    from ..runs import ledger as runs
     if not ref.strip():
         raise click.UsageError("the job must not be empty (a run name or a job id)")
     found = runs.find(ref)

@@ -46,7 +46,7 @@ class _Amount(click.ParamType):
 
     @classmethod
     def of(cls, key: str) -> "_Amount":
-        from ..limits import PLAN_DOMAINS
+        from ..inputs.limits import PLAN_DOMAINS
         lower, upper, unit = PLAN_DOMAINS[key]
         return cls(upper, unit, lower)
 

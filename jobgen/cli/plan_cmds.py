@@ -58,7 +58,7 @@ def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
     if node_text is not None:
         counts = planner.parse_nodes(node_text)
     else:
-        from .. import recipe as recipes
+        from ..inputs import recipe as recipes
         counts = [recipes.load(recipe, list(overrides))[0].nodes]
     options["measurement_files"] = tuple(options["measurement_files"])
     options["from_runs"] = tuple(options["from_runs"])

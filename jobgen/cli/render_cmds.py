@@ -7,7 +7,7 @@ from typing import Optional
 
 import click
 
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .options import (
     _backend_option,
     _echo_json,
@@ -25,13 +25,13 @@ from .param_types import TEXT, _Folder
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for programs) instead of text.")
 def list_cmd(as_json: bool) -> None:
     """The built-in recipes, one line each."""
-    from .. import recipe as recipes
+    from ..inputs import recipe as recipes
     rows = []
     for name in recipes.recipe_names():
         rec, _ = recipes.load(name)
         rows.append((rec.name, rec.payload, rec.platform, f"{rec.nodes}n", rec.description))
     if not rows:
-        from ..resources import folder
+        from ..plumbing.resources import folder
         raise ConfigError(f"no recipes in {folder('recipes')} (this installation has lost its "
                           "built-in recipes: reinstall jobgen)")
     if as_json:
@@ -58,7 +58,7 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
     overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
-    from .. import userconfig
+    from ..inputs import userconfig
     from ..payloads import key_report
     shown = spec.as_dict()
     ref, origin = userconfig.site(site)
@@ -69,7 +69,7 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
                           else [(key, value)])}
     # Which values reach the trainer: the rest must stay at their defaults (or are refused).
     shown["payload_keys"] = key_report(spec.recipe)
-    from .. import health
+    from ..job import health
     shown["health_gate"] = health.describe(spec)
     if as_json:
         _echo_json(shown)
@@ -154,7 +154,7 @@ def schema_cmd(what: str) -> None:
     """The JSON Schema (draft 2020-12) of a recipe or a site profile, generated from the records
     and value rules the loader uses: point an editor at it with a
     `# yaml-language-server: $schema=FILE` line."""
-    from .. import json_schema
+    from ..inputs import json_schema
     _echo_json(json_schema.recipe_schema() if what == "recipe" else json_schema.site_schema())
 
 
@@ -169,8 +169,9 @@ def image_context(folder: Path, site: Optional[str]) -> None:
     trainer), the commands that build it and push it, runnable as printed."""
     import shutil
 
-    from .. import resources, snapshot
-    from ..image_builds import build_commands
+    from ..images import snapshot
+    from ..images.builds import build_commands
+    from ..plumbing import resources
     full = snapshot.digest()
     if folder.exists():
         raise ConfigError(f"{folder}: exists; give a new folder")

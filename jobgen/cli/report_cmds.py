@@ -7,7 +7,7 @@ from typing import Optional
 
 import click
 
-from ..errors import printable
+from ..plumbing.errors import printable
 from .options import _json_option
 from .param_types import _Folder
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import click
 
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .options import (
     _backend_option,
     _endpoint_option,
@@ -68,8 +68,9 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     """`pinned`: (spec, recipe file, site file) of `jobgen resubmit`, resolved already."""
     import os
 
-    from .. import backends, runs
+    from .. import backends
     from ..backends.protocol import JobRef
+    from ..runs import ledger as runs
     declared = backends.declaration(backend)
     for option, given in (("queue", queue is not None), ("endpoint_url", endpoint_url is not None),
                           ("chain", chain)):
@@ -88,7 +89,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     specs = [spec]
     point_overrides: list[tuple[str, ...]] = [()]
     if sweeps:
-        from .. import sweep
+        from ..inputs import sweep
         points = sweep.points(sweeps, spec.run_name)
         point_overrides = [point.overrides + sweep.port_override(
             point, i, spec.recipe.job.master_port, sweeps) for i, point in enumerate(points)]
@@ -110,18 +111,18 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     if check and declared.run_dir_here:
         # The site's paths on this host (it mounts the nodes' file systems), looked for before
         # the payload snapshot is placed or anything is queued: one line per missing path.
-        from ..site import locate as locate_site_file
-        from ..site_paths import preflight
+        from ..inputs.site import locate as locate_site_file
+        from ..job.site_paths import preflight
         preflight(spec, locate_site_file(site)[1])
     if site is None:   # the user's default (JOBGEN_SITE, the config file, local), recorded
-        from .. import userconfig
+        from ..inputs import userconfig
         site = userconfig.site(None)[0]
     site_ref = site if not ("/" in site or site.endswith((".yaml", ".yml"))) \
         else os.path.abspath(site)
-    from .. import runrecord
+    from ..runs import runrecord
     here = declared.run_dir_here
-    from ..recipe import locate as locate_recipe
-    from ..site import locate as locate_site
+    from ..inputs.recipe import locate as locate_recipe
+    from ..inputs.site import locate as locate_site
     recipe_file, site_file = (pinned[1], pinned[2]) if pinned is not None else \
         (locate_recipe(recipe)[0], locate_site(site)[0])
     entries = []
@@ -155,10 +156,10 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                 click.echo(f"warning: {warning}", err=True)
         refs.append(JobRef(done.job_id, record, site, endpoint_url))
     if wait:
-        from ..progress import Ticker
+        from ..runs.progress import Ticker
         default_poll = declared.default_poll_s
         def steps() -> str:   # the newest step, where the run folders are on this machine
-            from ..progress import newest_step
+            from ..runs.progress import newest_step
             if not here:
                 return ""
             found = [(newest_step(r.run.run_dir, r.job_id), r.run.max_steps) for r in refs]
@@ -185,7 +186,7 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
     train anything else)."""
     import tempfile
 
-    from .. import runrecord
+    from ..runs import runrecord
     found = runrecord.find(run)
     if found is None:
         raise ConfigError(f"{run}: no record of this run here (`jobgen runs` lists the runs "
@@ -208,11 +209,12 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
 def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
                     last: dict[str, Any], dry_run: bool) -> None:
     """`jobgen resubmit` of a rehearsal: `jobgen run` again with what it recorded."""
-    from .. import backends, rehearsal
+    from .. import backends
+    from ..backends.local import rehearsal
     if dry_run:
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
         raise SystemExit(0)
-    from ..render import shell_quote
+    from ..plumbing.render import shell_quote
     raise SystemExit(rehearsal.start(
         spec, site_ref=last["site"], overrides=last["overrides"], recipe_file=recipe_file,
         site_file=site_file, resume=shell_quote(["jobgen", "resubmit", run]), emit=click.echo,
@@ -236,7 +238,7 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
         run_backend: str, amend: bool, **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
-    from .. import local_runner
+    from ..backends.local import runner as local_runner
     given = [k.replace("_", "-") for k, v in _slurm_overrides(slurm).items()
              if v not in (None, ())]
     if given:
@@ -259,16 +261,17 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
              *(["--smoke"] if smoke else []),
              *(["--backend", run_backend] if run_backend != "local" else []),
              *(["--compile", compile_mode] if compile_mode != "auto" else [])]
-    from .. import rehearsal
-    from ..recipe import locate as locate_recipe
-    from ..render import shell_quote
-    from ..site import locate as locate_site
-    from ..userconfig import site as default_site
+    from ..backends.local import rehearsal
+    from ..inputs.recipe import locate as locate_recipe
+    from ..inputs.site import locate as locate_site
+    from ..inputs.userconfig import site as default_site
+    from ..plumbing.render import shell_quote
     site_ref = site if site is not None else default_site(None)[0]
     if "/" in site_ref or site_ref.endswith((".yaml", ".yml")):
         site_ref = os.path.abspath(site_ref)
     # Recorded as a submission is (`jobgen runs`, and jobgen-run.json in the run folder), so
-    # that `runs NAME`, `status`, `report` and `resubmit` know it (jobgen/rehearsal.py).
+    # that `runs NAME`, `status`, `report` and `resubmit` know it
+    # (jobgen/backends/local/rehearsal.py).
     status = rehearsal.start(spec, site_ref=site_ref, overrides=overrides,
                              recipe_file=locate_recipe(recipe)[0],
                              site_file=locate_site(site_ref)[0], resume=shell_quote(again),
@@ -281,8 +284,8 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
 def closing_line(run_dir: str, status: int, again: list[str]) -> str:
     """The rehearsal's last line: where its folder is and what to run next (every word quoted
     so that it pastes into a shell as it stands)."""
-    from ..errors import printable
-    from ..render import shell_quote
+    from ..plumbing.errors import printable
+    from ..plumbing.render import shell_quote
     folder = shell_quote(str(run_dir))
     return printable(f"jobgen: run ended with status {status}; its folder: {folder}; next: "
                      f"jobgen report --run-dir {folder}, jobgen watch --run-dir {folder}; "

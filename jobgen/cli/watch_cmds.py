@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import click
 
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .options import _job, _job_backend, _job_options, _json_option
 from .param_types import _Amount, _Folder
 

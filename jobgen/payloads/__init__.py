@@ -1,4 +1,7 @@
-"""The payloads, one module each, behind one registry.
+"""The trainers (payloads), one module each behind one registry, and the node contract.
+
+The node contract (node.py) is every variable a job's nodes receive: it carries a
+payload's launch, so it sits with the payloads, above the job spec.
 
 Adding a payload = one module here (its ``PAYLOAD`` record: honoured keys, launch knobs, the
 builder of its two passes' arguments) + its launcher under payload/ + its recipes. A package of
@@ -16,12 +19,12 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, get_args, get_origin
 
-from .. import schema
-from ..cache import sha256
-from ..errors import ConfigError
-from ..platforms import get as platform_of
-from ..recipe import Recipe
-from ..spec import JobSpec
+from ..inputs import schema
+from ..inputs.platforms import get as platform_of
+from ..inputs.recipe import Recipe
+from ..job.spec import JobSpec
+from ..plumbing.cache import sha256
+from ..plumbing.errors import ConfigError
 from .base import Launch, Pass, Payload, compile_cache_env
 
 __all__ = ["BUILT_IN", "ENTRY_POINTS", "REGISTRY", "Launch", "Pass", "Payload", "check_recipe",
@@ -274,9 +277,9 @@ def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
 
 def resolved(rec: Any, source: str, profile: Any, nodes: Optional[int] = None,
              **options: Any) -> JobSpec:
-    """A recipe resolved on a site (jobgen/spec.py) and checked against its payload (the keys
+    """A recipe resolved on a site (jobgen/job/spec.py) and checked against its payload (the keys
     it honours, its own rules): every caller that makes a spec comes through here."""
-    from ..spec import resolve
+    from ..job.spec import resolve
     spec = resolve(rec, source, profile, nodes, **options)
     check_recipe(rec, source)
     return spec

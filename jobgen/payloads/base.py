@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, Literal, Optional
 
-from .. import schema
-from ..recipe import Recipe
-from ..record import record
-from ..spec import JobSpec
+from ..inputs import schema
+from ..inputs.recipe import Recipe
+from ..job.spec import JobSpec
+from ..plumbing.record import record
 
 Pass = Literal["compile", "train"]
 # What the Slurm job's controller forwards on the time-limit warning, for the trainers that run

@@ -15,7 +15,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Optional, Union
 
-from ..spec import JobSpec
+from ..job.spec import JobSpec
 from .base import Pass, number
 
 Value = Union[str, bool, tuple[str, ...], None]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import posixpath
 
-from ..errors import ConfigError
-from ..spec import JobSpec
+from ..job.spec import JobSpec
+from ..plumbing.errors import ConfigError
 from . import flags
 from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 

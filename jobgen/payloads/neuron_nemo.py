@@ -8,8 +8,8 @@ import posixpath
 import re
 from typing import Any, Optional
 
-from ..errors import ConfigError
-from ..spec import JobSpec
+from ..job.spec import JobSpec
+from ..plumbing.errors import ConfigError
 from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, launch_value, neuron_environment
 
 # Unquoted Hydra values must not start with a digit or a sign (numbers) and must not be one of

@@ -10,8 +10,8 @@ import json
 import posixpath
 from typing import Any
 
-from ..errors import ConfigError
-from ..spec import JobSpec
+from ..job.spec import JobSpec
+from ..plumbing.errors import ConfigError
 from . import flags
 from .base import (
     COMMON_KEYS,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import posixpath
 
-from ..smoke_spec import Rehearsal
-from ..spec import JobSpec
+from ..job.smoke_spec import Rehearsal
+from ..job.spec import JobSpec
 from . import flags, neuron_nemo
 from .base import STOP_SIGNAL, Launch, Pass, number
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import posixpath
 
-from ..errors import ConfigError
-from ..spec import JobSpec
+from ..job.spec import JobSpec
+from ..plumbing.errors import ConfigError
 from . import flags
 from .base import COMMON_KEYS, STOP_SIGNAL, Fixed, Launch, Pass, Payload, number
 
@@ -36,7 +36,7 @@ def shard_degree(spec: JobSpec) -> int:
     most = min(p.hybrid_shard, ranks)
     degree = next(d for d in range(max(most, 1), 0, -1) if ranks % d == 0)
     if degree < most:
-        from ..node import say_once
+        from .node import say_once
         say_once(f"note: {spec.source}: parallelism.hybrid_shard: {most} does not divide the "
                  f"{ranks} data-parallel ranks; sharding over {degree}")
     return degree

@@ -17,7 +17,7 @@ import math
 import random
 from typing import Optional
 
-from ..record import record
+from ..plumbing.record import record
 
 
 def young(write: float, mtbf: float) -> float:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..errors import ConfigError, RuleError
-from ..record import record
-from ..spec import JobSpec
+from ..job.spec import JobSpec
+from ..plumbing.errors import ConfigError, RuleError
+from ..plumbing.record import record
 from . import failures
 from .failures import Simulation
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from .. import fsio
-from ..errors import ConfigError
-from ..site import Site
-from ..spec import JobSpec
+from ..inputs.site import Site
+from ..job.spec import JobSpec
+from ..plumbing import fsio
+from ..plumbing.errors import ConfigError
 from . import measurements as meas
 
 
@@ -52,7 +52,7 @@ def from_runs(refs: Sequence[str], recipe_name: str,
     """The throughput each finished run logged in its metrics.jsonl."""
     from pathlib import Path
 
-    from .. import runs
+    from ..runs import ledger as runs
     found: list[meas.Measurement] = []
     for ref in refs:
         run = runs.find(ref)

@@ -6,9 +6,10 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .. import resources, schema
-from ..errors import ConfigError
-from ..record import record
+from ..inputs import schema
+from ..plumbing import resources
+from ..plumbing.errors import ConfigError
+from ..plumbing.record import record
 
 SETTING_KEYS = ("global_batch", "batch_per_accelerator", "seq_length", "micro_batch", "tensor",
                 "pipeline", "precision")
@@ -67,7 +68,7 @@ class Measurement:
 
 
 def load_table(path: Path, shown: str) -> Table:
-    from ..yamlfile import load_yaml
+    from ..inputs.yamlfile import load_yaml
     data = load_yaml(path, shown)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{shown}: expected a mapping with `measurements` (and `transfers`)")

@@ -13,9 +13,9 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
-from ..record import record
-from ..sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameters  # noqa: F401
-from ..spec import JobSpec
+from ..job.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameters  # noqa: F401
+from ..job.spec import JobSpec
+from ..plumbing.record import record
 from .measurements import Measurement, Settings
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ..errors import ConfigError, RuleError
-from ..record import record
-from ..spec import JobSpec
+from ..job.spec import JobSpec
+from ..plumbing.errors import ConfigError, RuleError
+from ..plumbing.record import record
 from . import measurements as meas
 from . import model
 from .goodput import Failures, failures_at
@@ -109,7 +109,7 @@ class Result:
 def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] = (),
          site_ref: Optional[str] = None, opts: Optional[Options] = None) -> Result:
     from .. import api
-    from .. import site as sites
+    from ..inputs import site as sites
 
     opts = opts or Options()
     site = sites.load(site_ref)
@@ -198,8 +198,8 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         notes.append(f"no checkpoint storage bandwidth: pass --storage-mb-s, or set plan.storage "
                      f"in the site {site.name}")
     r = site.plan.restart
-    # Every start of the job runs the health gate on every node first (jobgen/health.py).
-    from .. import health
+    # Every start of the job runs the health gate on every node first (jobgen/job/health.py).
+    from ..job import health
     gate_s = health.cost_s(base)
     if opts.restart_s is not None:
         restart_fixed, restart_basis = opts.restart_s, "--restart-s"

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .goodput import Interval
 from .planner import Result
 
@@ -142,7 +142,7 @@ def plot(result: Result, path: Path) -> None:
         raise ConfigError("--plot needs matplotlib: pip install 'jobgen[plot]'") from None
     import io
 
-    from .. import fsio
+    from ..plumbing import fsio
     # Refused before anything is drawn: a device, FIFO, folder or symlink stays as it is; a
     # path under a file or a name over 255 bytes is one line.
     fsio.check_target(path, "--plot")

@@ -7,7 +7,7 @@ import statistics
 from typing import Optional
 
 from ..planning import failures as model
-from ..record import record
+from ..plumbing.record import record
 from .bounds import relabel
 from .stalls import seal_lags
 from .timeline import KINDS, Segment, Timeline

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import fsio
-from ..errors import ConfigError
-from ..record import record
+from ..plumbing import fsio
+from ..plumbing.errors import ConfigError
+from ..plumbing.record import record
 
 FILE = "held.json"
 SMALL = 1 << 16

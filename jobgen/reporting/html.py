@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from .. import fsio
+from ..plumbing import fsio
 from . import svg, text
 from .report import Report
 

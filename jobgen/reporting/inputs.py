@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .report import make
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from ..record import record
+from ..plumbing.record import record
 from .account import LABELS, counted
 from .report import Report
 from .timeline import Allocation, NodeInfo, Segment

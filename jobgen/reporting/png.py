@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
-from ..errors import ConfigError
+from ..plumbing import fsio
+from ..plumbing.errors import ConfigError
 from .layout import (
     COLOURS,
     MARKS,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..errors import ConfigError
-from ..record import record
-from ..render import shell_path
+from ..plumbing.errors import ConfigError
+from ..plumbing.record import record
+from ..plumbing.render import shell_path
 from .account import Account, account
 from .curves import Curves, read
 from .timeline import Timeline, build
@@ -32,7 +32,7 @@ def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
     if not ref:
         raise ConfigError("jobgen report: name a recorded run (jobgen runs lists them) or "
                           "give --run-dir")
-    from .. import runs
+    from ..runs import ledger as runs
     found = runs.find(ref)
     if found is None:
         raise ConfigError(f"{ref}: no run of that name or job id in "

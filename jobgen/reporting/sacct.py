@@ -8,7 +8,7 @@ import subprocess
 import time
 from typing import Optional
 
-from ..record import record
+from ..plumbing.record import record
 
 FIELDS = "JobID,Submit,Start,End,State,NodeList"
 

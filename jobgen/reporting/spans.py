@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..record import record
+from ..plumbing.record import record
 
 # Segment kinds, in the account's order; `gap` lies between allocations.
 KINDS = ("startup", "gate", "compile", "train", "repeat", "checkpoint", "failure", "stop",

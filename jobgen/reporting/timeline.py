@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .. import fsio
-from ..errors import ConfigError
+from ..plumbing import fsio
+from ..plumbing.errors import ConfigError
 from ..watching.events import parse_lines
 from ..watching.observations import Observation
 from ..watching.readers import ALLOCATION

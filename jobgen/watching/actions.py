@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from .. import fsio
-from ..errors import ConfigError, JobgenError
+from ..plumbing import fsio
+from ..plumbing.errors import ConfigError, JobgenError
 
 NOTIFY_TIMEOUT_S = 60
 HOLD_TIMEOUT_S = 300

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError
+from ..plumbing.errors import ConfigError
 from .detectors import Detectors, Rules
 from .readers import RunReader
 from .summary import Summary

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import fsio
-from ..errors import JobgenError
+from ..plumbing import fsio
+from ..plumbing.errors import JobgenError
 from .events import parse_lines, same_allocation
 from .observations import Observation
 from .runfolder import event_files

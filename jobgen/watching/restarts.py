@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..render import shell_quote
+from ..plumbing.render import shell_quote
 from .observations import Alert
 from .readers import NodeEnd
 from .rules import Rules

@@ -154,8 +154,8 @@ CHUNK = 16 << 20   # read of a growing file per call: memory stays bounded, the 
 def read_from(path: Path, offset: int) -> bytes:
     """What a growing regular file holds from `offset` on, at most CHUNK bytes (nothing when it
     cannot be read now, or is not a regular file: a FIFO or device is never waited on)."""
-    from .. import fsio
-    from ..errors import JobgenError
+    from ..plumbing import fsio
+    from ..plumbing.errors import JobgenError
     try:
         return fsio.read_bytes(path, CHUNK, offset=offset, partial=True)
     except (OSError, JobgenError):

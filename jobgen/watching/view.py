@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-from ..errors import printable_lines
+from ..plumbing.errors import printable_lines
 from .observations import Action, Alert, Observation, iso
 
 

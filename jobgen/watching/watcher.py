@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import JobgenError
+from ..plumbing.errors import JobgenError
 from . import actions
 from .detectors import Detectors
 from .observations import Action, Alert, Observation, iso
@@ -222,8 +222,8 @@ class Watch:
             return
         from .view import _finite
         line = json.dumps(_finite(record), sort_keys=True) + "\n"
-        from .. import fsio
-        from ..errors import JobgenError
+        from ..plumbing import fsio
+        from ..plumbing.errors import JobgenError
         try:
             fsio.append(self.log_path, line)
         except OSError as exc:

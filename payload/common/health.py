@@ -1,5 +1,5 @@
 """The health gate: every node checks itself before the compile pass, so that a bad node is found,
-named and left out before it costs a run (jobgen/health.py decides what is checked).
+named and left out before it costs a run (jobgen/job/health.py decides what is checked).
 
     health.py node          this node's checks -> $JOBGEN_LOG_DIR/node-R/health.json; exit 0 or 75
     health.py wait          on shared storage: until every node has reported; the verdict

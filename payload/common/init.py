@@ -4,7 +4,7 @@ runs on CPU in the tests).
 
 Every trainer hands ``process_group_timeout()`` to ``init_process_group`` (DeepSpeed's
 ``init_distributed``): a collective whose peer is gone fails after JOBGEN_COLLECTIVE_TIMEOUT
-seconds (the node contract, jobgen/node.py) instead of waiting for the job's time limit.
+seconds (the node contract, jobgen/payloads/node.py) instead of waiting for the job's time limit.
 
 HLAT (REFERENCE.md A.3) initialises the projections that write into the residual stream (the
 attention output and the MLP down projection) with std / sqrt(2 x layers), so that the stream's
@@ -21,7 +21,7 @@ from typing import Any
 from common.runtime import PayloadError
 
 COLLECTIVE_TIMEOUT_ENV = "JOBGEN_COLLECTIVE_TIMEOUT"
-DEFAULT_COLLECTIVE_TIMEOUT_S = 1800   # torch's own default; jobgen/node.py declares the job's
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800   # torch's own default; the node contract declares the job's
 
 
 def process_group_timeout(env: Mapping[str, str] | None = None) -> datetime.timedelta:

@@ -10,7 +10,7 @@
 #   AWS Batch entrypoint sources it and calls `flow_node` on every node
 #   submitit, jobgen run `bash job_flow.sh node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...`
 #
-# The node contract (the variables read here) is defined once, in jobgen/node.py, which also
+# The node contract (the variables read here) is defined once, in jobgen/payloads/node.py, which also
 # documents each one. Job-wide: MASTER_PORT JOBGEN_RUN_DIR JOBGEN_PAYLOAD_DIR
 # JOBGEN_PAYLOAD_DIGEST JOBGEN_LAUNCHER
 # JOBGEN_WORKERS_PER_NODE JOBGEN_WORKDIR JOBGEN_PROGRAM JOBGEN_COMPILE_WRAPPER JOBGEN_PASSES

@@ -26,7 +26,7 @@ BASE_ONLY=${BASE_ONLY-torch.sagemaker}
 # payload folder of the image moved to this checkout's.
 declared=$("$JOBGEN_PYTHON" - "$IMAGE" "$REPO/payload" "$BASE_ONLY" <<'EOF'
 import json, re, shlex, sys
-from jobgen import images
+from jobgen.images import catalog as images
 name, payload, base_only = sys.argv[1], sys.argv[2], set(sys.argv[3].split())
 image = images.declared().images[name]
 args = dict(images.build_args(image, None))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from ... import aws, images
-from ...errors import ConfigError
-from ...plan import Plan, PlannedFile
-from ...site import Site
-from ...spec import JobSpec
-from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ...images import catalog as images
+from ...inputs.site import Site
+from ...job.plan import Plan, PlannedFile
+from ...job.spec import JobSpec
+from ...plumbing.errors import ConfigError
+from .. import Echo, JobStatus, SubmitOptions, Submitted, aws, job_status
 from ..protocol import JobRef
 from . import client as batch_client
 from .definition import (  # noqa: F401  (re-exported: the health gate asks the backend, tests)
@@ -75,7 +75,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
 
 
 def _site(ref: JobRef) -> Any:
-    from ... import site as sites
+    from ...inputs import site as sites
     if ref.site is not None:
         return sites.load(ref.site)
     return sites.load(ref.run.site or None if ref.run else None)

@@ -15,7 +15,7 @@ from ...cli.options import (
     _submit_options,
 )
 from ...cli.submit_cmds import _submit
-from ...errors import ConfigError
+from ...plumbing.errors import ConfigError
 
 
 @click.group("batch")
@@ -82,8 +82,8 @@ def batch_validate(file: Path) -> None:
     shape, then the multi-node rules. Prints "ok", or the first problem (exit 2)."""
     import json
 
-    from ...extras import require
-    from ...yaml12 import MAX_BYTES, MAX_DEPTH
+    from ...inputs.yaml12 import MAX_BYTES, MAX_DEPTH
+    from ...plumbing.extras import require
     require("jobgen batch validate", ("botocore",), "batch")
     from .rules import validate
     try:

@@ -1,16 +1,16 @@
 """AWS Batch's API for the batch backend: register a job definition only when its content changed,
 submit it, follow it node by node, show its logs, cancel it. Every call goes through
-`jobgen.aws.call`; the clients come from `jobgen.aws.client`."""
+`jobgen.backends.aws.call`; the clients come from `jobgen.backends.aws.client`."""
 from __future__ import annotations
 
 import re
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from ... import aws
-from ...aws import call
-from ...errors import ConfigError, RemoteError
-from ...record import record
+from ...plumbing.errors import ConfigError, RemoteError
+from ...plumbing.record import record
+from .. import aws
+from ..aws import call
 
 Echo = Callable[[str], None]
 HASH_TAG = "jobgen:hash"

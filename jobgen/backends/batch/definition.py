@@ -13,11 +13,13 @@ import posixpath
 import re
 from typing import Any
 
-from ... import images, node, payloads
-from ...cache import sha256
-from ...errors import ConfigError
-from ...site import Site
-from ...spec import JobSpec
+from ... import payloads
+from ...images import catalog as images
+from ...inputs.site import Site
+from ...job.spec import JobSpec
+from ...payloads import node
+from ...plumbing.cache import sha256
+from ...plumbing.errors import ConfigError
 
 # The main node's status when its watch found a child node lost (env/containers/entrypoint.sh,
 # payload/common/node_watch.py): Batch ends a multi-node job only when the main node exits, and a
@@ -53,8 +55,8 @@ def definition_name(spec: JobSpec) -> str:
 
 
 def node_environment(spec: JobSpec, lau: payloads.Launch) -> list[dict[str, str]]:
-    """What every node's entrypoint reads: the node contract (jobgen/node.py) for Batch, with
-    the platform's and the recipe's environment (also used by `jobgen run` on this machine)."""
+    """What every node's entrypoint reads: the node contract (jobgen/payloads/node.py) for Batch,
+    with the platform's and the recipe's environment (also used by `jobgen run` on this machine)."""
     site = spec.site
     timeout = site.batch.rendezvous_timeout_s if site.batch else DEFAULT_RDZV_TIMEOUT_S
     contract = node.contract(spec, lau, "batch", rdzv_timeout_s=timeout,
@@ -70,7 +72,7 @@ def _note_save_in_grace(spec: JobSpec) -> None:
     30 s later (the ECS agent's ECS_CONTAINER_STOP_TIMEOUT; Batch's job definition has no field for
     it). The trainers save on that signal; where the checkpoint takes longer to write than that
     at the site's declared storage bandwidth (plan.storage), the render says so once."""
-    from ... import sizes
+    from ...job import sizes
     from . import DECLARATION
 
     storage = spec.site.plan.storage
@@ -157,7 +159,7 @@ def _instance(spec: JobSpec) -> dict[str, Any]:
 def job_definition(spec: JobSpec) -> dict[str, Any]:
     """The RegisterJobDefinition request for this spec, validated offline (with botocore:
     without the [batch] extra, one line that names it)."""
-    from ...extras import require
+    from ...plumbing.extras import require
     require("--backend batch", ("botocore",), "batch")
     site = spec.site
     if site.batch is None:

@@ -7,7 +7,7 @@ import functools
 import re
 from typing import Any, Optional
 
-from ...errors import ConfigError
+from ...plumbing.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 RANGE_RE = re.compile(r"^(\d*):(\d*)$|^(\d+)$")
@@ -131,13 +131,14 @@ def multinode_errors(jd: dict[str, Any]) -> None:
 
 
 def _accepted_entry(jd: dict[str, Any]) -> Optional[str]:
-    """Where the cache (jobgen/cache.py) notes that botocore accepted exactly this definition:
-    keyed by the definition and the installed botocore (its package file's size and time), so
-    an upgraded botocore checks again. None where there is no private cache or no botocore."""
+    """Where the cache (jobgen/plumbing/cache.py) notes that botocore accepted exactly this
+    definition: keyed by the definition and the installed botocore (its package file's size and
+    time), so an upgraded botocore checks again. None where there is no private cache or no
+    botocore."""
     import json
     import os
 
-    from ... import cache
+    from ...plumbing import cache
     folder = cache.folder("accepted")
     botocore = cache.stamp("botocore")
     if folder is None or botocore is None:
@@ -150,7 +151,7 @@ def validate(jd: dict[str, Any], where: str) -> None:
     """botocore first (shape), then the multi-node rules (meaning). botocore's verdict on a
     definition it accepted before is remembered (loading its Batch model is most of a Batch
     render's time); the multi-node rules always run."""
-    from ... import cache
+    from ...plumbing import cache
     entry = _accepted_entry(jd)
     if entry is None or cache.read(entry) != b"accepted":
         problems = botocore_errors(jd)

@@ -8,17 +8,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...aws import call
-from ...errors import ConfigError
+from ...plumbing.errors import ConfigError
 from ...watching.readers import RunReader
 from ...watching.target import Target
+from ..aws import call
 from ..protocol import JobRef
 from . import client as batch_client
 from .backend import _client
 
 
 def target(ref: JobRef, run_dir: Optional[Path], view: Any) -> Target:
-    from ... import runs
+    from ...runs import ledger as runs
     run = ref.run
     job_ids = [ref.job_id]
 

@@ -8,11 +8,11 @@ import dataclasses
 import time
 from typing import Any, Optional
 
-from ... import images
-from ...errors import ConfigError, RemoteError
-from ...plan import Plan, PlannedFile
-from ...site import Site
-from ...spec import JobSpec
+from ...images import catalog as images
+from ...inputs.site import Site
+from ...job.plan import Plan, PlannedFile
+from ...job.spec import JobSpec
+from ...plumbing.errors import ConfigError, RemoteError
 from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
 from ..protocol import JobRef
 from . import cluster

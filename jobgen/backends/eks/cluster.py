@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...errors import ConfigError, RemoteError
+from ...plumbing.errors import ConfigError, RemoteError
 from ..protocol import JobRef
 from . import jobset as jobsets
 from .manifests import LABEL
@@ -66,7 +66,7 @@ def kind_of(job_id: str) -> tuple[str, str]:
 
 
 def where(ref: JobRef) -> tuple[Any, Any]:
-    from ... import site as sites
+    from ...inputs import site as sites
     site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
                       if ref.run else None)
     if site.eks is None:

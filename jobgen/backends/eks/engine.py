@@ -31,7 +31,7 @@ import subprocess
 import time
 from typing import Any, Callable, Optional
 
-from ...local_runner import _tree
+from ..local.runner import _tree
 
 
 @dataclasses.dataclass

@@ -32,9 +32,11 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from ... import images, node, payloads
-from ...errors import ConfigError
-from ...spec import JobSpec
+from ... import payloads
+from ...images import catalog as images
+from ...job.spec import JobSpec
+from ...payloads import node
+from ...plumbing.errors import ConfigError
 from . import DECLARATION
 from . import jobset as jobsets
 
@@ -175,7 +177,7 @@ def _deadline(spec: JobSpec) -> Optional[int]:
     """activeDeadlineSeconds from the recipe's time limit, if it has one."""
     if not spec.recipe.job.time_limit:
         return None
-    from ...recipe import time_limit_seconds
+    from ...inputs.recipe import time_limit_seconds
     return time_limit_seconds(spec.recipe.job.time_limit)
 
 

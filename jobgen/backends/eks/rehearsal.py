@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import ConfigError
-from ...local_runner import image_moves, relocate
-from ...spec import JobSpec
+from ...job.spec import JobSpec
+from ...plumbing.errors import ConfigError
+from ..local.runner import image_moves, relocate
 from . import jobset as jobsets
 from .manifests import manifests
 

@@ -1,5 +1,5 @@
 """The local backend (`jobgen run`): every node of the job as a process group on this machine,
-no scheduler (backend.py); the runner is jobgen/local_runner.py."""
+no scheduler (backend.py); the runner is jobgen/backends/local/runner.py."""
 from __future__ import annotations
 
 from .. import Declaration, State

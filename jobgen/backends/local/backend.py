@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import NoReturn, Optional
 
-from ...errors import ConfigError, printable
-from ...plan import Plan, PlannedFile
-from ...spec import JobSpec
+from ...job.plan import Plan, PlannedFile
+from ...job.spec import JobSpec
+from ...plumbing.errors import ConfigError, printable
 from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
 from ..protocol import JobRef
 
@@ -17,7 +17,7 @@ JOB_ID = "local-{time}"   # what the plan shows for the id `jobgen run` makes wh
 
 def plan(spec: JobSpec) -> Plan:
     """Each emulated node's command and the environment it adds."""
-    from ... import local_runner
+    from . import runner as local_runner
     nodes = [{"argv": argv, "env": env} for argv, env in local_runner.node_commands(spec, JOB_ID)]
     name = f"{spec.run_name}.local.json"
     return Plan(backend="local", files=(PlannedFile(name, json.dumps(
@@ -50,12 +50,12 @@ def wait(ref: JobRef, echo: Echo, poll_s: float = 1.0) -> int:
 def status(ref: JobRef) -> JobStatus:
     """A finished (or running) `jobgen run`: what its nodes wrote when their flow ended
     (RUN_DIR/logs/JOB/node-K/job.status: `STATUS PASS`), and whether Ctrl-C stopped it
-    (RUN_DIR/logs/JOB/cancelled.json: jobgen/rehearsal.py)."""
+    (RUN_DIR/logs/JOB/cancelled.json: jobgen/backends/local/rehearsal.py)."""
     from pathlib import Path
 
-    from ... import fsio
-    from ...errors import JobgenError
-    from ...rehearsal import read_cancel
+    from ...plumbing import fsio
+    from ...plumbing.errors import JobgenError
+    from .rehearsal import read_cancel
     if ref.run is None:
         _foreground("status")
     folder = Path(ref.run.run_dir, "logs", ref.job_id)

@@ -7,14 +7,14 @@ import json
 import time
 from typing import Any, Optional
 
-from ... import aws, images
-from ...aws import call as _call
-from ...errors import ConfigError, RemoteError
-from ...plan import Plan, PlannedFile
-from ...site import Site
-from ...site_sections import SageMakerSite
-from ...spec import JobSpec
-from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
+from ...images import catalog as images
+from ...inputs.site import Site
+from ...inputs.site_sections import SageMakerSite
+from ...job.plan import Plan, PlannedFile
+from ...job.spec import JobSpec
+from ...plumbing.errors import ConfigError, RemoteError
+from .. import Echo, JobStatus, SubmitOptions, Submitted, aws, job_status
+from ..aws import call as _call
 from ..protocol import JobRef
 from .request import CHECKPOINTS, job_name, training_job, validate  # noqa: F401  (tests)
 
@@ -92,7 +92,7 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
 
 
 def _ref_client(ref: JobRef, service: str = "sagemaker") -> Any:
-    from ... import site as sites
+    from ...inputs import site as sites
     site = sites.load(ref.site if ref.site is not None else (ref.run.site or None)
                       if ref.run else None)
     endpoint = ref.endpoint_url or (ref.run.endpoint_url if ref.run else None)

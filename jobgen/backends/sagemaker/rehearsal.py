@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ... import fsio
-from ...local_runner import image_moves, relocate
-from ...spec import JobSpec
+from ...job.spec import JobSpec
+from ...plumbing import fsio
+from ..local.runner import image_moves, relocate
 from .request import SCRATCH, training_job
 
 

@@ -18,11 +18,13 @@ import json
 import re
 from typing import Any
 
-from ... import images, node, payloads
-from ...cache import sha256
-from ...errors import ConfigError, RuleError
-from ...recipe import time_limit_seconds
-from ...spec import JobSpec
+from ... import payloads
+from ...images import catalog as images
+from ...inputs.recipe import time_limit_seconds
+from ...job.spec import JobSpec
+from ...payloads import node
+from ...plumbing.cache import sha256
+from ...plumbing.errors import ConfigError, RuleError
 from . import DECLARATION
 
 MAX_RETRIES = 30          # RetryStrategy.MaximumRetryAttempts: 1 to 30
@@ -44,7 +46,7 @@ METRICS = (
 
 @functools.lru_cache(maxsize=1)
 def _sdk() -> Any:
-    from ...extras import require
+    from ...plumbing.extras import require
     require("--backend sagemaker", ("botocore",), "sagemaker")
     import botocore.session
     return botocore.session.get_session().get_service_model("sagemaker")

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...aws import LogStream, call
-from ...errors import RemoteError
+from ...plumbing.errors import RemoteError
 from ...watching.target import StreamReader, Target
+from ..aws import LogStream, call
 from ..protocol import JobRef
 from .backend import DONE, LOG_GROUP, _ref_client, describe
 

@@ -1,17 +1,18 @@
 """The Slurm backend: one sbatch script per job. The script exports the node contract
-(jobgen/node.py) and the trainer's arguments, and hands Slurm's facts to the one two-pass flow
-(payload/common/job_flow.sh): it carries values, not decisions."""
+(jobgen/payloads/node.py) and the trainer's arguments, and hands Slurm's facts to the one two-pass
+flow (payload/common/job_flow.sh): it carries values, not decisions."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ... import node, payloads
-from ...errors import ConfigError, RemoteError, printable
-from ...node import Passes
-from ...plan import Plan, PlannedFile
-from ...render import render
-from ...spec import JobSpec
+from ... import payloads
+from ...job.plan import Plan, PlannedFile
+from ...job.spec import JobSpec
+from ...payloads import node
+from ...payloads.node import Passes
+from ...plumbing.errors import ConfigError, RemoteError, printable
+from ...plumbing.render import render
 from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
 from ..protocol import JobRef
 
@@ -96,10 +97,10 @@ def request(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:
-    """Place the job's payload snapshot on the site's shared storage (jobgen/snapshot.py):
+    """Place the job's payload snapshot on the site's shared storage (jobgen/images/snapshot.py):
     the script points there. `strict` (submit) refuses where that storage is not mounted here;
     otherwise (render) that is said, and the job checks when it starts."""
-    from ... import snapshot
+    from ...images import snapshot
     snapshot.place(spec.site.snapshot_root, spec.payload_digest, strict=strict, say=say)
 
 
@@ -117,7 +118,7 @@ def _guarded(script: str, spec: JobSpec) -> str:
     point at is not there: a dry run places nothing, `jobgen render` or `submit` does."""
     import shlex
 
-    from ... import snapshot
+    from ...images import snapshot
     folder = snapshot.folder(spec.site.snapshot_root, spec.payload_digest)
     marker = shlex.quote(f"{folder}/{snapshot.MARKER}")
     said = shlex.quote(f"jobgen: the payload snapshot these jobs run, {folder}, is not "
@@ -220,7 +221,7 @@ def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
     if follow:
         slurm_jobs.follow(files, ref.job_id, echo)
         return
-    from ... import fsio
+    from ...plumbing import fsio
     for path in files():
         try:   # the one reader: a FIFO or a device among the logs is not waited on
             echo(fsio.read_bytes(path, fsio.MAX_BYTES, partial=True).decode("utf-8", "replace"))

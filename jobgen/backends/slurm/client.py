@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ...errors import ConfigError, RemoteError
-from ...plan import Plan
-from ...record import record
+from ...job.plan import Plan
+from ...plumbing.errors import ConfigError, RemoteError
+from ...plumbing.record import record
 
 if TYPE_CHECKING:
+    from ...job.spec import JobSpec
     from ...payloads import Launch
-    from ...spec import JobSpec
 
 
 
@@ -72,7 +72,7 @@ def dry_run(plans: Sequence[Plan]) -> str:
     as `jobgen submit` does."""
     import shlex
 
-    from ...cache import sha256
+    from ...plumbing.cache import sha256
 
     lines = ["#!/bin/bash",
              "# What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).",

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ... import fsio
-from ...errors import JobgenError, RemoteError, printable
-from ...record import record
+from ...plumbing import fsio
+from ...plumbing.errors import JobgenError, RemoteError, printable
+from ...plumbing.record import record
 from .client import _run
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

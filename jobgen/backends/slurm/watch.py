@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...errors import ConfigError, RemoteError
+from ...plumbing.errors import ConfigError, RemoteError
 from ...watching.actions import HOLD_TIMEOUT_S
 from ...watching.readers import RunReader
 from ...watching.target import Target

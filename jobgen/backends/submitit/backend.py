@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from ...errors import ConfigError
-from ...plan import Plan, PlannedFile
-from ...spec import JobSpec
+from ...job.plan import Plan, PlannedFile
+from ...job.spec import JobSpec
+from ...plumbing.errors import ConfigError
 from .. import Echo, JobStatus, SubmitOptions, Submitted
 from ..protocol import JobRef
 from ..slurm import backend as _slurm

@@ -1,6 +1,6 @@
 """Submitting a job spec through submitit. submitit runs `run_node` once per node; each node runs
-the one two-pass flow (payload/common/job_flow.sh) with the node contract (jobgen/node.py) and
-the facts submitit gives it, exactly as the sbatch script's nodes do. The main node does the
+the one two-pass flow (payload/common/job_flow.sh) with the node contract (jobgen/payloads/node.py)
+and the facts submitit gives it, exactly as the sbatch script's nodes do. The main node does the
 restart accounting the sbatch script does: after a failure that a restart can cure it requeues
 the job until `job.max_restarts` is used. `submit` returns the submitit Job."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ... import node, payloads
-from ...errors import ConfigError
-from ...record import record
-from ...spec import JobSpec
+from ... import payloads
+from ...job.spec import JobSpec
+from ...payloads import node
+from ...plumbing.errors import ConfigError
+from ...plumbing.record import record
 
 # What submitit's job gets when the recipe sets no job.time_limit (Slurm's partition default
 # would apply to an sbatch script; submitit always sends one).
@@ -149,7 +150,7 @@ def submit(spec: JobSpec, folder: Optional[Path] = None) -> Any:
         import submitit
     except ImportError:
         raise ConfigError("--via submitit needs submitit: pip install 'jobgen[submitit]'") from None
-    from ... import snapshot
+    from ...images import snapshot
     # The payload the nodes run: its snapshot on the shared storage (placed once, verified).
     snapshot.place(spec.site.snapshot_root, spec.payload_digest)
     task = node_task(spec)

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The node contract on this node (jobgen/node.py defines it): checked and made absolute
+# The node contract on this node (jobgen/payloads/node.py defines it): checked and made absolute
 # (flow_init), the payload's digest, the site's environment, the job's files and prepare
 # command, and the FSx client's setting. Needs base.sh.
 

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The health gate (payload/common/health.py runs the checks; jobgen/health.py decides what is
+# The health gate (payload/common/health.py runs the checks; jobgen/job/health.py decides what is
 # checked): on each node before the compile pass, or once per allocation by the Slurm controller,
 # which requeues without a bad node (requeue.sh). Needs base.sh and requeue.sh.
 

@@ -1,0 +1,1 @@
+"""What the nodes run: jobgen's container images and the payload snapshot."""

@@ -1,0 +1,1 @@
+"""Inputs loaded strictly: recipes, sites, platforms, user defaults; errors name the key."""

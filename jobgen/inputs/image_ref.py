@@ -1,0 +1,66 @@
+"""A site's `repository:` (batch, sagemaker, eks) as Docker reads an image reference: the grammar
+of distribution/reference (the package Docker, containerd and the registries parse references
+with), declared here once. limits.py gives the same pattern to the site schema; site.py refuses
+a value that does not match, in one line, before any service tries to pull it.
+
+What a site writes is a name only, `[REGISTRY[:PORT]/]PATH`: jobgen appends the tag of each image
+(`:PLATFORM-TRAINER-PAYLOADID`, jobgen/images/catalog.py), so a tag or a digest in the site is
+refused.
+
+    name       := [domain '/'] component ('/' component)*
+    domain     := host [':' port]          host: DNS labels joined by '.', or [IPv6]
+    component  := [a-z0-9]+ (separator [a-z0-9]+)*
+    separator  := '.' | '_' | '__' | '-'+
+    at most 255 characters in all (distribution/reference's NameTotalLengthMax)
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ..plumbing.errors import ConfigError
+
+_ALNUM = "[a-z0-9]+"
+_SEPARATOR = "(?:[._]|__|-+)"
+_COMPONENT = f"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
+_LABEL = "(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[a-fA-F0-9:]+\])"
+_DOMAIN = f"{_HOST}(?::[0-9]+)?"
+NAME = f"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+# The one declaration of the rule: the loader (below) and the schema (limits.py) use it.
+REPOSITORY_PATTERN = f"^{NAME}$"
+NAME_MAX = 255
+# The anchored text, compiled once: the site's limits check (rules.check_limits) matches the
+# same text and finds it in re's cache (the grammar takes about 1 ms to compile).
+_NAME_RE = re.compile(REPOSITORY_PATTERN)
+
+
+def problem(value: str) -> Optional[str]:
+    """What keeps `value` from being a repository an image can be pushed to and pulled from
+    under a tag jobgen appends; None when it is one."""
+    if len(value) > NAME_MAX:
+        return f"is {len(value)} characters, more than an image name's {NAME_MAX}"
+    if _NAME_RE.fullmatch(value):
+        return None
+    if "@" in value:
+        return ("has a digest: jobgen names each image by the tag it appends; write "
+                "REGISTRY/REPOSITORY alone")
+    head, _, last = value.rpartition("/")
+    if ":" in last and _NAME_RE.fullmatch(f"{head}/{last.split(':')[0]}" if head
+                                           else last.split(":")[0]):
+        return ("has a tag: jobgen appends its own (:PLATFORM-TRAINER-PAYLOADID); write "
+                "REGISTRY/REPOSITORY without one")
+    path = value.split("/", 1)[1] if "/" in value else value
+    if path != path.lower() and _NAME_RE.fullmatch(value.lower()):
+        return "has upper-case letters in its path: Docker takes lower case only"
+    return ("is not an image repository in Docker's reference grammar: "
+            "[REGISTRY[:PORT]/]PATH, path components of a-z and 0-9 joined by '.', '_', "
+            "'__' or '-', separated by '/'")
+
+
+def check_repository(value: str, where: str) -> None:
+    """ConfigError (`where`: file and key) unless `value` is a repository name."""
+    from .schema import describe
+    said = problem(value)
+    if said is not None:
+        raise ConfigError(f"{where}: {describe(value)} {said}")

@@ -1,0 +1,205 @@
+"""Site profiles (`env/sites/<name>.yaml`): where jobs run. The recipe says what to train; the
+site says which partition, which shared directories, which virtualenv, where the compile cache and
+the upstream trainer checkouts live. `local` is the embedded default that works on this machine.
+
+This module holds the profile as a whole, its loading and its checks across sections; each
+section's own fields are in site_sections.py."""
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+from typing import Optional
+
+from ..plumbing import resources
+from ..plumbing.errors import ConfigError
+from ..plumbing.record import record
+from . import schema
+from .image_ref import check_repository
+from .platforms import Health, check_health
+from .site_plan import PlanSite, check_plan
+from .site_sections import BatchSite, EksSite, NodePathKey, Paths, SageMakerSite, Setup, SlurmSite
+from .yamlfile import load_yaml
+
+DEFAULT_SITE = "local"
+# botocore's rule for a region name (a host label), which it checks only when a client is made.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")   # what a terminal or a shell acts on
+REGION_RE = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+
+
+@record
+class Site:
+    name: str
+    description: str
+    slurm: SlurmSite
+    paths: Paths
+    setup: Setup = Setup()
+    # Site paths only the compute nodes have (a mount the submitting host lacks): the submit
+    # preflight does not look for them on the submitting host.
+    node_only_paths: Optional[tuple[NodePathKey, ...]] = None  # keys the preflight skips
+    batch: Optional[BatchSite] = None
+    sagemaker: Optional[SageMakerSite] = None
+    eks: Optional[EksSite] = None
+    plan: PlanSite = PlanSite()
+    health: Health = Health()        # overrides the platform's health gate (any value)
+
+    @property
+    def snapshot_root(self) -> str:
+        """The folder of the payload snapshots (jobgen/images/snapshot.py) on the shared storage."""
+        return self.paths.payload_dir or posixpath.join(self.paths.work_dir, ".jobgen", "payload")
+
+
+_SECTION = {BatchSite: "batch", SageMakerSite: "sagemaker", EksSite: "eks"}
+# An Amazon ECR repository: the only place SageMaker's CreateTrainingJob pulls images from.
+ECR_RE = re.compile(r"[0-9]{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+")
+# A Kubernetes namespace or object name (RFC 1123 label).
+K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def site_names() -> list[str]:
+    return sorted(p.stem for p in resources.folder("sites").glob("*.yaml"))
+
+
+def load(ref: Optional[str] = None) -> Site:
+    """Load a site profile by name (env/sites/NAME.yaml) or by path; None: the user's default
+    (JOBGEN_SITE, the config file, else local: jobgen/inputs/userconfig.py)."""
+    if ref is None:
+        from . import userconfig
+        ref, _ = userconfig.site(None)
+    elif not ref.strip():
+        raise ConfigError("--site: empty site name (leave it out for the default site)")
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path, shown = Path(ref), ref
+        if not path.is_file():
+            raise ConfigError(f"{ref}: no such site profile")
+    else:
+        path, shown = resources.folder("sites") / f"{ref}.yaml", f"env/sites/{ref}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown site {ref!r} (sites: {', '.join(site_names())})")
+    return load_file(path, shown)
+
+
+def locate(ref: Optional[str]) -> tuple[Path, str]:
+    """(file, name shown in messages) of a site reference, without reading it."""
+    if ref is None:
+        from . import userconfig
+        ref, _ = userconfig.site(None)
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        return Path(ref), ref
+    return resources.folder("sites") / f"{ref}.yaml", f"env/sites/{ref}.yaml"
+
+
+def load_file(path: Path, shown: str) -> Site:
+    """`load` of a file named `shown` in messages (a run's recorded copy of its site)."""
+    data = load_yaml(path, shown)
+    _refuse_image_paths(data, shown)
+    site = schema.build(Site, data, shown)
+    for key, value in (("slurm.partition", site.slurm.partition),
+                       ("slurm.account", site.slurm.account), ("slurm.qos", site.slurm.qos),
+                       ("slurm.reservation", site.slurm.reservation), ("name", site.name)):
+        if value is not None and not schema.NAME_RE.fullmatch(value):
+            raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
+                              f"{schema.NAME_RE.pattern}")
+    numbers: list[tuple[str, int, int]] = [("slurm.cpus_per_task", site.slurm.cpus_per_task, 1),
+               ("slurm.max_nodes", site.slurm.max_nodes, 0),
+               ("slurm.time_limit_warning_s", site.slurm.time_limit_warning_s, 1)]
+    if site.slurm.lustre_max_dirty_mb is not None:
+        numbers += [("slurm.lustre_max_dirty_mb", site.slurm.lustre_max_dirty_mb, 1)]
+    if site.batch is not None:
+        numbers += [("batch.timeout_hours", site.batch.timeout_hours, 1),
+                    ("batch.max_nodes", site.batch.max_nodes, 0),
+                    ("batch.rendezvous_timeout_s", site.batch.rendezvous_timeout_s, 1)]
+        if site.batch.smoke is not None:
+            numbers += [("batch.smoke.vcpus", site.batch.smoke.vcpus, 1),
+                        ("batch.smoke.memory_mib", site.batch.smoke.memory_mib, 512)]
+    if site.sagemaker is not None:
+        numbers += [("sagemaker.max_nodes", site.sagemaker.max_nodes, 0),
+                    ("sagemaker.volume_size_gb", site.sagemaker.volume_size_gb, 1),
+                    ("sagemaker.max_runtime_hours", site.sagemaker.max_runtime_hours, 1),
+                    ("sagemaker.rendezvous_timeout_s", site.sagemaker.rendezvous_timeout_s, 1),
+                    ("sagemaker.keep_alive_s", site.sagemaker.keep_alive_s, 0)]
+        if site.sagemaker.max_runtime_hours > 28 * 24:
+            raise ConfigError(f"{shown}: sagemaker.max_runtime_hours: "
+                              f"{site.sagemaker.max_runtime_hours} is more than SageMaker's "
+                              "28 days (672)")
+    if site.eks is not None:
+        numbers += [("eks.max_nodes", site.eks.max_nodes, 0),
+                    ("eks.rendezvous_timeout_s", site.eks.rendezvous_timeout_s, 1)]
+        if not K8S_NAME_RE.fullmatch(site.eks.namespace):
+            raise ConfigError(f"{shown}: eks.namespace: {schema.describe(site.eks.namespace)} "
+                              "is not a Kubernetes name (lower case letters, digits, '-')")
+        if site.eks.training_operator and site.eks.gang not in (None, "pytorchjob"):
+            raise ConfigError(f"{shown}: eks.training_operator: true contradicts eks.gang: "
+                              f"{site.eks.gang} (leave training_operator out)")
+        for key, value in schema.to_plain(site.eks).items():
+            if isinstance(value, str) and CONTROL_RE.search(value):
+                raise ConfigError(f"{shown}: eks.{key}: {schema.describe(value)} holds a control "
+                                  "character")
+        for key, value in (("eks.shared_mount", site.eks.shared_mount),
+                           ("eks.local_cache_host_path", site.eks.local_cache_host_path)):
+            if not value.startswith("/"):
+                raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must be an "
+                                  "absolute path")
+            if posixpath.normpath("/" + value.strip("/")) == "/" or ".." in value.split("/"):
+                # Mounted over the container's / (or a host's /): the pod would see no system.
+                raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must be a folder "
+                                  "below / (a mount over / hides the container's own files)")
+    for key, number, least in numbers:
+        if number < least:
+            raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
+    check_plan(site.plan, shown)
+    check_health(site.health, shown)
+    if site.slurm.time_limit_warning_s > 65535:   # sbatch --signal's limit
+        raise ConfigError(f"{shown}: slurm.time_limit_warning_s: "
+                          f"{site.slurm.time_limit_warning_s} is more than sbatch's 65535")
+    from .platforms import PLATFORMS
+    for name in site.slurm.platforms or ():
+        if name not in PLATFORMS:
+            raise ConfigError(f"{shown}: slurm.platforms: {schema.describe(name)} is not a "
+                              f"platform jobgen knows ({', '.join(sorted(PLATFORMS))})")
+    for key, region in (("batch.region", site.batch.region if site.batch else None),
+                        ("sagemaker.region", site.sagemaker.region if site.sagemaker else None)):
+        if region is not None and not REGION_RE.fullmatch(region):
+            raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
+                              "region name (like us-east-1)")
+    for section in (site.batch, site.sagemaker, site.eks):
+        if section is not None and section.repository is not None:
+            # Docker's reference grammar, before any service is asked to pull from it.
+            check_repository(section.repository, f"{shown}: {_SECTION[type(section)]}.repository")
+    from .limits import SITE_LIMITS
+    from .rules import check_limits, check_site_paths
+    check_site_paths(site.paths.work_dir, site.paths.compile_cache,
+                     site.paths.local_compile_cache, shown)
+    local_cache = site.paths.local_compile_cache
+    if local_cache is not None and not local_cache.startswith("/"):
+        # Each node's own disk: payload/common/sync_cache.sh refuses a relative path at run time.
+        raise ConfigError(f"{shown}: paths.local_compile_cache: {schema.describe(local_cache)} "
+                          "must be an absolute path on each node's local disk")
+    check_limits(schema.to_plain(site), SITE_LIMITS, shown)
+    repository = site.sagemaker.repository if site.sagemaker else None
+    if repository is not None and not ECR_RE.fullmatch(repository):
+        # CreateTrainingJob pulls training images from Amazon ECR only.
+        raise ConfigError(f"{shown}: sagemaker.repository: {schema.describe(repository)} is "
+                          "not an Amazon ECR repository: push jobgen's images to one and write "
+                          "ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME")
+    return site
+
+
+# Keys of container sections that named what is inside jobgen's images (images.yaml declares
+# it now), and what to write instead.
+_IMAGE_KEYS = {
+    "images": "write {section}.repository: REGISTRY/REPOSITORY (one repository; jobgen tags "
+              "each image PLATFORM-TRAINER-PAYLOADID: see `jobgen image-context`)",
+    "payload_dir": "remove it (env/containers/images.yaml declares where the image holds it)",
+    "entrypoint": "remove it (env/containers/images.yaml declares where the image holds it)",
+}
+
+
+def _refuse_image_paths(data: dict[str, object], shown: str) -> None:
+    for section in ("batch", "sagemaker", "eks"):
+        values = data.get(section)
+        for key, instead in _IMAGE_KEYS.items():
+            if isinstance(values, dict) and key in values:
+                raise ConfigError(f"{shown}: {section}.{key}: a site no longer names jobgen's "
+                                  f"images or paths inside them; "
+                                  + instead.format(section=section))

@@ -1,0 +1,1 @@
+"""Plumbing: errors, the one writer and reader, records, cache, own files, quoting."""

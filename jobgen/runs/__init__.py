@@ -1,0 +1,1 @@
+"""A run's record: the runs submitted, what each ran with, its progress and restarts."""
