@@ -128,7 +128,7 @@ flow_slurm_job() {
   # In the background, so that the time-limit trap runs while the step does.
   # With spare nodes, a step that lost a node runs again on a spare (flow_spare_relaunch).
   while :; do
-    srun "${FLOW_STEP[@]}" --ntasks-per-node=1 bash -c \
+    srun ${FLOW_STEP[@]+"${FLOW_STEP[@]}"} --ntasks-per-node=1 bash -c \
       'trap "" USR1; export JOBGEN_NODE_RANK=$SLURM_NODEID JOBGEN_NNODES=$SLURM_NNODES JOBGEN_IS_MAIN=$((SLURM_NODEID == 0)) FLOW_WHO="jobgen[node $SLURM_NODEID]"; exec bash "$0" node "$@"' \
       "$JOBGEN_PAYLOAD_DIR/common/job_flow.sh" "$@" &
     step_pid=$!
