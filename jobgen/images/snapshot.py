@@ -43,19 +43,34 @@ def _files(root: Path) -> list[tuple[str, Path]]:
 
 
 _memo: dict[tuple[object, ...], str] = {}
+# A render keeps the digest of jobgen's own payload in jobgen's private cache (jobgen/plumbing/
+# cache.py), keyed by every file's path, size, mode and modification time, instead of reading and
+# hashing the payload each time (a few ms of `jobgen render`). Only files left alone for RACY_NS
+# are trusted that way (one written twice within the clock's tick keeps its time); placing,
+# verifying and exporting a snapshot always read the files.
+RACY_NS = 2 * 10**9
 
 
-def digest(root: Optional[Path] = None) -> str:
-    """The payload's digest (64 hex digits); `root` defaults to jobgen's own payload."""
+def digest(root: Optional[Path] = None, *, kept: bool = False) -> str:
+    """The payload's digest (64 hex digits); `root` defaults to jobgen's own payload. `kept`:
+    jobgen's own payload's digest may come from the private cache (rendering)."""
     if root is None:
         from ..plumbing import resources
         root = resources.folder("payload")
+    else:
+        kept = False
     files = _files(root)
     stats = [(rel, p.stat()) for rel, p in files]
     key: tuple[object, ...] = (str(root), *((rel, s.st_mtime_ns, s.st_size, s.st_mode)
                                             for rel, s in stats))
     if key in _memo:
         return _memo[key]
+    entry = _entry(key) if kept else None
+    if entry is not None:
+        from ..plumbing import cache
+        found = cache.read(entry)
+        if found is not None and len(found) == 64 and not found.strip(b"0123456789abcdef"):
+            return found.decode()   # not memoized: what reads the files must read them
     h = sha256()
     for rel, path in files:
         mode = path.stat().st_mode
@@ -63,7 +78,24 @@ def digest(root: Optional[Path] = None) -> str:
         data = fsio.read_bytes(path)   # a FIFO or device in a snapshot: refused, not read
         h.update(str(len(data)).encode() + b"\0" + data)
     _memo[key] = h.hexdigest()
+    if entry is not None:
+        import time
+        settled = time.time_ns() - RACY_NS
+        if all(s.st_mtime_ns < settled for _, s in stats):
+            from ..plumbing import cache
+            cache.write(entry, _memo[key].encode())
     return _memo[key]
+
+
+def _entry(key: tuple[object, ...]) -> Optional[str]:
+    """Where the digest of the payload as `key` describes it is kept (None: no private cache)."""
+    import json
+
+    from ..plumbing import cache
+    folder = cache.folder("digests")
+    if folder is None:
+        return None
+    return os.path.join(folder, sha256(json.dumps(key).encode()).hexdigest())
 
 
 def short(full: str) -> str:
@@ -181,9 +213,15 @@ def export(target: Path, full: Optional[str] = None) -> Path:
     try:
         tmp.mkdir(parents=True)
         _copy(source, tmp)
-        (tmp / MARKER).write_text(full + "\n", encoding="utf-8")
-        os.rename(tmp, target)
+        copied = digest(tmp)     # what was copied is what the digest file will say
+        if copied == full:
+            (tmp / MARKER).write_text(full + "\n", encoding="utf-8")
+            os.rename(tmp, target)
     except OSError as exc:
         _remove(tmp)
         raise ConfigError(f"cannot write {target}: {exc.strerror}") from None
+    if copied != full:
+        _remove(tmp)
+        raise ConfigError(f"payload {short(full)} is not this jobgen's payload ({short(copied)}): "
+                          "install the jobgen that rendered it, or render the job again")
     return target

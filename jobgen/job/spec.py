@@ -259,7 +259,7 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     from ..images import snapshot
     spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
                    compile_mode=compile_mode, smoke=smoke, run_name=name, slurm=request,
-                   payload_digest=payload_digest or snapshot.digest())
+                   payload_digest=payload_digest or snapshot.digest(kept=True))
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
     return spec

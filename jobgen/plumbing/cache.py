@@ -1,10 +1,10 @@
 """jobgen's private cache ($XDG_CACHE_HOME/jobgen, else ~/.cache/jobgen): compiled templates,
-parsed recipe and site files and rendered scripts, so that `jobgen render` does not compile,
-parse or render what it already did. Nothing here is trusted blindly: a folder is used only if
-it is this user's alone, and an entry only if it is a regular file of this user's that nobody
-else can write, with the SHA-256 of its content stored in front of it. Anything else is ignored
-(and rewritten). A cache that cannot be written is never a reason to fail. JOBGEN_CACHE=off
-turns it off."""
+parsed recipe and site files, rendered scripts and the payload's digest, so that `jobgen render`
+does not compile, parse, render or hash what it already did. Nothing here is trusted blindly:
+a folder is used only if it is this user's alone, and an entry only if it is a regular file of
+this user's that nobody else can write, with the SHA-256 of its content stored in front of it.
+Anything else is ignored (and rewritten). A cache that cannot be written is never a reason to
+fail. JOBGEN_CACHE=off turns it off."""
 from __future__ import annotations
 
 import contextlib
