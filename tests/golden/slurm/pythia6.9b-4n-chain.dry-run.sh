@@ -25,7 +25,7 @@ set -uo pipefail
 {
 
 # ---- values from the job spec (every one quoted by jobgen) -----------------------------------
-# The node contract (jobgen/node.py says what each variable means), then the recipe's and the
+# The node contract (jobgen/payloads/node.py says what each variable means), then the recipe's and the
 # platform's environment, then the two passes' trainer arguments.
 export MASTER_PORT=41000
 export JOBGEN_RUN_DIR=/fsx/jobgen/runs/pythia6.9b-4n
@@ -248,7 +248,7 @@ set -uo pipefail
 {
 
 # ---- values from the job spec (every one quoted by jobgen) -----------------------------------
-# The node contract (jobgen/node.py says what each variable means), then the recipe's and the
+# The node contract (jobgen/payloads/node.py says what each variable means), then the recipe's and the
 # platform's environment, then the two passes' trainer arguments.
 export MASTER_PORT=41000
 export JOBGEN_RUN_DIR=/fsx/jobgen/runs/pythia6.9b-4n
