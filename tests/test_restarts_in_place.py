@@ -69,6 +69,9 @@ def test_the_training_pass_meets_in_a_c10d_rendezvous_ranked_as_the_flow_ranks(
     assert (args.rdzv_backend, args.rdzv_endpoint, args.max_restarts) == ("c10d",
                                                                           "10.0.0.1:41000", 3)
     assert args.rdzv_conf == "is_host=0,join_timeout=900"
+    # Each agent looks at its workers and its peers every 0.1 s, as torch 2.4+ does by default:
+    # torch 2.1.2's torchrun would wait 5 s, twice per restart.
+    assert args.monitor_interval == 0.1
     assert args.local_addr == "~jobgen-node-000001"
     assert sorted(["~jobgen-node-000002", args.local_addr, "10.0.0.1", "255.255.255.255",
                    "ip-10-0-0-9.ec2.internal"])[-2:] == ["~jobgen-node-000001",

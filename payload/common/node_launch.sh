@@ -165,8 +165,11 @@ node_launch() {
     # restarted for its peer's failure does not count it, and its new workers would read the
     # previous round's addresses there and wait for workers that are gone (torch 2.4+ shares it).
     export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    # How often each agent looks at its workers and at peers waiting for a new round: torch
+    # 2.4+'s default, 0.1 s. Older torchrun (2.1.2, the Neuron image's) waits 5 s, twice per
+    # restart (the failed node's agent, then its peers'): up to 10 s of a restart in place.
     rdzv=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "jobgen-$pass"
-      --rdzv_conf "$conf" --max_restarts "$in_place" --local_addr "$addr")
+      --rdzv_conf "$conf" --max_restarts "$in_place" --local_addr "$addr" --monitor_interval 0.1)
   else
     rdzv=(--node_rank "$node_rank" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
       --rdzv_id "jobgen-$pass")
