@@ -65,15 +65,14 @@ def main() -> int:
     p.add_argument("--partition", default="")
     a = p.parse_args()
     os.environ.setdefault("LOGLEVEL", "INFO")   # torchrun's rendezvous and worker-group lines
-    step = 6
-    recovery_arms.schedule = lambda seed: {"process": step, "node": 10**6, "hang": 10**6}
+    steps = {"process": 6, "node": 10**6, "hang": 10**6}     # the process failure alone
     opts = argparse.Namespace(step_delay=1.0, save_delay=1.5, hang_min=20.0, a_delay=0.0,
                               cred_expire=10.0, timeout=400.0, partition=a.partition,
                               spare_partition="")
     a.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for rep in range(a.reps):
-        result = recovery_arms.run_arm("B", 1, a.workdir.resolve(), opts, False)
+        result = recovery_arms.run_arm("B", 1, a.workdir.resolve(), opts, False, steps)
         rows.append(parts(result))
         print(f"run {rep + 1}: restart {rows[-1][-1]:.2f} s", flush=True)
     for i, name in enumerate(PARTS):
