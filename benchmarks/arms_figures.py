@@ -41,6 +41,7 @@ def measure(arm: str, report: dict[str, Any], failures: list[dict[str, Any]], st
         "requeues": len(allocs) - 1 - sum(al["ending"] == "unhealthy" for al in allocs[:-1]),
         "in_place": sum(al.get("restarts_in_place", 0) for al in allocs),
         "allocations": len(allocs), "failures": failures,
+        "endings": [al["ending"] for al in allocs],
     }
 
 

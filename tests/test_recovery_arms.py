@@ -58,13 +58,21 @@ def test_a_against_d_one_failure_of_each_kind(cluster: int, tmp_path: Path,  # n
                     f"{r['requeues']}, in place {r['in_place']}, " + ", ".join(
                         f"{c} restart {arms._f(v['restart_s'])} s, {arms._f(v['again'], '{:.0f}')}"
                         " step(s) again" for c, v in r["causes"].items())
-               + f", stall {r['stall_s']:.2f} s" for arm, r in runs.items()}
+               + f", stall {r['stall_s']:.2f} s, allocations ended "
+               + "/".join(map(str, r["endings"])) for arm, r in runs.items()}
     show_figures(request, "recovery arms (short: A-cut against D)", figures)
     for r in runs.values():
         assert r["state"] == "COMPLETED", r
         assert sorted(f["cause"] for f in r["failures"]) == sorted(arms.CAUSES), r["failures"]
-    # A: every failure went back to the scheduler; nothing restarted in place.
-    assert (a["requeues"], a["in_place"]) == (3, 0), a
+    # A: every failure went back to the scheduler; nothing restarted in place. watch acted
+    # once (the hang): a second action would be an alarm on a healthy restart. More than
+    # three requeues can come from A-cut's own method (the StartTime it moves forward can
+    # meet the old allocation's revoked credential under load): each ending is shown.
+    assert a["in_place"] == 0, a
+    assert a["requeues"] >= 3, (a["endings"], a)
+    actions = [line for w in (tmp_path / "A-cut").glob("*.watch")
+               for line in w.read_text().splitlines() if " ACTION " in line]
+    assert len(actions) == 1 and "(hang)" in actions[0], (actions, a["endings"])
     # D: the killed worker restarted in place; the hang went through watch's requeue; the lost
     # node is the spare's where spares exist, else a requeue (the fallback).
     assert d["in_place"] >= (2 if spare else 1), d
