@@ -16,6 +16,13 @@ class PayloadError(Exception):
     """A problem the user can fix (bad flag, missing data): reported in one line, exit code 2."""
 
 
+def require_positive(args: Any, names: tuple[str, ...]) -> None:
+    """Every flag named must be at least 1 (the one message all the programs give)."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from common import args as shared
-from common.runtime import PayloadError
+from common.runtime import PayloadError, require_positive
 from common.schedule import steps_from_proportion
 
 
@@ -60,9 +60,7 @@ def validate(args: argparse.Namespace) -> None:
     positive = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size",
                 "seq_length", "max_predictions", "micro_batch_size", "gradient_accumulation",
                 "max_steps", "compile_steps", "checkpoint_every", "keep_checkpoints")
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
+    require_positive(args, positive)
     if args.hidden_size % args.num_heads:
         raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by "
                            f"--num-heads {args.num_heads}")

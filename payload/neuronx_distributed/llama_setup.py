@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common import args as shared
-from common.runtime import PayloadError
+from common.runtime import PayloadError, require_positive
 
 UPSTREAM_MODULES = ("modeling_llama_nxd.py", "training_utils.py")  # in the example's parent
 
@@ -49,11 +49,9 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace) -> None:
-    for name in ("compile_steps", "max_steps", "checkpoint_every", "keep_checkpoints",
-                 "log_every", "tensor_parallel_size", "micro_batch_size",
-                 "gradient_accumulation", "seq_length"):
-        if getattr(args, name) < 1:
-            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
+    require_positive(args, ("compile_steps", "max_steps", "checkpoint_every", "keep_checkpoints",
+                            "log_every", "tensor_parallel_size", "micro_batch_size",
+                            "gradient_accumulation", "seq_length"))
     if args.steps < -1:
         raise PayloadError("--steps must be -1 (no bound) or >= 0")
     for name in ("lr", "eps", "init_std"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from common import args as shared
-from common.runtime import PayloadError
+from common.runtime import PayloadError, require_positive
 from common.schedule import DECAY_SHAPES
 
 
@@ -51,11 +51,10 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace, world: int, local_world: int) -> None:
-    for name in ("num_layers", "hidden_size", "num_heads", "intermediate_size", "seq_length",
-                 "micro_batch_size", "gradient_accumulation", "max_steps", "compile_steps",
-                 "checkpoint_every", "keep_checkpoints", "tensor_parallel", "log_every"):
-        if getattr(args, name) < 1:
-            raise PayloadError(f"--{name.replace('_', '-')} must be at least 1")
+    require_positive(args, (
+        "num_layers", "hidden_size", "num_heads", "intermediate_size", "seq_length",
+        "micro_batch_size", "gradient_accumulation", "max_steps", "compile_steps",
+        "checkpoint_every", "keep_checkpoints", "tensor_parallel", "log_every"))
     if args.hidden_size % args.num_heads:
         raise PayloadError(f"--hidden-size {args.hidden_size} is not divisible by --num-heads "
                            f"{args.num_heads}")
