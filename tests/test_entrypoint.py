@@ -383,12 +383,13 @@ def test_every_payload_gets_the_declared_collective_timeout() -> None:
     from common.init import process_group_timeout
     from common.runtime import PayloadError
 
-    from jobgen.payloads import node
+    from jobgen.inputs.recipe import Job
 
-    assert smoke_definition().env["JOBGEN_COLLECTIVE_TIMEOUT"] == str(node.COLLECTIVE_TIMEOUT_S)
+    declared = Job().collective_timeout_s    # the recipe's default; payload/common/init.py's too
+    assert smoke_definition().env["JOBGEN_COLLECTIVE_TIMEOUT"] == str(declared)
     assert process_group_timeout({"JOBGEN_COLLECTIVE_TIMEOUT": "90"}) == \
         datetime.timedelta(seconds=90)
-    assert process_group_timeout({}) == datetime.timedelta(seconds=node.COLLECTIVE_TIMEOUT_S)
+    assert process_group_timeout({}) == datetime.timedelta(seconds=declared)
     with pytest.raises(PayloadError, match="JOBGEN_COLLECTIVE_TIMEOUT='0' is not a positive"):
         process_group_timeout({"JOBGEN_COLLECTIVE_TIMEOUT": "0"})
     calls = {}

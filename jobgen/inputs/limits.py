@@ -24,6 +24,7 @@ PLAN_DOMAINS: dict[str, tuple[float, float, str]] = {
     "restart_s": (0.0, 604800.0, "seconds"),
     "storage_mb_s": (0.1, 1e8, "MB/s"),
     "checkpoint_gb": (1e-6, 1e7, "GB"),
+    "process_failure_share": (0.0, 1.0, ""),     # of all failures
 }
 RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "name": {"pattern": schema.NAME_RE.pattern},
@@ -65,6 +66,7 @@ RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "job.max_restarts": {"minimum": 0, "maximum": 1000},
     "job.restarts_in_place": {"minimum": 0, "maximum": 100},
     "job.spare_nodes": {"minimum": 0, "maximum": 64},
+    "job.collective_timeout_s": {"minimum": 1, "maximum": 604800},
     "job.master_port": {"minimum": 1024, "maximum": 65535},
     "job.log_every_steps": {"minimum": 1},
     "seed": {"minimum": 0, "maximum": SEED_MAX},
@@ -97,4 +99,6 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "health.timeout_s": {"minimum": 1, "maximum": 600},
     "health.max_requeues": {"minimum": 0, "maximum": 20},
     "health.efa_interfaces": {"minimum": 0, "maximum": 32},
+    # A share of failures: its schema says 0 to 1, as plan's check on load (PLAN_DOMAINS).
+    "plan.process_failure_share": {"minimum": 0, "maximum": 1},
 }

@@ -137,6 +137,11 @@ class Job:
     # Slurm: nodes allocated beyond the ones that train (sbatch --no-kill); the health gate picks
     # which train, and the job step runs again on a spare when it lost a node.
     spare_nodes: int = 0
+    # Seconds a collective waits for a peer before it fails (init_process_group's timeout, in
+    # the trainers whose loop is jobgen's). A hung rank makes the others' next collective fail:
+    # with restarts_in_place the workers restart inside the allocation, else the job requeues.
+    # Longer than any healthy wait between ranks (a save's barrier, a restart's start-up skew).
+    collective_timeout_s: int = 1800
     master_port: int = 41000
     time_limit: Optional[str] = None
     log_every_steps: int = 1

@@ -87,7 +87,7 @@ COMMON_KEYS = frozenset({
     "data.path", "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep",
     "checkpoint.async_save",
     "compile.steps", "job.max_restarts", "job.restarts_in_place", "job.spare_nodes",
-    "job.master_port",
+    "job.collective_timeout_s", "job.master_port",
     "job.time_limit", "job.health_gate",
 })
 

@@ -28,8 +28,9 @@ Passes = Literal["both", "compile", "train"]
 # through (a peer writing its part of a checkpoint, a first step compiling its graphs). NeMo's
 # process group is made by its Lightning strategy (neuronx-nemo-megatron's NLPDDPStrategy, an XLA
 # one, with no timeout to pass); on Neuron, device collectives (NeMo's and NxD's) are bounded by
-# the Neuron runtime's NEURON_RT_EXEC_TIMEOUT instead (30 s by default).
-COLLECTIVE_TIMEOUT_S = 1800
+# the Neuron runtime's NEURON_RT_EXEC_TIMEOUT instead (30 s by default). The value is the recipe's
+# job.collective_timeout_s (jobgen/inputs/recipe.py, default 1800 s): a shorter one turns a hung
+# rank into a restart in place (job.restarts_in_place) that much sooner.
 
 # What the executor sets on each node, at run time.
 NODE_FACTS = {
@@ -164,7 +165,7 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         if recipe.job.restarts_in_place and shared else "",
         JOBGEN_SPARE_NODES=str(spares) if spares and executor == "slurm" else "",
         JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
-        JOBGEN_COLLECTIVE_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
+        JOBGEN_COLLECTIVE_TIMEOUT=str(recipe.job.collective_timeout_s),
         JOBGEN_NODE_SILENCE="" if node_silence_s is None else str(node_silence_s),
         JOBGEN_SHARED_FS="1" if shared else "",
         # submitit's nodes share the folder: the main node writes, the others' trainers start
