@@ -31,6 +31,10 @@ from .param_types import TEXT, _Amount
 @click.option("--restart-s", type=_Amount.of("restart_s"),
               help="Seconds from a failure to training again, before the checkpoint load "
                    "(default: the site's plan.restart).")
+@click.option("--process-failure-share", type=_Amount.of("process_failure_share"),
+              help="Of all failures, the share that are a process's on healthy nodes (a crash, "
+                   "a hang), 0 to 1; with job.restarts_in_place they restart inside the "
+                   "allocation (default: the site's plan.process_failure_share, else 0).")
 @click.option("--storage-mb-s", type=_Amount.of("storage_mb_s"),
               help="Checkpoint storage bandwidth, MB/s, read and write (default: the site's).")
 @click.option("--checkpoint-gb", type=_Amount.of("checkpoint_gb"),

@@ -50,6 +50,9 @@ class PlanSite:
     platforms: Optional[dict[str, PlatformFacts]] = None
     storage: Optional[Storage] = None
     restart: Restart = Restart()
+    # A worker's crash, a hang torchrun's watchdog ends, an error in user code: not a node lost.
+    # Default 0 (every failure a node's); with job.restarts_in_place they restart in place.
+    process_failure_share: float = 0.0   # of failures, a process's on healthy nodes (0 to 1)
 
 
 
@@ -68,11 +71,13 @@ def check_plan(plan: PlanSite, shown: str) -> None:
                     for k in ("write_mb_s", "read_mb_s", "node_mb_s")]
     numbers += [(f"plan.restart.{k}", "restart_s", getattr(plan.restart, k))
                 for k in ("detect_s", "requeue_s", "rendezvous_s", "compile_s")]
+    numbers.append(("plan.process_failure_share", "process_failure_share",
+                    plan.process_failure_share))
     for key, domain, number in numbers:
         low, high, unit = PLAN_DOMAINS[domain]
         if number is not None and not (math.isfinite(number) and low <= number <= high):
-            raise ConfigError(f"{shown}: {key}: {number} must be from {low:g} to {high:g} "
-                              f"{unit}")
+            raise ConfigError(f"{shown}: {key}: {number} must be from {low:g} to {high:g}"
+                              + (f" {unit}" if unit else ""))
     if plan.rate is not None and not schema.NAME_RE.fullmatch(plan.rate):
         raise ConfigError(f"{shown}: plan.rate: {schema.describe(plan.rate)} must match "
                           f"{schema.NAME_RE.pattern}")

@@ -102,10 +102,74 @@ def _one_segment(rng: random.Random, length: float, restart: float,
             failures += 1
 
 
+@record
+class Routes:
+    """Failures of two kinds with two restart costs (planning/in_place.py): each failure is a
+    process's with probability `process_share`, else a node's. A process failure restarts in
+    place while the current launch has `restarts` left, a node failure while a spare remains
+    (`spares`; a spare's relaunch is a new launch); any other failure is requeued and both
+    budgets start whole again. `restart` is then only the expected cost, for the closed form."""
+    process_share: float
+    restarts: int
+    spares: int
+    in_place: float            # seconds: a restart inside the allocation
+    requeue: float             # seconds: a requeue
+
+
+class _Budgets:
+    """The restarts left in one allocation, failure by failure."""
+
+    def __init__(self, routes: Routes, rng: random.Random) -> None:
+        self.routes, self.rng = routes, rng
+        self.used = self.spares_used = 0
+
+    def restart(self) -> tuple[float, bool]:
+        """A failure: its kind drawn, its budget spent; what its restart costs, and whether it
+        is a requeue."""
+        r = self.routes
+        if self.rng.random() < r.process_share:
+            if self.used < r.restarts:
+                self.used += 1
+                return r.in_place, False
+        elif self.spares_used < r.spares:
+            self.spares_used += 1
+            self.used = 0          # the step runs again on a spare: a fresh torchrun
+            return r.in_place, False
+        self.used = self.spares_used = 0       # requeued: a new allocation
+        return r.requeue, True
+
+
+def _routed_segment(rng: random.Random, length: float, budgets: _Budgets,
+                    mtbf: float) -> tuple[float, int]:
+    """_one_segment, each failure's restart by its kind and the budgets left. A failure during
+    a restart in place is routed like any other (a crash while the workers meet again costs
+    another restart, or the requeue once the budget is spent); one during a requeue starts the
+    requeue over (no workers run yet, and the new allocation's budgets stay whole)."""
+    spent, failures = 0.0, 0
+    while True:
+        t = rng.expovariate(1.0 / mtbf)
+        if t >= length:
+            return spent + length, failures
+        spent += t
+        failures += 1
+        restart, requeued = budgets.restart()
+        while True:            # the restart, until it gets through
+            t = rng.expovariate(1.0 / mtbf)
+            if t >= restart:
+                spent += restart
+                break
+            spent += t
+            failures += 1
+            if not requeued:
+                restart, requeued = budgets.restart()
+
+
 def simulate(work: float, interval: float, write: float, restart: float, mtbf: float,
-             runs: int, seed: int = 0) -> Simulation:
+             runs: int, seed: int = 0, routes: Optional[Routes] = None) -> Simulation:
     """Monte Carlo of the process above: `runs` whole jobs, seeded (the same seed, the same
-    figures). The wall time's 95 % interval is mean +- 1.96 standard errors."""
+    figures). The wall time's 95 % interval is mean +- 1.96 standard errors. With `routes`,
+    each failure's restart is drawn by its kind and the budgets left (each run starts in a fresh
+    allocation) instead of costing `restart`."""
     rng = random.Random(seed)
     full, rest = segments(work, interval)
     lengths = [interval + write] * full + ([rest + write] if rest else [])
@@ -113,8 +177,12 @@ def simulate(work: float, interval: float, write: float, restart: float, mtbf: f
     fails = 0
     for _ in range(runs):
         wall = 0.0
+        budgets = _Budgets(routes, rng) if routes is not None else None
         for length in lengths:
-            spent, n = _one_segment(rng, length, restart, mtbf)
+            if budgets is not None:
+                spent, n = _routed_segment(rng, length, budgets, mtbf)
+            else:
+                spent, n = _one_segment(rng, length, restart, mtbf)
             wall += spent
             fails += n
         walls.append(wall)

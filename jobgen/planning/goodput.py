@@ -10,7 +10,8 @@ from ..job.spec import JobSpec
 from ..plumbing.errors import ConfigError, RuleError
 from ..plumbing.record import record
 from . import failures
-from .failures import Simulation
+from .failures import Routes, Simulation
+from .in_place import InPlace
 
 # Longer than this is "never" (a million years): beyond it the figures are not worth printing.
 WALL_LIMIT_S = 3.15576e13
@@ -68,11 +69,14 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
                 ckpt_bytes: int, write_mb_s: float, read_mb_s: float,
                 node_mb_s: Optional[float], restart_fixed: float, price: Optional[float],
                 steps: int, simulate: int = 0, seed: int = 0,
-                in_place_fixed: Optional[float] = None) -> Failures:
+                in_place_fixed: Optional[float] = None,
+                process: Optional[InPlace] = None) -> Failures:
     """What failures take at `nodes` nodes, at the recipe's checkpoint interval and at the
     recommended one (Daly's); `simulate` > 0 also draws that many runs (seeded by `seed`).
     With spare nodes (job.spare_nodes), `in_place_fixed` is a restart's fixed cost inside the
-    allocation (detection and torchrun's rendezvous: no requeue, gate or compile pass)."""
+    allocation (detection and torchrun's rendezvous: no requeue, gate or compile pass).
+    `process`: the share of failures that are a process's and the budgets that keep them in the
+    allocation (planning/in_place.py); where it applies, it decides the restarts in place."""
     mtbf = mtbf_h * 3600 / nodes
     write_bw = min(write_mb_s, node_mb_s * nodes) if node_mb_s else write_mb_s
     read_bw = min(read_mb_s, node_mb_s * nodes) if node_mb_s else read_mb_s
@@ -93,7 +97,12 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
     job = spec.recipe.job
     billed = nodes + job.spare_nodes
     kept = job.spare_nodes
-    if kept and in_place_fixed is not None:
+    routed = process if process is not None and process.applies else None
+    if routed is not None and in_place_fixed is not None:
+        # Process failures too (in_place.py): the long-run share of failures kept inside.
+        share = 1.0 - routed.requeued()
+        restart = share * (restart - restart_fixed + in_place_fixed) + (1 - share) * restart
+    elif kept and in_place_fixed is not None:
         share = kept / (kept + 1)
         restart = share * (restart - restart_fixed + in_place_fixed) + (1 - share) * restart
     ckpt = spec.recipe.checkpoint
@@ -128,8 +137,13 @@ def failures_at(spec: JobSpec, nodes: int, step_s: float, work: float, mtbf_h: f
                 raise ConfigError(f"--simulate {simulate}: at {nodes} nodes with a "
                                   f"checkpoint every {k:,} steps that is about {draws:.2g} "
                                   f"random draws (at most {SIMULATION_LIMIT:.0e}); use fewer runs")
+            routes = None
+            if routed is not None and in_place_fixed is not None:
+                routes = Routes(routed.process_share, routed.restarts, routed.spares,
+                                in_place_fixed + load + lag(seconds),
+                                restart_fixed + load + lag(seconds))
             sim = failures.simulate(work, seconds, per_save, restart + lag(seconds), mtbf,
-                                    simulate, seed)
+                                    simulate, seed, routes)
         cost = wall / 3600 * billed * price if price is not None else None
         return Interval(k, seconds, work / wall, wall, wall / mtbf, cost, sim)
 

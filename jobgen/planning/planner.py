@@ -8,8 +8,8 @@ from typing import Any, Optional, Sequence
 from ..job.spec import JobSpec
 from ..plumbing.errors import ConfigError, RuleError
 from ..plumbing.record import record
+from . import in_place, model
 from . import measurements as meas
-from . import model
 from .goodput import Failures, failures_at
 from .inputs import from_runs, mtbf_of, price_of, recipe_points
 from .model import Curve, Throughput
@@ -51,6 +51,7 @@ class Options:
     rate: Optional[str] = None
     node_mtbf_hours: Optional[float] = None
     restart_s: Optional[float] = None
+    process_failure_share: Optional[float] = None
     storage_mb_s: Optional[float] = None
     checkpoint_gb: Optional[float] = None
     measurement_files: tuple[str, ...] = ()
@@ -103,6 +104,8 @@ class Result:
     notes: tuple[str, ...]
     # The site's on-demand price where the plan used another rate (reserved, say), to show both.
     on_demand: Optional[float] = None
+    # Where a share of failures is a process's (planning/in_place.py); None where it is 0.
+    process: Optional[in_place.InPlace] = None
 
 
 # --- the plan -----------------------------------------------------------------------------------
@@ -208,16 +211,13 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         restart_basis = (f"site {site.name}: detect {r.detect_s:g} + requeue {r.requeue_s:g} + "
                          f"rendezvous {r.rendezvous_s:g} + compile {r.compile_s:g} s"
                          + (f" + health gate {gate_s:g} s" if gate_s else ""))
-    # A node lost while a spare remains (job.spare_nodes) restarts inside the allocation: the
-    # failure is detected and torchrun meets again, with no requeue, gate or compile pass.
-    in_place_fixed = r.detect_s + r.rendezvous_s
-    spares = base.recipe.job.spare_nodes
-    if spares:
-        notes.append(f"job.spare_nodes={spares}: every count below is billed with {spares} "
-                     f"spare node(s); of every {spares + 1} node failures, "
-                     f"{spares} restart in place (detect {r.detect_s:g} + "
-                     f"rendezvous {r.rendezvous_s:g} s, plus the checkpoint load) and one is "
-                     "requeued (a spare's own failure is not modelled)")
+    # A node lost while a spare remains (job.spare_nodes), or a process failure while torchrun
+    # has restarts left (job.restarts_in_place), restarts inside the allocation: the failure is
+    # detected and torchrun meets again, with no requeue, gate or compile pass (so never more
+    # than the requeue: --restart-s or --from-run may give less than the site's two parts).
+    in_place_fixed = min(r.detect_s + r.rendezvous_s, restart_fixed)
+    process, process_notes = in_place.model(base, backend, site, opts.process_failure_share)
+    notes += process_notes
     if mtbf_h is None:
         notes.append(mtbf_basis)
     if price is None:
@@ -247,7 +247,8 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
             try:    # a count at which the job would never finish is skipped, with why
                 fail = failures_at(spec, n, step_s, work, mtbf_h, ckpt_bytes, write_mb_s,
                                    read_mb_s, node_mb_s, restart_fixed, price, steps,
-                                   opts.simulate, opts.seed, in_place_fixed=in_place_fixed)
+                                   opts.simulate, opts.seed, in_place_fixed=in_place_fixed,
+                                   process=process)
             except RuleError as exc:
                 skipped.append(Skipped(n, str(exc)))
                 continue
@@ -260,7 +261,8 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
     return Result(name, site.name, platform, unit, target, target_samples, target_basis, price,
                   price_basis, mtbf_h, mtbf_basis, params, ckpt_bytes, ckpt_basis, write_mb_s,
                   read_mb_s, restart_basis, tuple(rows), tuple(skipped), tuple(notes),
-                  on_demand if on_demand != price else None)
+                  on_demand if on_demand != price else None,
+                  process if process.process_share else None)
 
 
 def _throughput(curve: Curve, spec: JobSpec, nodes: int, scale: float,

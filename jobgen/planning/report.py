@@ -129,6 +129,11 @@ def as_json(result: Result) -> dict[str, Any]:
     data = dataclasses.asdict(result)
     for row in data["rows"]:
         row["throughput"]["modelled"] = row["throughput"]["basis"] != "measured"
+    # A share of process failures, and what it comes to; left out where it is 0 (as before).
+    if result.process is None:
+        del data["process"]
+    else:
+        data["process"] = result.process.figures()
     return data
 
 
