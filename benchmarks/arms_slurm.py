@@ -1,6 +1,7 @@
 """Running one recovery arm on the local Slurm cluster (benchmarks/recovery_arms.py): submit the
 2-node smoke run, inject the seeded failure schedule (a worker killed, a node lost, a hang that
-`jobgen watch` catches), then read the run back from `jobgen report --json`."""
+the other node's collective timeout catches, `jobgen watch` as the fallback), then read the run
+back from `jobgen report --json`."""
 from __future__ import annotations
 
 import argparse
@@ -152,6 +153,7 @@ def run_arm(arm: str, seed: int, workdir: Path, a: argparse.Namespace, use_spare
                JOBGEN_SMOKE_STEP_DELAY=str(a.step_delay), JOBGEN_SMOKE_SAVE_DELAY=str(a.save_delay),
                JOBGEN_SMOKE_HANG_AT_STEP=str(steps["hang"]), JOBGEN_SMOKE_HANG_NODE="1")
     sets = [f"job.master_port={free_port()}", "job.max_restarts=10",
+            f"job.collective_timeout_s={a.collective_timeout:.0f}",
             f"job.restarts_in_place={in_place}", f"checkpoint.async_save={str(not sync).lower()}"]
     if spares and use_spare:
         sets.append(f"job.spare_nodes={spares}")
@@ -169,11 +171,13 @@ def run_arm(arm: str, seed: int, workdir: Path, a: argparse.Namespace, use_spare
     job = done.stdout.split()[0]
     run_dir = workdir / "jobgen-runs" / name
     watch_out = workdir / f"{name}.watch"
-    # A hang: no step for 8 x the median step, and at least a few steps and saves' time (the
-    # first steps have no median yet).
-    # A restart in place (torchrun starting new workers, which import torch and load the
-    # checkpoint) logs no step for a while too: 20 s at least, on a loaded 2-core machine.
-    hang_min = max(a.hang_min, 4 * a.step_delay + 2 * a.save_delay)
+    # The hang is caught first by the others' collective timeout (job.collective_timeout_s, the
+    # same in every arm: A's flow requeues, B/C/D's torchrun restarts in place); watch is the
+    # fallback, for a hang no collective sees: no step for 8 x the median step, and longer than
+    # the collective timeout plus a restart (new workers import torch and load the checkpoint:
+    # 20 s at least on a loaded 2-core machine).
+    hang_min = max(a.hang_min, 4 * a.step_delay + 2 * a.save_delay,
+                   2 * a.collective_timeout + 20)
     with open(watch_out, "w") as out:
         watcher = subprocess.Popen([*JOBGEN, "watch", name, "--on-hang", "requeue", "--hang-min",
                                     f"{hang_min:g}", "--hang-factor", "8", "--poll", "0.5"],

@@ -23,13 +23,16 @@ removes from the job, while a killed task makes srun end the whole step (a reque
 
 The schedule, drawn from --seed, the same for every arm: node 1's worker is SIGKILLed when a
 step in 5-8 is logged (a process failure); every process of node 1 (its flow, torchrun, the
-worker) is SIGKILLed when a step in 11-14 is logged (a node lost); node 1 hangs before a step
-in 17-20 (the smoke trainer's JOBGEN_SMOKE_HANG_AT_STEP), which `jobgen watch --on-hang
-requeue` catches. Each save's write takes --save-delay s more (a slow disk), so that a
-synchronous save takes over a second. Per arm it prints the effective utilisation and, by
-cause, the restart cost (failure to the first counted step after it), the steps trained again
-and the save stall, each arm's ratio to A and the spread across repetitions, then issue 40's
-goals with pass or fail. No assertions: exit 0 unless a run could not be measured.
+worker) is SIGKILLed when a step in 11-14 is logged (a node lost); node 1 hangs before a step in
+17-20 (the smoke trainer's JOBGEN_SMOKE_HANG_AT_STEP): node 0's next collective fails after
+--collective-timeout s (job.collective_timeout_s, torch's process-group timeout), and the arm
+recovers as from any failed worker (A requeues, B/C/D restart in place); `jobgen watch --on-hang
+requeue` runs as the fallback, with a threshold beyond that. Each save's write takes
+--save-delay s more (a slow disk), so that a synchronous save takes over a second. Per arm it
+prints the effective utilisation and, by cause, the restart cost (failure to the first counted
+step after it), the steps trained again and the save stall, each arm's ratio to A and the spread
+across repetitions, then issue 40's goals with pass or fail. No assertions: exit 0 unless a run
+could not be measured.
 
 Running an arm on Slurm is arms_slurm.py; the figures, tables and goals, read from the reports'
 JSON, are arms_figures.py.
@@ -65,6 +68,9 @@ def main() -> int:
                    "long in all (Slurm's default cred_expire: 120; default: the cluster's own)")
     p.add_argument("--hang-min", type=float, default=20.0, help="jobgen watch --hang-min: "
                    "longer than a restart in place takes (default 20)")
+    p.add_argument("--collective-timeout", type=float, default=10.0, help="job."
+                   "collective_timeout_s of every arm: node 0's collective fails this long after "
+                   "node 1 hangs (default 10)")
     p.add_argument("--cred-expire", type=float, default=10.0, help="the cluster's cred_expire")
     p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
     p.add_argument("--partition", help="Slurm partition of the arms without a spare (default: "

@@ -68,6 +68,7 @@ def main() -> int:
     steps = {"process": 6, "node": 10**6, "hang": 10**6}     # the process failure alone
     opts = argparse.Namespace(step_delay=1.0, save_delay=1.5, hang_min=20.0, a_delay=0.0,
                               cred_expire=10.0, timeout=400.0, partition=a.partition,
+                              collective_timeout=10.0,
                               spare_partition="")
     a.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
