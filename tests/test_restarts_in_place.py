@@ -127,6 +127,30 @@ def test_the_recipe_key_reaches_nodes_that_share_the_run_folder() -> None:
     assert "JOBGEN_RESTARTS_IN_PLACE" not in api.plan(plain).text
 
 
+def test_the_collective_timeout_is_the_recipes_and_refused_where_it_cannot_act() -> None:
+    """job.collective_timeout_s turns a hung rank into a failed collective (and so a restart in
+    place): it reaches every trainer's process group through the node contract, and a trainer
+    whose process group takes no timeout (NeMo's) refuses any other value than the default."""
+    from jobgen.inputs.recipe import Job
+
+    spec = api.job_spec("llama2-7b", 2, smoke=True, overrides=["job.collective_timeout_s=45"])
+    assert "export JOBGEN_COLLECTIVE_TIMEOUT=45" in api.plan(spec).text
+    default = Job().collective_timeout_s
+    plain = api.plan(api.job_spec("neox20b", 2)).text
+    assert f"export JOBGEN_COLLECTIVE_TIMEOUT={default}" in plain
+    jobgen = str(Path(sys.executable).parent / "jobgen")
+    for recipe, value, says in (
+            ("neox20b", "45", "job.collective_timeout_s: payload neuron_nemo accepts only "
+                              f"{default}"),
+            ("llama2-7b", "0", "job.collective_timeout_s")):
+        proc = subprocess.run([jobgen, "render", recipe, "--nodes", "2", "--set",
+                               f"job.collective_timeout_s={value}"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 2 and not proc.stdout, proc
+        assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_where_the_key_cannot_apply_render_says_so() -> None:
     """SageMaker's instances keep their own checkpoint parts: the key does not reach them, and
     render says so in one note instead of dropping it silently."""

@@ -8,6 +8,7 @@ import posixpath
 import re
 from typing import Any, Optional
 
+from ..inputs.recipe import Job
 from ..job.spec import JobSpec
 from ..plumbing.errors import ConfigError
 from .base import COMMON_KEYS, Fixed, Launch, Pass, Payload, launch_value, neuron_environment
@@ -227,6 +228,10 @@ PAYLOAD = Payload(
     fixed={"job.restarts_in_place": Fixed(0, "launch.sh chooses the checkpoint NeMo resumes from "
                                            "before torchrun starts: a restart in place would "
                                            "resume from that one, not the newest"),
+           "job.collective_timeout_s": Fixed(
+        Job().collective_timeout_s, "NeMo's process group is made by its Lightning strategy (an "
+                                    "XLA one), which takes no timeout; the Neuron runtime bounds "
+                                    "its collectives"),
            "model.vocab_size": Fixed(
         50257, "NeMo takes the vocabulary from the GPT-2 BPE tokenizer files (data.vocab_file, "
                "data.merge_file) and pads it to a multiple of parallelism.tensor")},
