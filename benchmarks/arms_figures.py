@@ -136,8 +136,10 @@ def goals(arms: dict[str, dict[str, Any]]) -> list[tuple[str, Optional[bool], st
 def show(arms: dict[str, dict[str, Any]], runs: list[dict[str, Any]]) -> None:
     loads = [r["load"] for r in runs if "load" in r]
     if loads:
+        # The cores of the machine that ran them (runs kept before it was recorded: this one's).
+        cores = sorted({r.get("cores") or os.cpu_count() for r in runs})
         print(f"load average (1 min) at each run's start: {min(loads):.1f}-{max(loads):.1f} on "
-              f"{os.cpu_count()} cores")
+              f"{'/'.join(map(str, cores))} cores")
     print("\n".join(table(arms)))
     print("goals (issue 40 item 4):")
     for what, ok, detail in goals(arms):

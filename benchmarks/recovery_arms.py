@@ -56,6 +56,13 @@ __all__ = ["ARMS", "CAUSES", "_f", "measure", "partitions", "run_arm", "schedule
            "spares_supported", "summarise", "show"]
 
 
+def as_json(runs: list[dict[str, Any]], arms: dict[str, Any]) -> str:
+    """Every run's figures and the arms' summary, as --json writes them: each run folder by its
+    name only (the file is kept beside the docs; no machine's path goes in it)."""
+    kept = [dict(r, run_dir=Path(r["run_dir"]).name) for r in runs]
+    return json.dumps({"runs": kept, "arms": arms}, indent=2) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3)
@@ -103,7 +110,8 @@ def main() -> int:
             t0 = time.time()
             load = os.getloadavg()[0]
             run = run_arm(arm, a.seed, workdir, a, use_spare)
-            run.update(rep=rep + 1, wall_s=round(time.time() - t0, 1), load=load)
+            run.update(rep=rep + 1, wall_s=round(time.time() - t0, 1), load=load,
+                       cores=os.cpu_count())
             runs.append(run)
             print(f"rep {rep + 1} {arm:5s} {run['state']:9s} util {100 * run['utilisation']:.2f} %"
                   f"  requeues {run['requeues']}  in place {run['in_place']}  "
@@ -112,7 +120,7 @@ def main() -> int:
                   + f"  wall {run['wall_s']} s  load {load:.1f}", flush=True)
     arms = summarise(runs)
     if a.json:
-        a.json.write_text(json.dumps({"runs": runs, "arms": arms}, indent=2) + "\n")
+        a.json.write_text(as_json(runs, arms))
     print(f"\nrecovery arms: seed {a.seed} (schedule {schedule(a.seed)}), {a.reps} repetition(s), "
           f"step {a.step_delay} s, save +{a.save_delay} s, {time.time() - started:.0f} s in all, "
           f"load average {os.getloadavg()[0]:.1f} at the end")

@@ -1,7 +1,7 @@
 """Which failures `jobgen plan` restarts inside the allocation and which it requeues.
 
 Failures are of two kinds: a node lost, or a process failing on healthy nodes (a worker's crash,
-a hang that torchrun's watchdog ends, an error in user code). The second kind is the site's
+a hang its peers' collective timeout ends, an error in user code). The second kind is the site's
 `plan.process_failure_share` of all failures (`--process-failure-share`; default 0, every
 failure a node's, as before it existed). Two budgets keep a failure inside the allocation:
 
