@@ -362,6 +362,50 @@ def test_hang_floor_and_silent_logs_without_beats() -> None:
     assert kinds(alerts) == [("hang", 5), ("node_silent", 5)] and alerts[1].node == 1
 
 
+def _start(budget: int | None, used: int, timeout: int | None, t: float) -> Observation:
+    extra: dict[str, Any] = {"restart_in_place": used}
+    if budget is not None:
+        extra["restarts_in_place_max"] = budget
+    if timeout is not None:
+        extra["collective_timeout_s"] = timeout
+    return Observation("start", t, "events", extra=extra)
+
+
+@pytest.mark.parametrize("budget,used,timeout,waits", [
+    (2, 0, 100, 160.0),      # restarts left: the collective timeout, then a restart's time
+    (2, 1, 100, 160.0),
+    (2, 2, 100, 60.0),       # budget spent: the hang goes to the scheduler, watch acts as ever
+    (0, 0, 100, 60.0),       # no restarts in place (torchrun's default budget)
+    (None, 0, 100, 60.0),    # no torchrun budget said (an older payload, a plain launch)
+    (3, 0, None, 60.0),      # no collective timeout said
+])
+def test_a_hang_torchrun_will_restart_in_place_is_left_to_it(
+        budget: int | None, used: int, timeout: int | None, waits: float) -> None:
+    """While the newest start says torchrun has restarts left and the collective timeout that
+    fails a hung rank's peers, watch's hang waits for that timeout plus its floor: acting
+    earlier would requeue a hang that torchrun is about to restart inside the allocation."""
+    det = Detectors(Rules(hang_factor=5, hang_min_s=60))
+    det.observe(_start(budget, used, timeout, T0), T0)
+    feed(det, [step(n) for n in range(1, 6)])
+    assert det.tick(T0 + 5 + waits - 1) == []
+    alerts = det.tick(T0 + 5 + waits + 1)
+    assert kinds(alerts) == [("hang", 5)]
+    assert ("after the collective timeout of 100 s" in alerts[0].message) == (waits > 60)
+
+
+def test_the_attempt_says_what_ends_a_hang() -> None:
+    """A start event carries torchrun's budget (TORCHELASTIC_MAX_RESTARTS) and the collective
+    timeout its process group got; nothing where the environment does not say."""
+    from common.events import attempt_fields
+
+    said = attempt_fields({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "1",
+                           "JOBGEN_COLLECTIVE_TIMEOUT": "45"})
+    assert said == {"restart_in_place": 1, "restarts_in_place_max": 3,
+                    "collective_timeout_s": 45}
+    assert attempt_fields({"JOBGEN_COLLECTIVE_TIMEOUT": "0", "TORCHELASTIC_MAX_RESTARTS": "x"}) \
+        == {}
+
+
 def test_resume_counts_the_steps_trained_again_and_forgets_what_came_after() -> None:
     det = Detectors()
     feed(det, [step(n) for n in range(1, 15)])

@@ -20,7 +20,9 @@ numbers (watching/rules.py), so that a healthy run of any scale raises nothing
   is known).
 - hang: no training step and no node starting one for max(`hang_factor` x the median step time,
   `hang_min_s`) while the job runs; the nodes that did not start the newest step (or whose logs
-  went quiet while others grew) are named.
+  went quiet while others grew) are named. While torchrun has restarts left in place (the
+  newest start event says its budget and the collective timeout), at least that timeout plus
+  `hang_min_s`: the hung rank's peers fail by then and torchrun restarts them itself.
 - throughput drop: the median rate of the last `drop_steps` steps more than `drop` (30 %) below
   the median of the steps before them in this allocation (at least 2 x `drop_steps` of them),
   and by more than `drop_mads` (4) x the robust spread of those steps' log rates; the first 2
@@ -84,6 +86,10 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         # in place (job.restarts_in_place), apart from the requeues (new allocations).
         self.restarts_in_place = 0
         self.started_in: set[int] = set()
+        # The newest start's word on hangs: torchrun's restarts left in place and the collective
+        # timeout that ends a hung rank's peers (the hang allowance waits for them: pace.py).
+        self.in_place_left = 0
+        self.collective_timeout_s: Optional[float] = None
 
     # --- observations ---------------------------------------------------------------------------
 
@@ -102,6 +108,7 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
                                                       self.max_step.pop(obs.restart, 0))
             self.started_in.add(obs.restart)
             self._started(now)
+            self._hang_recovery(obs.extra)
         elif obs.kind == "resume" and obs.step is not None:
             self._resumed(obs.step)
             self.paused = True
@@ -116,6 +123,14 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         elif obs.training_step:
             return self._step(obs, now)
         return []
+
+    def _hang_recovery(self, said: dict) -> None:
+        budget, used = said.get("restarts_in_place_max"), said.get("restart_in_place", 0)
+        timeout = said.get("collective_timeout_s")
+        self.in_place_left = (budget - used if isinstance(budget, int) and isinstance(used, int)
+                              else 0)
+        self.collective_timeout_s = (float(timeout) if isinstance(timeout, (int, float))
+                                     and not isinstance(timeout, bool) and timeout > 0 else None)
 
     def _new_allocation(self, restart: int, now: float) -> None:
         self.restart = restart

@@ -36,6 +36,8 @@ def observation(event: dict[str, Any], source: str, restart: int,
         samples_per_s=number(event.get("samples_per_s"), "samples_per_s" in event),
         extra={k: v for k, v in event.items() if k in ("max_steps", "world_size", "checkpoint",
                                                        "allocation", "restart_in_place",
+                                                       "restarts_in_place_max",
+                                                       "collective_timeout_s",
                                                        "signal", "global_batch_size",
                                                        "stall_s", "write_s")})
 

@@ -28,6 +28,8 @@ class PaceDetectors:
     hang_alerted: bool
     ended: bool
     beats: dict[int, tuple[int, float]]
+    in_place_left: int
+    collective_timeout_s: Optional[float]
 
     def _timing(self, obs: Observation) -> None:
         prev, self.last_step = self.last_step, obs
@@ -89,7 +91,17 @@ class PaceDetectors:
     def hang_allowance(self) -> float:
         median = self.median_step_s()
         floor = self.rules.hang_min_s
-        return floor if median is None else max(self.rules.hang_factor * median, floor)
+        allowed = floor if median is None else max(self.rules.hang_factor * median, floor)
+        in_place = self.in_place_wait()
+        return allowed if in_place is None else max(allowed, in_place)
+
+    def in_place_wait(self) -> Optional[float]:
+        """While torchrun has restarts left in place, a hung rank ends by itself: its peers'
+        collectives fail after the collective timeout and torchrun restarts every worker. The
+        hang is watch's only after that and a restart's time (the hang floor) have passed."""
+        if self.in_place_left > 0 and self.collective_timeout_s is not None:
+            return self.collective_timeout_s + self.rules.hang_min_s
+        return None
 
     def tick(self, now: float, silence: Optional[dict[int, float]] = None,
              hosts: Optional[dict[int, str]] = None) -> list[Alert]:
@@ -109,7 +121,10 @@ class PaceDetectors:
                         f"(allowed {allowance:.0f} s: "
                         + (f"{self.rules.hang_factor:g} x the median step time {median:.3g} s, "
                            if median is not None else "")
-                        + f"at least {self.rules.hang_min_s:g} s)", now,
+                        + f"at least {self.rules.hang_min_s:g} s"
+                        + (f"; after the collective timeout of {self.collective_timeout_s:g} s "
+                           "and a restart in place" if self.in_place_wait() is not None else "")
+                        + ")", now,
                         since_step=step, fault_time=self.last_progress,
                         values={"quiet_s": quiet, "allowance_s": allowance})]
         for node, why in self.lagging(silence or {}, allowance).items():

@@ -88,6 +88,16 @@ def attempt_fields(env: Any) -> dict[str, Any]:
     count = str(env.get("TORCHELASTIC_RESTART_COUNT", "")).strip()
     if count.isdigit():
         out["restart_in_place"] = int(count)
+    # What ends a hang in this attempt (jobgen watch waits for it before acting): torchrun's
+    # budget of restarts in place (its TORCHELASTIC_MAX_RESTARTS) and the collective timeout the
+    # process group was made with (JOBGEN_COLLECTIVE_TIMEOUT), after which a hung rank's peers
+    # fail and torchrun restarts them while the budget lasts.
+    budget = str(env.get("TORCHELASTIC_MAX_RESTARTS", "")).strip()
+    if budget.isdigit():
+        out["restarts_in_place_max"] = int(budget)
+    timeout = str(env.get("JOBGEN_COLLECTIVE_TIMEOUT", "")).strip()
+    if timeout.isdigit() and int(timeout) > 0:
+        out["collective_timeout_s"] = int(timeout)
     return out
 
 
