@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SAVE_DELAY = 0.6
 # Longer than any healthy wait between the two nodes here (a restart's start-up skew under the
 # load of two jobs on two cores), so that only the injected hang trips it.
-COLLECTIVE_TIMEOUT = 15.0
+COLLECTIVE_TIMEOUT = 20.0
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
