@@ -12,6 +12,7 @@ beside the next steps.
 
     python benchmarks/async_save_bench.py                  # ~0.3 GB checkpoint, 2 repetitions
     python benchmarks/async_save_bench.py --hidden 1024 --layers 8 --reps 1
+    python benchmarks/async_save_bench.py --cuda --hidden 1536 --layers 12   # a lent GPU
 
 Takes a few minutes on two cores. No assertions: it prints what it measured.
 """
@@ -42,18 +43,21 @@ def one_pass(a: argparse.Namespace, sync: bool, out: Path) -> list[dict]:
     """The checkpoint events of one training pass (the last save, at the end, is left out: the
     pass waits for it whatever the mode)."""
     shutil.rmtree(out, ignore_errors=True)
+    seq, vocab = ("1024", "32000") if a.cuda else ("32", "1024")
     args = ["--family", "llama", "--num-layers", str(a.layers), "--hidden-size", str(a.hidden),
-            "--num-heads", "8", "--intermediate-size", str(4 * a.hidden), "--seq-length", "32",
-            "--max-position-embeddings", "32", "--vocab-size", "1024", "--micro-batch-size", "1",
-            "--gradient-accumulation", "1", "--lr", "1e-4", "--max-steps", str(a.steps),
-            "--checkpoint-every", str(a.every), "--keep-checkpoints", "2", "--device", "cpu",
-            "--precision", "fp32", "--synthetic", "--phase", "train", "--output-dir", str(out)]
+            "--num-heads", "16" if a.cuda else "8", "--intermediate-size", str(4 * a.hidden),
+            "--seq-length", seq, "--max-position-embeddings", seq, "--vocab-size", vocab,
+            "--micro-batch-size", "1", "--gradient-accumulation", "1", "--lr", "1e-4",
+            "--max-steps", str(a.steps), "--checkpoint-every", str(a.every),
+            "--keep-checkpoints", "2", "--device", "cuda" if a.cuda else "cpu",
+            "--precision", "bf16" if a.cuda else "fp32", "--synthetic", "--phase", "train",
+            "--output-dir", str(out)]
     if sync:
         args.append("--sync-save")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.ranks),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(PROGRAM), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -70,7 +74,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=9)
     p.add_argument("--every", type=int, default=4, help="steps between saves")
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--cuda", action="store_true", help="one CUDA device (one rank, bf16, NCCL, "
+                   "sequence 1024, vocabulary 32000): the staging is a copy from the GPU")
     a = p.parse_args()
+    a.ranks = 1 if a.cuda else 2
     work = Path(tempfile.mkdtemp(prefix="async-save-bench-"))
     found: dict[str, list[dict]] = {"synchronous": [], "background": []}
     size = 0
@@ -84,12 +91,15 @@ def main() -> int:
                 ckpt = work / arm / "checkpoints"
                 size = max(size, max((sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
                                       for d in ckpt.iterdir() if d.is_dir()), default=0))
+                shutil.rmtree(work / arm, ignore_errors=True)   # the disk holds one arm's saves
                 print(f"rep {rep + 1} {arm:11s} " + ", ".join(
                     f"step {e['step']}: stall {e['stall_s']:.2f} s, write {e['write_s']:.2f} s"
                     for e in events), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\ncheckpoint size {size / 1e9:.2f} GB (2 ranks, FSDP over gloo, DCP)")
+    where = ("1 rank on one CUDA device, FSDP over NCCL, bf16" if a.cuda
+             else "2 ranks, FSDP over gloo")
+    print(f"\ncheckpoint size {size / 1e9:.2f} GB ({where}, DCP)")
     medians = {}
     for arm, events in found.items():
         stall = statistics.median(e["stall_s"] for e in events)

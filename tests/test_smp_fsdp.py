@@ -240,3 +240,25 @@ def test_tensor_parallel_checkpoint_keeps_every_slice_through_a_restart(
         assert report["resumed_step"] == 3 and report["same_names"]
         assert report["difference_before_load"] > 0   # trained weights differ from fresh ones
         assert report["max_difference"] == 0.0
+
+
+def test_the_background_saves_staging_follows_what_this_torch_takes(
+        monkeypatch: pytest.MonkeyPatch, make_trainer: Callable[..., Any]) -> None:
+    """async_save's staging argument: none on a torch whose async_save has no `async_stager`
+    (2.4.1, SMP v2's image, where passing one is a TypeError), DCP's default for FSDP2's state
+    (ours only for FSDP1's ShardedTensors, under SMP)."""
+    import fsdp_checkpoint
+    import torch.distributed.checkpoint as dcp
+
+    trainer = make_trainer(smp=False)
+    state = fsdp_checkpoint.state(trainer)
+    assert fsdp_checkpoint._stager(state) == {}
+
+    def old_async_save(state_dict: Any, *, checkpoint_id: Any = None, storage_writer: Any = None,
+                       planner: Any = None, process_group: Any = None) -> Any:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(dcp, "async_save", old_async_save)        # torch 2.4.1's signature
+    sharded_state = {"model": {"w": object()}}
+    assert fsdp_checkpoint._stager(sharded_state) == {}
+    assert fsdp_checkpoint._stager(state) == {}
