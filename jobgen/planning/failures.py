@@ -84,24 +84,6 @@ class Simulation:
         return low <= value <= high
 
 
-def _one_segment(rng: random.Random, length: float, restart: float,
-                 mtbf: float) -> tuple[float, int]:
-    spent, failures = 0.0, 0
-    while True:
-        t = rng.expovariate(1.0 / mtbf)
-        if t >= length:
-            return spent + length, failures
-        spent += t
-        failures += 1
-        while True:            # the restart itself, until it gets through
-            t = rng.expovariate(1.0 / mtbf)
-            if t >= restart:
-                spent += restart
-                break
-            spent += t
-            failures += 1
-
-
 @record
 class Routes:
     """Failures of two kinds with two restart costs (planning/in_place.py): each failure is a
@@ -114,6 +96,16 @@ class Routes:
     spares: int
     in_place: float            # seconds: a restart inside the allocation
     requeue: float             # seconds: a requeue
+
+
+class _Fixed:
+    """Every failure costs `restart` and is a requeue (the plan without routes): no draw."""
+
+    def __init__(self, restart: float) -> None:
+        self.cost = restart
+
+    def restart(self) -> tuple[float, bool]:
+        return self.cost, True
 
 
 class _Budgets:
@@ -139,12 +131,13 @@ class _Budgets:
         return r.requeue, True
 
 
-def _routed_segment(rng: random.Random, length: float, budgets: _Budgets,
-                    mtbf: float) -> tuple[float, int]:
-    """_one_segment, each failure's restart by its kind and the budgets left. A failure during
-    a restart in place is routed like any other (a crash while the workers meet again costs
-    another restart, or the requeue once the budget is spent); one during a requeue starts the
-    requeue over (no workers run yet, and the new allocation's budgets stay whole)."""
+def _one_segment(rng: random.Random, length: float, budgets: "_Fixed | _Budgets",
+                 mtbf: float) -> tuple[float, int]:
+    """One segment of `length` seconds: failures arrive at rate 1/mtbf, each loses what the
+    segment had done and costs the restart its budgets give (_Fixed: always the same). A failure
+    during a restart in place is routed like any other (a crash while the workers meet again
+    costs another restart, or the requeue once the budget is spent); one during a requeue starts
+    the requeue over (no workers run yet, and the new allocation's budgets stay whole)."""
     spent, failures = 0.0, 0
     while True:
         t = rng.expovariate(1.0 / mtbf)
@@ -177,12 +170,9 @@ def simulate(work: float, interval: float, write: float, restart: float, mtbf: f
     fails = 0
     for _ in range(runs):
         wall = 0.0
-        budgets = _Budgets(routes, rng) if routes is not None else None
+        budgets = _Budgets(routes, rng) if routes is not None else _Fixed(restart)
         for length in lengths:
-            if budgets is not None:
-                spent, n = _routed_segment(rng, length, budgets, mtbf)
-            else:
-                spent, n = _one_segment(rng, length, restart, mtbf)
+            spent, n = _one_segment(rng, length, budgets, mtbf)
             wall += spent
             fails += n
         walls.append(wall)
