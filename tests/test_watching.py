@@ -393,6 +393,23 @@ def test_a_hang_torchrun_will_restart_in_place_is_left_to_it(
     assert ("after the collective timeout of 100 s" in alerts[0].message) == (waits > 60)
 
 
+@pytest.mark.parametrize("said", [
+    {"restarts_in_place_max": 2, "collective_timeout_s": float("inf")},
+    {"restarts_in_place_max": 2, "collective_timeout_s": float("nan")},
+    {"restarts_in_place_max": 2, "collective_timeout_s": True},
+    {"restarts_in_place_max": True, "collective_timeout_s": 100},
+    {"restarts_in_place_max": "2", "collective_timeout_s": 100},
+    {"restarts_in_place_max": 2, "restart_in_place": -5, "collective_timeout_s": 100},
+])
+def test_a_start_that_says_nonsense_about_hangs_leaves_the_hang_rule_as_it_was(
+        said: dict[str, Any]) -> None:
+    """An infinite, NaN or wrongly typed figure in a start event never silences the hang."""
+    det = Detectors(Rules(hang_factor=5, hang_min_s=60))
+    det.observe(Observation("start", T0, "events", extra=said), T0)
+    feed(det, [step(n) for n in range(1, 6)])
+    assert kinds(det.tick(T0 + 5 + 61)) == [("hang", 5)]
+
+
 def test_the_attempt_says_what_ends_a_hang() -> None:
     """A start event carries torchrun's budget (TORCHELASTIC_MAX_RESTARTS) and the collective
     timeout its process group got; nothing where the environment does not say."""

@@ -125,12 +125,19 @@ class Detectors(DivergenceDetectors, PaceDetectors, RestartDetector):
         return []
 
     def _hang_recovery(self, said: dict) -> None:
-        budget, used = said.get("restarts_in_place_max"), said.get("restart_in_place", 0)
+        """What the newest start says ends a hang; anything but a count and a finite positive
+        number of seconds is taken as unsaid (watch then judges hangs as without it)."""
+        def count(value: object) -> Optional[int]:
+            return value if isinstance(value, int) and not isinstance(value, bool) \
+                and value >= 0 else None
+
+        budget, used = count(said.get("restarts_in_place_max")), count(
+            said.get("restart_in_place", 0))
         timeout = said.get("collective_timeout_s")
-        self.in_place_left = (budget - used if isinstance(budget, int) and isinstance(used, int)
-                              else 0)
+        self.in_place_left = budget - used if budget is not None and used is not None else 0
         self.collective_timeout_s = (float(timeout) if isinstance(timeout, (int, float))
-                                     and not isinstance(timeout, bool) and timeout > 0 else None)
+                                     and not isinstance(timeout, bool)
+                                     and math.isfinite(timeout) and timeout > 0 else None)
 
     def _new_allocation(self, restart: int, now: float) -> None:
         self.restart = restart
