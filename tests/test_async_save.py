@@ -57,6 +57,24 @@ def test_seal_waits_for_the_last_byte_and_reports_stall_apart_from_write() -> No
     assert {"stall_s", "write_s"} <= set(event)
 
 
+def test_the_wait_for_a_write_is_reported_apart_from_the_staging() -> None:
+    """A save whose write is still going when the next save comes: the loop waits for its last
+    byte, and that wait is its event's wait_s (part of stall_s). One done by its seal's poll
+    waited for nothing."""
+    log, out = _log()
+    future: Future = Future()
+    background.start(_pending(future, [], log))
+    threading.Timer(0.2, future.set_result, (None,)).start()
+    background.finish(wait=True)             # the next save, before the write's last byte
+    done: Future = Future()
+    done.set_result(None)
+    background.start(_pending(done, [], log, step=8))
+    background.finish(wait=False)            # the poll at a step boundary finds it written
+    waited, polled = read_events(out.getvalue())
+    assert 0 < waited["wait_s"] <= waited["stall_s"] and waited["step"] == 4
+    assert polled["wait_s"] == 0 and polled["step"] == 8
+
+
 def test_at_most_one_save_in_flight() -> None:
     log, _ = _log()
     background.start(_pending(Future(), [], log))

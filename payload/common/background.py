@@ -15,8 +15,12 @@ group of their own, at a step boundary. So:
   killed mid-write leaves it unsealed too.
 
 Each save's ``checkpoint`` event carries ``stall_s`` (how long the training loop waited for it:
-staging, waiting for the previous save, sealing) apart from ``write_s`` (from the start of the
-save to its last byte), and ``async``. torch is imported lazily, as in the rest of ``common``.
+staging, waiting for its write, sealing) apart from ``write_s`` (from the start of the save to
+its last byte), and ``async``. ``wait_s`` is the part of ``stall_s`` spent waiting for the write
+itself, where the next save or the end of the pass came before its last byte: saves closer
+together than a write takes stall the loop for the rest of the write whatever the staging
+costs, so a benchmark of the staging must space its saves wider than a write. torch is imported
+lazily, as in the rest of ``common``.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class Pending:
     log: EventLog
     started: float                   # time.monotonic() when the save began
     stall: float                     # seconds the loop has waited for it so far
+    waited: float = 0.0              # of which, for its write to finish (the next save came)
     written: list[float] = field(default_factory=list)   # when the future resolved
 
     def __post_init__(self) -> None:
@@ -118,7 +123,9 @@ def finish(wait: bool) -> None:
         save.future.result()
     except Exception as exc:   # this rank's write failed; the others learn it below
         error = exc
-    ok = _all(error is None)
+    ok = _all(error is None)   # also waits for the other ranks' writes
+    if wait:                   # else every rank's write was done already: nothing waited for
+        save.waited += time.monotonic() - began
     _pending = None
     written = (save.written[0] if save.written else time.monotonic()) - save.started
     if not ok:
@@ -132,4 +139,5 @@ def finish(wait: bool) -> None:
     if sealed is not None:
         event, path = sealed
         save.log.emit(event, step=save.step, path=str(path), **{"async": True},
-                      stall_s=round(save.stall, 3), write_s=round(written, 3))
+                      stall_s=round(save.stall, 3), write_s=round(written, 3),
+                      wait_s=round(save.waited, 3))

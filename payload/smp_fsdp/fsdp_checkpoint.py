@@ -113,13 +113,11 @@ def _stager(state_dict: Any) -> dict[str, Any]:
     its DCP copies FSDP1's ShardedTensors itself); ours (_CopyStager) for a state holding
     ShardedTensors, which DCP's default stager cannot copy in 2.13; else DCP's default.
 
-    On a GPU (one H200, torch 2.11, FSDP2, a 6.6-GB checkpoint: benchmarks/async_save_bench.py
-    --cuda) the background save stalled the loop about as long as a synchronous one: 9.7 s
-    against 9.3 s with DCP's default staging, and a kept, pinned BlockingAsyncStager
-    (cache_staged_state_dict) did not change that (7.2 s against 8.2 s after its first save, which
-    took 21 s), while the same stager stalls 0.13 s against an 8-s write on plain CUDA tensors
-    without FSDP. Why this program's staging takes the write's time there is not known yet; it
-    keeps DCP's default until it is."""
+    On a GPU (one H200, torch 2.11, FSDP2, a 6.6-GB checkpoint) benchmarks/async_save_bench.py
+    --cuda measured 9.7 s of stall against 9.3 s synchronous, but with saves 4 steps apart
+    against a 10-s write: the stall was the wait for the previous write (at most one save in
+    flight), not the staging (docs/trainers.md). Until it is measured with saves spaced wider
+    than a write, DCP's default staging stays."""
     import inspect
 
     import torch.distributed.checkpoint as dcp

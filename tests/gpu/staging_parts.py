@@ -2,9 +2,11 @@
 payload/smp_fsdp/train_fsdp.py on one CUDA device.
 
 benchmarks/async_save_bench.py --cuda found the program's background save stalling about as long
-as a synchronous one on an H200, while DCP's async_save with a kept pinned stager stalls 0.13 s on
-plain CUDA tensors of the same size (docs/trainers.md). This script trains the program's own
-trainer (one rank, FSDP2, bf16) for a few steps, then times each part of a save apart, twice:
+as a synchronous one on an H200, with saves closer together than a write (so most likely the wait
+for the previous write, docs/trainers.md), while DCP's async_save with a kept pinned stager
+stalls 0.13 s on plain CUDA tensors of the same size. This script leaves the loop out: it trains
+the program's own trainer (one rank, FSDP2, bf16) for a few steps, then times each part of a save
+apart, twice:
 
     state         fsdp_checkpoint.state: get_state_dict of the model and optimizer
     default       DCP's default staging (what async_save does with no stager): a CPU copy
