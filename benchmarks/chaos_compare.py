@@ -68,6 +68,10 @@ def figures(run: dict[str, Any], report: dict[str, Any], injected: list[dict[str
         "measured_utilisation": acc["utilisation"], "plan_predicts": acc["predicted"],
         "difference_points": None if acc["predicted"] is None
         else round(100 * (acc["utilisation"] - acc["predicted"]), 2),
+        # the same model among its runs with this run's failure count: what one run is held to
+        "model_given_failures": acc.get("predicted_given_failures"),
+        "difference_given_points": None if acc.get("predicted_given_failures") is None
+        else round(100 * (acc["utilisation"] - acc["predicted_given_failures"]), 2),
         "problems": problems,
     }
 
@@ -77,7 +81,8 @@ def show(figures: dict[str, Any]) -> None:
     print("\nchaos rehearsal figures")
     for key in ("wall_s", "step_delay_s", "failures_per_node_hour", "restart_s",
                 "checkpoint_write_s", "seal_lag_s", "kill_to_failure_s", "measured_utilisation",
-                "plan_predicts", "difference_points"):
+                "plan_predicts", "difference_points", "model_given_failures",
+                "difference_given_points"):
         print(f"  {key}: {figures[key]}")
     for item in figures["injected"]:
         when = time.strftime("%H:%M:%S", time.gmtime(item["time"]))

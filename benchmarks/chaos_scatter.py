@@ -69,15 +69,23 @@ def one_run(rng: random.Random, a: argparse.Namespace) -> tuple[float, int, list
             restarting_since = t
 
 
-def difference(rng: random.Random, a: argparse.Namespace) -> tuple[float, int]:
-    """(measured minus predicted utilisation in points, failures) for one drawn run."""
+def difference(rng: random.Random, a: argparse.Namespace
+               ) -> tuple[float, int, Optional[float]]:
+    """(measured minus predicted utilisation in points, failures, and with --given, measured
+    minus the model among its runs with this run's failure count) for one drawn run."""
     risk, failures, restarts = one_run(rng, a)
     measured = a.work / (a.fixed + risk)
     restart = statistics.fmean(restarts) if restarts else a.restart
     wall = (model.expected_wall(a.work, a.interval, a.write, restart + a.seal_lag,
                                 risk / failures)
             if failures else a.work)
-    return 100 * (measured - a.work / (a.fixed + wall)), failures
+    given = None
+    if a.given and failures:
+        drawn = model.wall_given_failures(a.work, a.interval, a.write, restart + a.seal_lag,
+                                          risk / failures, failures, draws=100,
+                                          seed=rng.randrange(2**31))
+        given = None if drawn is None else 100 * (measured - a.work / (a.fixed + drawn))
+    return 100 * (measured - a.work / (a.fixed + wall)), failures, given
 
 
 def main() -> int:
@@ -97,6 +105,9 @@ def main() -> int:
     p.add_argument("--kill-every", type=float, default=120.0, help="mean gap after the first")
     p.add_argument("--kills", type=int, default=1, help="at most this many (0: no limit)")
     p.add_argument("--runs", type=int, default=4000)
+    p.add_argument("--given", action="store_true",
+                   help="also hold each drawn run to the model's runs with its failure count, "
+                        "as jobgen report does (slower: about 10 s per 4,000 runs)")
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     if not (a.work > 0 and a.interval > 0 and a.write >= 0 and a.restart > 0 and a.fixed >= 0
@@ -106,18 +117,33 @@ def main() -> int:
         p.error("every figure finite and in its range (times > 0, --runs 1 to 1,000,000)")
     rng = random.Random(a.seed)
     drawn = [difference(rng, a) for _ in range(a.runs)]
-    diffs = sorted(d for d, _ in drawn)
+    diffs = sorted(d for d, _, _ in drawn)
     beyond = sum(abs(d) > 3 for d in diffs)
     print(f"{a.runs} drawn rehearsals: work {a.work:g} s, a save every {a.interval:g} s, "
           f"restart {a.restart:g} s, first kill {a.first_kill[0]:g}-{a.first_kill[1]:g} s, "
           f"then every {a.kill_every:g} s on average, "
           f"{'no limit' if a.kills == 0 else f'{a.kills} at most'}")
-    print(f"  failures per run: mean {statistics.fmean(n for _, n in drawn):.2f}, "
-          f"most {max(n for _, n in drawn)}")
+    print(f"  failures per run: mean {statistics.fmean(n for _, n, _ in drawn):.2f}, "
+          f"most {max(n for _, n, _ in drawn)}")
     print(f"  measured - model, points: mean {statistics.fmean(diffs):+.2f}, "
           f"sd {statistics.pstdev(diffs):.2f}, 1st..99th percentile "
           f"{diffs[len(diffs) // 100]:+.2f}..{diffs[-1 - len(diffs) // 100]:+.2f}")
     print(f"  beyond 3 points: {beyond} of {a.runs} ({100 * beyond / a.runs:.1f} %)")
+    if a.given:
+        given = sorted(g for _, _, g in drawn if g is not None)
+        if given:
+            print(f"  measured - the model's runs with the same failure count, points: mean "
+                  f"{statistics.fmean(given):+.2f}, sd {statistics.pstdev(given):.2f}, "
+                  f"within 1.5: {100 * sum(abs(g) <= 1.5 for g in given) / len(given):.1f} % "
+                  f"({len(given)} runs drawn)")
+        for n in sorted({n for _, n, _ in drawn}):
+            these = [(d, g) for d, m, g in drawn if m == n]
+            held = [g for _, g in these if g is not None]
+            if len(these) >= 0.01 * a.runs:
+                print(f"    {n} failure{'' if n == 1 else 's'} ({len(these)} runs): at the run's "
+                      f"rate {statistics.fmean(d for d, _ in these):+.2f}"
+                      + (f", given the count {statistics.fmean(held):+.2f} "
+                         f"(sd {statistics.pstdev(held):.2f})" if held else ""))
     return 0
 
 

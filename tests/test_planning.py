@@ -196,6 +196,28 @@ def test_monte_carlo_agrees_with_the_analytic_goodput(mtbf: float, interval: flo
     assert failures.simulate(work, interval, write, restart, mtbf, 3000, 11) == sim
 
 
+def test_a_run_held_to_the_model_given_its_failure_count() -> None:
+    """One finished run is held to the model's runs that failed as often. Given exactly one
+    failure, a Poisson failure lies uniformly over the training and writes (the weight of its
+    lost work in the rest is e^(-10/3000) at most) and strikes no restart, since no failure came
+    before: the wall is the work and writes, one restart and half a segment, by hand. The
+    expectation at the same rate lets some failures strike a restart, where they cost less."""
+    work, interval, write, restart, mtbf = 240.0, 10.0, 0.01, 65.0, 3000.0
+    hand = work + 24 * write + restart + (interval + write) / 2          # 310.245 s
+    given = failures.wall_given_failures(work, interval, write, restart, mtbf, 1)
+    assert given == pytest.approx(hand, abs=0.6)          # 400 draws: standard error 0.15 s
+    assert failures.wall_given_failures(work, interval, write, restart, mtbf, 1) == given
+    # at a run's own rate (one failure expected), the expectation sits below the single run
+    fast = 300.0
+    at_rate = failures.expected_wall(work, interval, write, restart, fast)
+    one = failures.wall_given_failures(work, interval, write, restart, fast, 1)
+    assert one is not None and at_rate < one - 5
+    assert failures.wall_given_failures(work, interval, write, restart, mtbf, 0) == \
+        pytest.approx(work + 24 * write)
+    # a count the model all but never gives: not drawn
+    assert failures.wall_given_failures(work, interval, write, restart, mtbf, 40) is None
+
+
 def test_the_recommended_interval_beats_the_recipes_when_they_differ() -> None:
     result = plan("neox20b", "64", node_mtbf_hours=5000.0)
     f = result.rows[0].failures

@@ -183,6 +183,42 @@ def simulate(work: float, interval: float, write: float, restart: float, mtbf: f
                       work / (mean + 1.96 * err), work / max(mean - 1.96 * err, work))
 
 
+def wall_given_failures(work: float, interval: float, write: float, restart: float,
+                        mtbf: float, failures: int, draws: int = 400, seed: int = 0,
+                        budget: int = 400_000) -> Optional[float]:
+    """The expected wall time of the process above among the runs that see exactly `failures`
+    failures: what the model expects of one run once its failure count is known (drawn, seeded;
+    a draw is kept only if its count comes out at `failures`). None where `budget` segment draws
+    do not yield `draws` such runs (a long run, or a count far from the expected one).
+
+    This, not expected_wall at the run's own rate, is what one finished run can be held to. At a
+    given rate some failures strike a restart and cost only the part of it they cut short, but a
+    run's first failure always strikes training: a run with one failure costs the whole restart
+    and half an interval for it, where the model at that run's rate (say one failure expected)
+    counts a fifth of its failures at the cheaper price (docs/reports.md)."""
+    if failures < 0 or draws < 1:
+        raise ValueError("failures >= 0 and draws >= 1")
+    rng = random.Random(seed)
+    full, rest = segments(work, interval)
+    lengths = [interval + write] * full + ([rest + write] if rest else [])
+    kept: list[float] = []
+    spent = 0
+    while len(kept) < draws:
+        wall, seen = 0.0, 0
+        budgets = _Fixed(restart)
+        for length in lengths:
+            spent += 1
+            took, n = _one_segment(rng, length, budgets, mtbf)
+            wall, seen = wall + took, seen + n
+            if seen > failures:
+                break
+        if seen == failures:
+            kept.append(wall)
+        if spent >= budget and len(kept) < draws:
+            return None
+    return sum(kept) / len(kept)
+
+
 def interval_steps(interval: float, step_time: float, max_steps: Optional[int] = None) -> int:
     """An interval in seconds as a whole number of steps (at least 1, at most the run)."""
     steps = max(1, round(interval / step_time))

@@ -68,6 +68,9 @@ class Account:
     predicted: Optional[float]        # plan's model for this run's figures
     predicted_failures_only: Optional[float]
     closure: float                    # |sum of parts - allocated| / allocated
+    # The same model among its runs with this run's failure count (failures.wall_given_failures):
+    # what this one run is held to. None where the model is, or where it could not be drawn.
+    predicted_given_failures: Optional[float] = None
 
 
 def counted(segments: tuple[Segment, ...]) -> list[Segment]:
@@ -147,6 +150,18 @@ def _prediction(c: Cluster, work: float, fixed: float, nodes: int
     return work / wall, work / (wall + fixed)
 
 
+def _given_failures(c: Cluster, work: float, fixed: float, nodes: int) -> Optional[float]:
+    """_prediction's second figure among the model's runs that fail as often as this one did:
+    the run's own count of failures, at its own rate, restart and costs (seeded draws)."""
+    cost = c.checkpoint_stall_s if c.checkpoint_stall_s is not None else c.checkpoint_write_s
+    if not (work > 0 and c.checkpoint_interval_s and cost is not None and c.node_mtbf_hours):
+        return None
+    restart = (c.restart_s or 0.0) + (c.seal_lag_s or 0.0)
+    wall = model.wall_given_failures(work, c.checkpoint_interval_s, cost, restart,
+                                     c.node_mtbf_hours * 3600 / nodes, c.failures)
+    return work / (wall + fixed) if wall is not None else None
+
+
 def _fixed(t: Timeline, segs: list[Segment]) -> float:
     """Seconds the failure model leaves out: everything before the first training step (start-up,
     health gate and its requeue, compile), each time-limit stop's own restart (to the end of its
@@ -207,7 +222,8 @@ def account(t: Timeline) -> Account:
     cluster = _cluster(t, segs, max(0.0, allocated_h - fixed * n / 3600))
     work = counted_h * 3600 / n
     pure, predicted = _prediction(cluster, work, fixed, n)
+    given = _given_failures(cluster, work, fixed, n) if predicted is not None else None
     return Account(n, t.waiting_s * n / 3600, allocated_h,
                    tuple((k, hours[k]) for k in KINDS), counted_h / allocated_h
                    if allocated_h else 0.0, tuple(attempts), cluster, predicted, pure,
-                   abs(total - allocated_h) / allocated_h if allocated_h else 0.0)
+                   abs(total - allocated_h) / allocated_h if allocated_h else 0.0, given)

@@ -87,6 +87,10 @@ def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
     lines.append(f"  plan's failure model for these figures: {_pct(a.predicted_failures_only)} "
                  f"of the wall time trains; with this run's start-up, stops and idle time: "
                  f"{_pct(a.predicted)} (measured {_pct(a.utilisation)})")
+    if a.predicted_given_failures is not None:
+        lines.append(f"  the same model among its runs with {c.failures} failure"
+                     f"{'' if c.failures == 1 else 's'}, as this one (drawn): "
+                     f"{_pct(a.predicted_given_failures)} (measured {_pct(a.utilisation)})")
     for alloc in t.allocations:
         if alloc.ending == "failed" and alloc.failure_at:
             who = alloc.failed_host or (f"node {alloc.failed_node}"
