@@ -134,7 +134,8 @@ def main() -> int:
         if given:
             print(f"  measured - the model's runs with the same failure count, points: mean "
                   f"{statistics.fmean(given):+.2f}, sd {statistics.pstdev(given):.2f}, "
-                  f"within 1.5: {100 * sum(abs(g) <= 1.5 for g in given) / len(given):.1f} % "
+                  f"within 1.5: {100 * sum(abs(g) <= 1.5 for g in given) / len(given):.1f} %, "
+                  f"beyond 3: {100 * sum(abs(g) > 3 for g in given) / len(given):.1f} % "
                   f"({len(given)} runs drawn)")
         for n in sorted({n for _, n, _ in drawn}):
             these = [(d, g) for d, m, g in drawn if m == n]
