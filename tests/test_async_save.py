@@ -60,19 +60,24 @@ def test_seal_waits_for_the_last_byte_and_reports_stall_apart_from_write() -> No
 def test_the_wait_for_a_write_is_reported_apart_from_the_staging() -> None:
     """A save whose write is still going when the next save comes: the loop waits for its last
     byte, and that wait is its event's wait_s (part of stall_s). One done by its seal's poll
-    waited for nothing."""
+    waited for nothing; the end of a pass waits for its last save in stall_s only."""
     log, out = _log()
     future: Future = Future()
     background.start(_pending(future, [], log))
     threading.Timer(0.2, future.set_result, (None,)).start()
-    background.finish(wait=True)             # the next save, before the write's last byte
+    background.finish(wait=True, next_save=True)   # the next save, before the last byte
     done: Future = Future()
     done.set_result(None)
     background.start(_pending(done, [], log, step=8))
     background.finish(wait=False)            # the poll at a step boundary finds it written
-    waited, polled = read_events(out.getvalue())
+    last: Future = Future()
+    background.start(_pending(last, [], log, step=12))
+    threading.Timer(0.2, last.set_result, (None,)).start()
+    background.finish(wait=True)             # the end of the pass waits for its last save
+    waited, polled, ended = read_events(out.getvalue())
     assert 0 < waited["wait_s"] <= waited["stall_s"] and waited["step"] == 4
     assert polled["wait_s"] == 0 and polled["step"] == 8
+    assert ended["wait_s"] == 0 and ended["stall_s"] > 0.5 and ended["step"] == 12
 
 
 def test_at_most_one_save_in_flight() -> None:
@@ -233,3 +238,27 @@ def test_report_shows_each_saves_stall_apart_from_its_write(tmp_path: Path) -> N
     shown = text.text(made.timeline, made.account, made.curves, made.name)
     assert "saves, step: stall/write in s: 3: 0.25/4.00, 6: 0.75/6.00" in shown
     assert "checkpoint stall 0.5 s (write 5.0 s)" in shown
+    assert "saves closer together than a write" not in shown
+
+
+def test_report_says_when_saves_came_closer_than_a_write(tmp_path: Path) -> None:
+    """A save whose stall was mostly the wait for its own write (the next save came before its
+    last byte, as on a GPU saving every few steps): the report says how many and how long."""
+    from jobgen.reporting import report, text
+    from tests.test_report_accounts import T0, _events, _flat_run
+    run = _flat_run(tmp_path)
+    log = run / "logs" / "local-1700000000-7" / "node-0" / "train.log"
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    events = [(e.pop("event"), T0 + 40 + 2 * int(e.get("step", 0)), e)
+              for e in lines if e.pop("time", None)]
+    events.insert(6, ("checkpoint", T0 + 46.5, {"step": 3, "async": True, "stall_s": 3.8,
+                                                "write_s": 4.0, "wait_s": 3.55}))
+    events.insert(10, ("checkpoint", T0 + 52.5, {"step": 6, "async": True, "stall_s": 0.75,
+                                                 "write_s": 6.0, "wait_s": 0.002}))
+    _events(log, events)
+    made = report.make(None, run, use_sacct=False, now=T0 + 500)
+    (alloc,) = made.timeline.allocations
+    assert alloc.save_waits == ((3, 3.55), (6, 0.002))
+    shown = text.text(made.timeline, made.account, made.curves, made.name)
+    assert ("saves closer together than a write: 1 of 2 waited 3.55 s in all for their own "
+            "write") in shown

@@ -49,6 +49,9 @@ class Allocation:
     # Each save's (step, stall_s, write_s) as its checkpoint event says: the training loop's
     # wait apart from the write (a background save's write goes on beside training).
     saves: tuple[tuple[int, Optional[float], Optional[float]], ...] = ()
+    # Each background save's wait for its own write where the next save came before its last
+    # byte (its event's wait_s, part of its stall): (step, seconds), where the event says.
+    save_waits: tuple[tuple[int, float], ...] = ()
     # Its training pass's restarts inside it (torchrun's, job.restarts_in_place): rank 0's starts
     # of the training pass after the first.
     restarts_in_place: int = 0

@@ -10,6 +10,9 @@ from .account import LABELS, Account
 from .curves import Curves
 from .timeline import Timeline
 
+# A save's wait for its own write shown from this long (a shorter one is the agreement's poll).
+WAIT_SHOWN_S = 0.1
+
 
 def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
@@ -81,6 +84,11 @@ def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
                           for step, stall, write in saves[-12:])
         more = f" (the last 12 of {len(saves)})" if len(saves) > 12 else ""
         lines.append(f"  saves, step: stall/write in s{more}: {shown}")
+    waits = [w for alloc in t.allocations for _, w in alloc.save_waits if w >= WAIT_SHOWN_S]
+    if waits:   # the stall was the write's: a save came before the previous one was written
+        lines.append(f"  saves closer together than a write: {len(waits)} of {len(saves)} waited "
+                     f"{_secs(sum(waits))} s in all for their own write when the next save came "
+                     "(in their stall; save less often to keep the stall to the copy)")
     options = plan_options(a)
     if options:
         lines.append(f"  as plan's inputs: {' '.join(options)}")

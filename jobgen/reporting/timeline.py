@@ -221,7 +221,11 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                        steps[-1].step if steps else None, training_at, load_s,
                        tuple((o.step, _stat(o.extra.get("stall_s")), _stat(o.extra.get("write_s")))
                              for o in train_ev if o.kind == "checkpoint" and o.step is not None),
-                       restarts_in_place=max(0, sum(o.kind == "start" for o in train_ev) - 1))
+                       restarts_in_place=max(0, sum(o.kind == "start" for o in train_ev) - 1),
+                       save_waits=tuple((o.step, wait) for o in train_ev
+                                        if o.kind == "checkpoint" and o.step is not None
+                                        and (wait := _stat(o.extra.get("wait_s"))) is not None
+                                        and wait > 0))
     return alloc, b.segments
 
 

@@ -39,7 +39,7 @@ def observation(event: dict[str, Any], source: str, restart: int,
                                                        "restarts_in_place_max",
                                                        "collective_timeout_s",
                                                        "signal", "global_batch_size",
-                                                       "stall_s", "write_s")})
+                                                       "stall_s", "write_s", "wait_s")})
 
 
 class Tally(Protocol):

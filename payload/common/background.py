@@ -17,10 +17,11 @@ group of their own, at a step boundary. So:
 Each save's ``checkpoint`` event carries ``stall_s`` (how long the training loop waited for it:
 staging, waiting for its write, sealing) apart from ``write_s`` (from the start of the save to
 its last byte), and ``async``. ``wait_s`` is the part of ``stall_s`` spent waiting for the write
-itself, where the next save or the end of the pass came before its last byte: saves closer
-together than a write takes stall the loop for the rest of the write whatever the staging
-costs, so a benchmark of the staging must space its saves wider than a write. torch is imported
-lazily, as in the rest of ``common``.
+itself because the next save came before its last byte: saves closer together than a write
+takes stall the loop for the rest of the write whatever the staging costs (so a benchmark of
+the staging must space its saves wider than a write). The wait at the end of a pass for its
+last save is in ``stall_s`` only: every pass ends that way. torch is imported lazily, as in the
+rest of ``common``.
 """
 from __future__ import annotations
 
@@ -106,10 +107,11 @@ class SaveFailed(RuntimeError):
     """A background save failed on some rank: its step stays unsealed everywhere."""
 
 
-def finish(wait: bool) -> None:
+def finish(wait: bool, next_save: bool = False) -> None:
     """Seal the save in flight once every rank's write is complete. ``wait``: block until it is
     (before the next save, at the end of a pass); else only if all ranks are done already (a
-    collective: every rank calls it at the same step boundary while a save is in flight)."""
+    collective: every rank calls it at the same step boundary while a save is in flight).
+    ``next_save``: the wait is for the next save (reported as the save's ``wait_s``)."""
     global _pending
     save = _pending
     if save is None:
@@ -124,7 +126,7 @@ def finish(wait: bool) -> None:
     except Exception as exc:   # this rank's write failed; the others learn it below
         error = exc
     ok = _all(error is None)   # also waits for the other ranks' writes
-    if wait:                   # else every rank's write was done already: nothing waited for
+    if next_save:              # the next save came before this one's last byte
         save.waited += time.monotonic() - began
     _pending = None
     written = (save.written[0] if save.written else time.monotonic()) - save.started

@@ -187,7 +187,7 @@ def sealed_save(root: Path, step: int, state: dict[str, Any], rank: int, keep: i
 
     import torch.distributed as dist
 
-    background.finish(wait=True)   # at most one save in flight
+    background.finish(wait=True, next_save=True)   # at most one save in flight
     began = time.monotonic()
     node, nodes, leader, own_disk = node_place()
     if rank == 0 or (own_disk and leader):
