@@ -214,22 +214,28 @@ def test_smoke_trainer_background_save_failure_resumes_from_the_step_before(
 
 # ------------------------------------------------------------------------ the report's figures
 
-def test_report_shows_each_saves_stall_apart_from_its_write(tmp_path: Path) -> None:
-    """The checkpoint events' stall_s and write_s reach the report: each save listed, the
-    cluster's stall and write apart, and the account's model costs a save by its stall."""
-    from jobgen.reporting import report, text
+def _run_with_saves(tmp_path: Path, third: dict[str, Any], sixth: dict[str, Any]) -> Any:
+    """A finished one-allocation run (steps of 2 s) with background saves of steps 3 and 6
+    whose checkpoint events carry `third` and `sixth`, as `jobgen report` makes it."""
+    from jobgen.reporting import report
     from tests.test_report_accounts import T0, _events, _flat_run
     run = _flat_run(tmp_path)
     log = run / "logs" / "local-1700000000-7" / "node-0" / "train.log"
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     events = [(e.pop("event"), T0 + 40 + 2 * int(e.get("step", 0)), e)
               for e in lines if e.pop("time", None)]
-    events.insert(6, ("checkpoint", T0 + 46.5, {"step": 3, "async": True, "stall_s": 0.25,
-                                                "write_s": 4.0}))
-    events.insert(10, ("checkpoint", T0 + 52.5, {"step": 6, "async": True, "stall_s": 0.75,
-                                                 "write_s": 6.0}))
+    events.insert(6, ("checkpoint", T0 + 46.5, {"step": 3, "async": True, **third}))
+    events.insert(10, ("checkpoint", T0 + 52.5, {"step": 6, "async": True, **sixth}))
     _events(log, events)
-    made = report.make(None, run, use_sacct=False, now=T0 + 500)
+    return report.make(None, run, use_sacct=False, now=T0 + 500)
+
+
+def test_report_shows_each_saves_stall_apart_from_its_write(tmp_path: Path) -> None:
+    """The checkpoint events' stall_s and write_s reach the report: each save listed, the
+    cluster's stall and write apart, and the account's model costs a save by its stall."""
+    from jobgen.reporting import text
+    made = _run_with_saves(tmp_path, {"stall_s": 0.25, "write_s": 4.0},
+                           {"stall_s": 0.75, "write_s": 6.0})
     (alloc,) = made.timeline.allocations
     assert alloc.saves == ((3, 0.25, 4.0), (6, 0.75, 6.0))
     cluster = made.account.cluster
@@ -244,19 +250,9 @@ def test_report_shows_each_saves_stall_apart_from_its_write(tmp_path: Path) -> N
 def test_report_says_when_saves_came_closer_than_a_write(tmp_path: Path) -> None:
     """A save whose stall was mostly the wait for its own write (the next save came before its
     last byte, as on a GPU saving every few steps): the report says how many and how long."""
-    from jobgen.reporting import report, text
-    from tests.test_report_accounts import T0, _events, _flat_run
-    run = _flat_run(tmp_path)
-    log = run / "logs" / "local-1700000000-7" / "node-0" / "train.log"
-    lines = [json.loads(x) for x in log.read_text().splitlines()]
-    events = [(e.pop("event"), T0 + 40 + 2 * int(e.get("step", 0)), e)
-              for e in lines if e.pop("time", None)]
-    events.insert(6, ("checkpoint", T0 + 46.5, {"step": 3, "async": True, "stall_s": 3.8,
-                                                "write_s": 4.0, "wait_s": 3.55}))
-    events.insert(10, ("checkpoint", T0 + 52.5, {"step": 6, "async": True, "stall_s": 0.75,
-                                                 "write_s": 6.0, "wait_s": 0.002}))
-    _events(log, events)
-    made = report.make(None, run, use_sacct=False, now=T0 + 500)
+    from jobgen.reporting import text
+    made = _run_with_saves(tmp_path, {"stall_s": 3.8, "write_s": 4.0, "wait_s": 3.55},
+                           {"stall_s": 0.75, "write_s": 6.0, "wait_s": 0.002})
     (alloc,) = made.timeline.allocations
     assert alloc.save_waits == ((3, 3.55), (6, 0.002))
     shown = text.text(made.timeline, made.account, made.curves, made.name)
