@@ -69,7 +69,8 @@ class Account:
     predicted_failures_only: Optional[float]
     closure: float                    # |sum of parts - allocated| / allocated
     # The same model among its runs with this run's failure count (failures.wall_given_failures):
-    # what this one run is held to. None where the model is, or where it could not be drawn.
+    # what this one run is held to. None where `predicted` is, where the run had no failure, or
+    # where that count could not be drawn.
     predicted_given_failures: Optional[float] = None
 
 
