@@ -258,3 +258,7 @@ def test_report_says_when_saves_came_closer_than_a_write(tmp_path: Path) -> None
     shown = text.text(made.timeline, made.account, made.curves, made.name)
     assert ("saves closer together than a write: 1 of 2 waited 3.55 s in all for their own "
             "write") in shown
+    # a wait the loop cannot have had (longer than the save's whole stall) is left out
+    odd = _run_with_saves(tmp_path / "odd", {"stall_s": 0.5, "write_s": 4.0, "wait_s": 1e308},
+                          {"stall_s": 0.75, "write_s": 6.0, "wait_s": float("nan")})
+    assert odd.timeline.allocations[0].save_waits == ()

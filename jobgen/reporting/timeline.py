@@ -222,11 +222,22 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                        tuple((o.step, _stat(o.extra.get("stall_s")), _stat(o.extra.get("write_s")))
                              for o in train_ev if o.kind == "checkpoint" and o.step is not None),
                        restarts_in_place=max(0, sum(o.kind == "start" for o in train_ev) - 1),
-                       save_waits=tuple((o.step, wait) for o in train_ev
-                                        if o.kind == "checkpoint" and o.step is not None
-                                        and (wait := _stat(o.extra.get("wait_s"))) is not None
-                                        and wait > 0))
+                       save_waits=_save_waits(train_ev))
     return alloc, b.segments
+
+
+def _save_waits(events: list[Any]) -> tuple[tuple[int, float], ...]:
+    """Each save's wait for its own write (its event's wait_s), where it is a part of the
+    save's stall as the trainer reports it: above 0 and at most stall_s (anything else is
+    not a wait the loop could have had, and is left out)."""
+    found = []
+    for o in events:
+        if o.kind != "checkpoint" or o.step is None:
+            continue
+        wait, stall = _stat(o.extra.get("wait_s")), _stat(o.extra.get("stall_s"))
+        if wait is not None and stall is not None and 0 < wait <= stall:
+            found.append((o.step, wait))
+    return tuple(found)
 
 
 def _stat(value: Any) -> Optional[float]:
