@@ -37,12 +37,11 @@ SHOW = 6             # circles printed per set of modules (all of them with --ed
 # part of a name); "=NAME" that module only; "NAME.?" each package directly under NAME (a
 # backend's declaration, its __init__.py).
 # The most specific pattern wins: the registry and the declarations sit low, the backends'
-# implementations high; the Slurm request is an input the job spec carries.
+# implementations high; the Slurm option table is an input the site and the CLI read.
 LAYERS = [
     ("plumbing", ["=jobgen", "jobgen.plumbing", "jobgen.data"]),
     ("registry", ["=jobgen.backends", "jobgen.backends.?"]),
-    ("inputs", ["jobgen.inputs", "jobgen.backends.slurm.request",
-                "jobgen.backends.slurm.sbatch_options"]),
+    ("inputs", ["jobgen.inputs", "jobgen.backends.slurm.options"]),
     ("images", ["jobgen.images"]),
     ("job", ["jobgen.job"]),
     ("payloads", ["jobgen.payloads"]),

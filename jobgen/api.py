@@ -2,7 +2,7 @@
 Python API both go through here, so they cannot drift apart."""
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from . import backends
 from .inputs import recipe
@@ -16,13 +16,13 @@ def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] 
              site: Optional[str] = None, backend: Backend = "slurm",
              compile_mode: CompileMode = "auto", smoke: bool = False,
              run_name: Optional[str] = None,
-             slurm: Optional[Mapping[str, Optional[str]]] = None) -> JobSpec:
+             options: Optional[Mapping[str, Any]] = None) -> JobSpec:
     """Load (with the recipe's overlay for `backend`), override, validate and resolve a recipe
-    for a node count on a site; `slurm`:
-    per-job overrides of the site's Slurm values (`{"partition": ..., "time": ...}`)."""
+    for a node count on a site; `options`: the scheduler's per-job options by flag (Slurm's
+    `{"partition": ..., "time": ..., "sbatch_opt": (...)}`, over the site's values)."""
     rec, source = recipe.load(ref, list(overrides), backend)
     return resolve(rec, source, sites.load(site), nodes, backend=backend,
-                   compile_mode=compile_mode, smoke=smoke, run_name=run_name, slurm=slurm,
+                   compile_mode=compile_mode, smoke=smoke, run_name=run_name, options=options,
                    name_suffix=name_suffix(ref, rec, overrides, backend, run_name))
 
 

@@ -16,22 +16,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from . import api, payloads
 from .inputs import recipe as recipe_module
+from .inputs import schema
 from .job.spec import Backend
 from .plumbing import fsio
 from .plumbing.errors import ConfigError, JobgenError, RemoteError, RuleError
-from .plumbing.record import record
 
 MAX_NODES = 128   # the default bound of the node counts tried
 SHELLCHECK_ARGS = ("-S", "warning", "-s", "bash", "-f", "gcc")
 
 
-@record(frozen=False)
+@dataclass(slots=True)
 class Row:
     recipe: str
     nodes: int
@@ -40,7 +40,7 @@ class Row:
     script: Optional[str] = None
 
 
-@record(frozen=False)
+@dataclass(slots=True)
 class Report:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -280,5 +280,6 @@ def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
     else:
         report.notes.append("shellcheck: skipped (--no-shellcheck)")
     if test_only:
-        _test_only(report.rows, report, profile.slurm.partition)
+        # The site's partition: a key of the Slurm option table's (backends/slurm/options.py).
+        _test_only(report.rows, report, schema.to_plain(profile.slurm).get("partition"))
     return report

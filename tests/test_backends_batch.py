@@ -125,8 +125,8 @@ def test_render_says_when_a_save_cannot_finish_in_batchs_stop_grace(
         jobgen: Callable[..., Any], recipe: str, cut: bool) -> None:
     """30 s from SIGTERM to SIGKILL; at dl1-batch's 1,000 MB/s a llama2-7b checkpoint (81 GB)
     takes about 81 s, a bert1.5b one (21 GB) 21 s."""
-    from jobgen.payloads import node
-    node._SAID.clear()   # notes are said once per process
+    from jobgen.payloads import base
+    base._SAID.clear()   # notes are said once per process
     result = jobgen("render", recipe, "--backend", "batch", "--site", SITE, "--nodes", "4")
     assert result.exit_code == 0, result.output
     said = [line for line in result.stderr.splitlines() if "SIGTERM to SIGKILL" in line]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
+from conftest import recipe_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_batch_client import _aws_env, aws, moto_inprocess, moto_url  # noqa: E402,F401
@@ -27,7 +28,7 @@ from jobgen.backends.sagemaker import backend as sagemaker  # noqa: E402
 from jobgen.inputs import recipe
 from jobgen.plumbing.errors import ConfigError, JobgenError, RuleError  # noqa: E402
 
-RECIPES = ("neox20b", "pythia6.9b", "llama2-7b", "bert1.5b", "bert-large")
+RECIPES = tuple(recipe_names())   # as found in recipes/
 Jobgen = Callable[..., Any]
 
 
@@ -363,43 +364,19 @@ def test_stream_reader_counts_restarts_and_speaks_for_rank_zero() -> None:
 # --- EKS: the manifests --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", RECIPES)
-@pytest.mark.parametrize("form", ["jobset", "pytorchjob", "indexed-job"])
-def test_eks_manifests_validate_for_every_recipe(name: str, form: str,
-                                                 write_site: Any) -> None:
-    """Every form the site's eks.gang names (the JobSet against its CRD: test_eks_gang.py)."""
+def test_eks_manifests_validate_for_every_recipe(name: str) -> None:
+    """The one form, a JobSet (against its CRD: test_eks_gang.py)."""
     pytest.importorskip("kubernetes_validate")
-    operator = form == "pytorchjob"
-    site = "sagemaker"   # eks.gang: jobset
-    if form != "jobset":
-        site = str(write_site("sagemaker", {"eks.gang": form}))
-    s = api.job_spec(name, 4, site=site, backend="eks")
+    s = api.job_spec(name, 4, site="sagemaker", backend="eks")
     docs = eks.manifests(s)
     eks.validate(docs, "test")   # strict: unknown fields are errors
-    if form == "jobset":
-        (job,) = docs
-        assert job["kind"] == "JobSet"
-        child = job["spec"]["replicatedJobs"][0]["template"]["spec"]
-        assert child["completions"] == child["parallelism"] == 4
-        assert child["backoffLimit"] == 0   # any pod failure fails the child Job
-        assert job["spec"]["failurePolicy"]["maxRestarts"] == s.recipe.job.max_restarts
-        pod = child["template"]["spec"]
-    elif operator:
-        (job,) = docs
-        assert job["kind"] == "PyTorchJob"
-        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
-        pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    else:
-        service, job = docs
-        assert service["spec"]["clusterIP"] == "None"
-        assert job["spec"]["completionMode"] == "Indexed"
-        assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
-        # One counted failure per gang restart (tests/test_eks_gang.py).
-        assert job["spec"]["backoffLimit"] == s.recipe.job.max_restarts
-        pod = job["spec"]["template"]["spec"]
-        assert pod["subdomain"] == service["metadata"]["name"]
-        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
-        name = job["metadata"]["name"]
-        assert env["JOBGEN_MAIN_HOST"] == f"{name}-0.{name}"
+    (job,) = docs
+    assert job["kind"] == "JobSet"
+    child = job["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert child["completions"] == child["parallelism"] == 4
+    assert child["backoffLimit"] == 0   # any pod failure fails the child Job
+    assert job["spec"]["failurePolicy"]["maxRestarts"] == s.recipe.job.max_restarts
+    pod = child["template"]["spec"]
     limits = pod["containers"][0]["resources"]["limits"]
     resource = s.platform.device_resource
     assert limits[resource] == s.platform.devices
@@ -407,18 +384,9 @@ def test_eks_manifests_validate_for_every_recipe(name: str, form: str,
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "fsx-claim"
     assert volumes["local-compile-cache"]["hostPath"]["path"] == "/local/jobgen-compile-cache"
-    if operator:
-        assert pod["restartPolicy"] == "OnFailure"
-    elif form == "jobset":
-        assert pod["restartPolicy"] == "Never"
-        assert child["podFailurePolicy"]["rules"][1] == {"action": "FailJob", "onExitCodes": {
-            "containerName": "trainer", "operator": "In", "values": [75, 78]}}
-    else:
-        # Replaced, not restarted in place, and ended at once by a bad node or a bad setting.
-        assert pod["restartPolicy"] == "Never"
-        rules = job["spec"]["podFailurePolicy"]["rules"]
-        assert rules[0] == {"action": "FailJob", "onExitCodes": {
-            "containerName": "trainer", "operator": "In", "values": [75, 78]}}
+    assert pod["restartPolicy"] == "Never"
+    assert child["podFailurePolicy"]["rules"][1] == {"action": "FailJob", "onExitCodes": {
+        "containerName": "trainer", "operator": "In", "values": [75, 78]}}
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": s.platform.name}
 
 
@@ -443,8 +411,7 @@ def test_eks_validation_catches_a_bad_manifest() -> None:
         eks.validate(bad, "test")
 
 
-def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path,
-                                                      write_site: Any) -> None:
+def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path) -> None:
     """`kubectl apply --dry-run=client` needs an API server for discovery only; a static
     discovery document (the groups and kinds the manifests use) stands in for it. Schema
     validation is kubernetes-validate's, above."""
@@ -490,10 +457,8 @@ def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path,
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Discovery)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        texts = [eks.render_yaml(eks.manifests(api.job_spec("llama2-7b", 2, site=site,
-                                                            backend="eks")))
-                 for site in ("sagemaker", str(write_site("sagemaker",
-                                                          {"eks.gang": "indexed-job"})))]
+        texts = [eks.render_yaml(eks.manifests(api.job_spec("llama2-7b", 2, site="sagemaker",
+                                                            backend="eks")))]
         procs = [subprocess.run(
             [kubectl, "apply", "--dry-run=client", "--validate=false", "-o", "name",
              f"--server=http://127.0.0.1:{server.server_port}", "-f", "-"],
@@ -501,10 +466,8 @@ def test_kubectl_client_dry_run_accepts_the_manifests(tmp_path: Path,
             env={**os.environ, "KUBECONFIG": str(tmp_path / "none")}) for text in texts]
     finally:
         server.shutdown()
-    assert [p.returncode for p in procs] == [0, 0], [p.stderr for p in procs]
-    assert [p.stdout.split() for p in procs] == [
-        ["jobset.jobset.x-k8s.io/llama2-7b-2n"],
-        ["service/llama2-7b-2n", "job.batch/llama2-7b-2n"]]
+    assert [p.returncode for p in procs] == [0], [p.stderr for p in procs]
+    assert [p.stdout.split() for p in procs] == [["jobset.jobset.x-k8s.io/llama2-7b-2n"]]
 
 
 def test_eks_submit_without_a_cluster_is_one_line(jobgen_proc: Any, tmp_path: Path) -> None:
@@ -573,8 +536,11 @@ def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
     # Each instance has its own /opt/ml; node 0's holds the run's sharded checkpoints.
     # Beside the image tree the rehearsal lays out (and the shared claim), the job's own folder.
     root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir()
-                if p.name not in ("image", "shared"))
+                if p.name not in ("image", "shared", ".gitignore"))
     ckpt = root / "algo-1/opt/ml/checkpoints/rh-sagemaker/train/checkpoints/step_00000024"
+    # The closing line names that folder as it lies here, not the instance's /opt/ml.
+    assert f"its folder: {root.relative_to(tmp_path)}/algo-1/opt/ml/checkpoints/rh-sagemaker;" \
+        in out
     assert (ckpt / "COMPLETE").is_file()
     # Sharded: each instance wrote its own ranks' shards to its own disk (SageMaker uploads
     # both to the job's S3 URI and restores all of them on every instance of a retry).
@@ -589,8 +555,8 @@ def test_sagemaker_rehearsal_runs_both_passes_on_two_emulated_instances(
 
 
 @pytest.mark.slow
-def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
-                                                        tmp_path: Path) -> None:
+def test_eks_rehearsal_runs_both_passes_as_jobset_pods(jobgen_proc: Any,
+                                                       tmp_path: Path) -> None:
     began = time.time()
     out = _rehearse(jobgen_proc, tmp_path, "eks")
     ended = time.time()
@@ -603,14 +569,13 @@ def test_eks_rehearsal_runs_both_passes_as_indexed_pods(jobgen_proc: Any,
     assert_account(run, 2, began, ended)
     assert (run / "train" / "checkpoints" / "step_00000024" / "COMPLETE").is_file()
     (logs,) = (run / "logs").iterdir()
-    # The nodes' logs only: under JobSet (this machine's site) no pod beats on the claim
-    # (jobgen's own gang restarts are for clusters without it: test_eks_gang.py).
+    # The nodes' logs only, in the attempt JobSet's first restart-attempt label (0) names.
     assert sorted(p.name for p in (logs / "attempt-1").iterdir() if p.is_dir()) == [
         "node-0", "node-1"]
     # The training pass read the compile cache from each pod's node-local copy.
     # Beside the image tree the rehearsal lays out (and the shared claim), the job's own folder.
     root = next(p for p in (tmp_path / ".jobgen-rehearsal").iterdir()
-                if p.name not in ("image", "shared"))
+                if p.name not in ("image", "shared", ".gitignore"))
     assert sorted(p.name for p in root.iterdir()) == ["node-0", "node-1"]
 
 
@@ -667,23 +632,12 @@ class _KubeAPI:
                 elif path.endswith("/pods"):
                     answer = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
                         {"metadata": {"name": "p0", "labels": {
-                            "training.kubeflow.org/replica-type": "master",
-                            "training.kubeflow.org/replica-index": "0"}},
+                            "batch.kubernetes.io/job-completion-index": "0"}},
                          "status": {"phase": "Running"}}]}
                 elif "/jobsets/" in path and path.endswith("/status"):
                     answer = {"status": {"conditions": [], "restarts": 1,
                                          "restartsCountTowardsMax": 0,
                                          "replicatedJobsStatus": [{"name": "node", "active": 1}]}}
-                elif "/pytorchjobs/" in path and path.endswith("/status"):
-                    answer = {"status": {"conditions": [
-                        {"type": "Created", "status": "True"},
-                        {"type": "Running", "status": "True"}],
-                        "replicaStatuses": {"Master": {"active": 1},
-                                            "Worker": {"active": 1}}}}
-                elif "/jobs/" in path and path.endswith("/status"):
-                    answer = {"kind": "Job", "apiVersion": "batch/v1",
-                              "metadata": {"name": path.split("/")[-2]},
-                              "status": {"active": 2, "conditions": []}}
                 else:
                     answer = {"kind": "Status", "apiVersion": "v1", "status": "Success"}
                 data = json.dumps(answer).encode()
@@ -710,56 +664,41 @@ class _KubeAPI:
 
 
 @pytest.mark.slow   # several seconds: the full tier runs it
-@pytest.mark.parametrize("form", ["jobset", "indexed-job", "pytorchjob"])
-def test_eks_commands_act_on_the_kind_that_was_submitted(jobgen_proc: Any, tmp_path: Path,
-                                                        write_site: Any, form: str) -> None:
+def test_eks_commands_act_on_the_jobset_that_was_submitted(jobgen_proc: Any,
+                                                          tmp_path: Path) -> None:
     """submit, status, logs and cancel through the Kubernetes client: a JobSet (its job id
-    says so: jobsets/NAME), an Indexed Job and its Service, or a PyTorchJob (pytorchjobs/NAME),
-    each read and deleted as the kind it is."""
+    says so: jobsets/NAME), read and deleted as the JobSet it is."""
     pytest.importorskip("kubernetes")
     api = _KubeAPI()
     try:
         env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
-        site = str(write_site("sagemaker", {"eks.gang": form}))
-        run = f"k-{form}"
+        run = "k-jobset"
         proc = jobgen_proc("submit", "llama2-7b", "--nodes", "2", "--smoke", "--backend", "eks",
-                           "--site", site, "--run-name", run, cwd=tmp_path, env=env)
+                           "--site", "sagemaker", "--run-name", run, cwd=tmp_path, env=env)
         assert proc.returncode == 0, proc.stderr
         job_id = proc.stdout.strip()
         name = job_id.split("/")[-1]
-        kinds = {"jobset": ("jobsets", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NAMESPACE}",
-                            "JobSet"),
-                 "pytorchjob": ("pytorchjobs", f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}",
-                                "PyTorchJob")}
-        if form in kinds:
-            plural, base, kind = kinds[form]
-            assert job_id == f"{plural}/{name}"
-        else:
-            assert job_id == name
-        created = [path.rsplit("/", 1)[-1] for method, path in api.calls if method == "POST"]
-        assert created == ([kinds[form][0]] if form in kinds else ["services", "jobs"])
+        base = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NAMESPACE}"
+        assert job_id == f"jobsets/{name}"
+        created = [path for method, path in api.calls if method == "POST"]
+        assert created == [f"{base}/jobsets"]
         api.calls.clear()
 
         status = jobgen_proc("status", run, "--json", cwd=tmp_path, env=env)
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
-        assert data["kind"] == (kinds[form][2] if form in kinds else "Job")
+        assert data["kind"] == "JobSet"
         assert (data["state"], data["native_state"]) == ("RUNNING", "Running")
-        # A JobSet's counts are its pods' (the stand-in lists one), the others' their own.
-        assert data["active"] == (1 if form == "jobset" else 2)
-        if form == "jobset":
-            assert (data["restarts"], data["counted_restarts"]) == (1, 0)
+        # Its counts are its pods' (the stand-in lists one), its restarts JobSet's.
+        assert data["active"] == 1 and data["pods"] == {"0": "Running"}
+        assert (data["restarts"], data["counted_restarts"]) == (1, 0)
         read = [p for m, p in api.calls if m == "GET" and p.endswith("/status")]
-        assert read == ([f"{kinds[form][1]}/{kinds[form][0]}/{name}/status"] if form in kinds
-                        else [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}/status"])
+        assert read == [f"{base}/jobsets/{name}/status"]
         api.calls.clear()
 
         cancel = jobgen_proc("cancel", run, cwd=tmp_path, env=env)
         assert cancel.returncode == 0, cancel.stderr
-        deleted = [p for m, p in api.calls if m == "DELETE"]
-        assert deleted == ([f"{kinds[form][1]}/{kinds[form][0]}/{name}"] if form in kinds else
-                           [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}",
-                            f"/api/v1/namespaces/{NAMESPACE}/services/{name}"])
+        assert [p for m, p in api.calls if m == "DELETE"] == [f"{base}/jobsets/{name}"]
     finally:
         api.server.shutdown()
 
@@ -775,9 +714,9 @@ def _without(data: Any, key: str) -> Any:
 @pytest.mark.slow   # a few seconds: two submits through the client
 def test_eks_submit_refuses_a_cluster_without_a_jobset_that_can_tell_a_drain_apart(
         jobgen_proc: Any, tmp_path: Path) -> None:
-    """eks.gang: jobset on a cluster without JobSet, or with one older than v0.10.0 (whose API
-    server would drop the rules' message patterns, so that 78 would restart like a drain):
-    one line, nothing created."""
+    """A cluster without JobSet, or with one older than v0.10.0 (whose API server would drop
+    the rules' message patterns, so that 78 would restart like a drain): one line that says how
+    to install it, nothing created."""
     pytest.importorskip("kubernetes")
     api = _KubeAPI()
     try:
@@ -792,6 +731,8 @@ def test_eks_submit_refuses_a_cluster_without_a_jobset_that_can_tell_a_drain_apa
                       if not line.startswith("note: ")]
             assert proc.returncode == 1 and len(errors) == 1, proc.stderr
             assert says in errors[0], proc.stderr
+            assert "kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/" \
+                "releases/download/v0.12.0/manifests.yaml" in errors[0], proc.stderr
             assert [m for m, _ in api.calls if m == "POST"] == []
     finally:
         api.server.shutdown()

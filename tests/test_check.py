@@ -76,7 +76,7 @@ def test_check_passes_and_skips_only_forbidden_combinations(
     assert all(status == "ok" for key, (status, _) in table.items() if key not in skipped)
     lines = full_check.stdout.splitlines()
     assert lines[-1] == f"{len(table) - len(skipped)} ok, {len(skipped)} skipped, 0 failed"
-    assert "node counts 1 to 128 (site local allows 128; bound 128)" in lines
+    assert "node counts 1 to 128 (site local allows 136; bound 128)" in lines
     assert "shellcheck" not in full_check.stdout       # it ran, and found nothing
     assert full_check.stderr == ""
 

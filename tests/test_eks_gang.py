@@ -1,16 +1,11 @@
-"""EKS gang restarts and pod resources.
+"""EKS gang restarts and pod resources, under JobSet (the one form).
 
-The manifests against the platform files (what a pod asks for, declared once in
-env/platforms/*.yaml) and the restart rules. The JobSet form (eks.gang: jobset, recommended):
-its manifest against the CRD of a pinned JobSet release (tests/k8s/), and the engine's decisions
-read off that manifest (jobgen/backends/eks/engine.py emulates JobSet and the Job controller);
-then a drain of ONE pod, as Kubernetes does it, under the emulated engine with the real
-entrypoint and CPU trainer: every pod restarts and resumes from one step, the drain not counted.
-The Indexed Job form without an engine (eks.gang: indexed-job): the real
-env/containers/eks-entrypoint.sh run as its pods (jobgen/backends/eks/rehearsal.py gives each
-pod's command and environment): one pod fails or freezes, the others stop within seconds with the
-status the pod failure policy ignores, and the replaced gang resumes from the newest
-checkpoint."""
+The manifest against the platform files (what a pod asks for, declared once in
+env/platforms/*.yaml) and against the CRD of a pinned JobSet release (tests/k8s/); the engine's
+decisions read off that manifest (jobgen/backends/eks/engine.py emulates JobSet and the Job
+controller); the real env/containers/eks-entrypoint.sh run as the pods, each with the restart
+attempt JobSet labels it with: a pod deleted before it ever ran, and the next attempt meets on
+one number; a drain of ONE pod, and every pod restarts and resumes from one step, uncounted."""
 from __future__ import annotations
 
 import json
@@ -26,13 +21,11 @@ import pytest
 import yaml
 
 from jobgen import api
-from jobgen.backends.eks import engine
+from jobgen.backends.eks import engine, rehearsal
 from jobgen.backends.eks import jobset as jobsets
 from jobgen.backends.eks import manifests as eks
-from jobgen.backends.local import runner as local_runner
 from jobgen.images import snapshot
 from jobgen.inputs.platforms import PLATFORMS
-from jobgen.payloads import node
 from jobgen.plumbing.errors import ConfigError
 
 # --- the manifest against the platform files ----------------------------------------------------
@@ -48,22 +41,19 @@ def _pod(doc: dict[str, Any]) -> dict[str, Any]:
     return doc["spec"]["template"]["spec"]
 
 
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod's container env: each value, or its downward-API field."""
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in pod["containers"][0]["env"]}
+
+
 @pytest.mark.parametrize("name", ["neox20b", "bert1.5b", "llama2-7b"])
-def test_pod_resources_and_restart_rules_follow_the_platform_file(name: str,
-                                                                  write_site: Any) -> None:
+def test_pod_resources_follow_the_platform_file(name: str) -> None:
     pytest.importorskip("kubernetes_validate")
-    site = str(write_site("sagemaker", {"eks.gang": "indexed-job"}))
-    s = api.job_spec(name, 4, site=site, backend="eks")
+    s = api.job_spec(name, 4, site="sagemaker", backend="eks")
     docs = eks.manifests(s)
     eks.validate(docs, "test")
-    job = docs[-1]
-    pod = _pod(job)
-    # The JobSet's pods are the same pods.
-    jobset = eks.manifests(api.job_spec(name, 4, site="sagemaker", backend="eks"))
-    assert [d["kind"] for d in jobset] == ["JobSet"]
-    eks.validate(jobset, "test")
-    js_pod = _pod(jobset[0])
-    assert js_pod["containers"][0]["resources"] == pod["containers"][0]["resources"]
+    pod = _pod(docs[0])
     (container,) = pod["containers"]
     declared = PLATFORMS[s.platform.name].pod
     resources = container["resources"]
@@ -73,7 +63,7 @@ def test_pod_resources_and_restart_rules_follow_the_platform_file(name: str,
     assert resources["limits"].get("hugepages-2Mi") == declared.hugepages_2mi
     assert resources["requests"].get("hugepages-2Mi") == declared.hugepages_2mi
     assert pod.get("hostIPC", False) is declared.host_ipc
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = _env(pod)
     for key, value in declared.env:
         assert env[key] == value
     if s.platform.accelerator == "hpu":
@@ -81,29 +71,6 @@ def test_pod_resources_and_restart_rules_follow_the_platform_file(name: str,
             "690Gi", "42000Mi", True)
     if s.platform.accelerator == "neuron":
         assert env["CCOM_SOCKET_IFNAME"] == "eth0" and declared.cpu and declared.memory
-    # Gang restarts: the stopped peers are not counted, the first failure is; 75 and 78 end it.
-    rules = job["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == [75, 78]
-    assert rules[1] == {"action": "Ignore", "onExitCodes": {
-        "containerName": "trainer", "operator": "In", "values": [eks.GANG_EXIT]}}
-    assert job["spec"]["backoffLimit"] == s.recipe.job.max_restarts
-    assert env["JOBGEN_GANG_EXIT"] == str(eks.GANG_EXIT)
-    assert int(env["JOBGEN_GANG_STALE_S"]) > int(env["JOBGEN_GANG_BEAT_S"]) > 0
-
-
-def test_without_a_shared_claim_there_is_no_gang_and_render_says_so(
-        write_site: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    site = write_site("sagemaker", {"eks.gang": "indexed-job"}, delete=["eks.shared_pvc"])
-    s = api.job_spec("neox20b", 4, site=str(site), backend="eks")
-    node._SAID.clear()   # notes are said once per process
-    job = eks.manifests(s)[-1]
-    assert "eks.shared_pvc is not set" in capsys.readouterr().err
-    env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "JOBGEN_GANG_EXIT" not in env
-    assert all(r.get("onExitCodes", {}).get("values") != [eks.GANG_EXIT]
-               for r in job["spec"]["podFailurePolicy"]["rules"])
-    # Each restart can cost every pod's failure when the peers find out by their own timeouts.
-    assert job["spec"]["backoffLimit"] == 4 * s.recipe.job.max_restarts
 
 
 # --- the JobSet form: the manifest, against the pinned CRD ---------------------------------------
@@ -161,13 +128,19 @@ def test_the_jobset_validates_against_the_crd_of_a_pinned_release(name: str,
     assert jobsets.name("7b-" + "x" * 80)[0].isalpha()
 
 
-def test_jobset_restarts_the_gang_and_the_heartbeats_go_away(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_pod_takes_its_attempt_from_jobset_and_render_bounds_disruptions(
+        jobgen_proc: Any, tmp_path: Path) -> None:
     s = api.job_spec("llama2-7b", 4, site="sagemaker", backend="eks")
-    node._SAID.clear()
-    (doc,) = eks.manifests(s)
-    err = capsys.readouterr().err
-    assert "eks.gang is" not in err, err   # nothing to say: the engine does it all
+    proc = jobgen_proc("render", "llama2-7b", "--backend", "eks", "--site", "sagemaker",
+                       "--nodes", "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = yaml.safe_load_all(proc.stdout)
+    # One line at render: disruptions are uncounted, and bounded by their own limit.
+    (said,) = [line for line in proc.stderr.splitlines() if "eks.max_disruptions" in line]
+    assert s.site.eks is not None
+    limit = s.recipe.job.max_restarts + s.site.eks.max_disruptions
+    assert "memory- or disk-pressure evictions" in said, said
+    assert f"restart attempt {limit + 1} ends the job (78)" in said, said
     name = doc["metadata"]["name"]
     spec = doc["spec"]
     assert spec["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
@@ -179,34 +152,29 @@ def test_jobset_restarts_the_gang_and_the_heartbeats_go_away(
             job["backoffLimit"]) == ("Indexed", 4, 4, 0)
     pod = job["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and "subdomain" not in pod   # JobSet sets it
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = _env(pod)
     # Pod 0's host name under JobSet's headless Service (named after the JobSet).
     assert env["JOBGEN_MAIN_HOST"] == f"{name}-node-0-0.{name}"
+    # The attempt from the engine's own label, through the downward API; the bound beside it.
+    assert env["JOBGEN_RESTART_ATTEMPT"] == {"fieldRef": {
+        "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}}
+    assert env["JOBGEN_RESTART_LIMIT"] == str(limit)
     assert not [k for k in env if k.startswith("JOBGEN_GANG_")]
 
 
-@pytest.mark.parametrize(("form", "says"), [
-    ("indexed-job", "a drain signals only the evicted pod"),
-    ("pytorchjob", "recreates only the evicted pod")])
-def test_without_jobset_render_says_in_one_line_what_the_setup_cannot_do(
-        jobgen_proc: Any, write_site: Any, tmp_path: Path, form: str, says: str) -> None:
-    site = write_site("sagemaker", {"eks.gang": form})
+@pytest.mark.parametrize("setting", [{"eks.gang": "pytorchjob"}, {"eks.gang": "indexed-job"},
+                                     {"eks.training_operator": True}])
+def test_any_other_gang_form_is_refused_in_one_line_that_installs_jobset(
+        jobgen_proc: Any, write_site: Any, tmp_path: Path, setting: dict[str, Any]) -> None:
+    site = write_site("sagemaker", setting)
     proc = jobgen_proc("render", "llama2-7b", "--backend", "eks", "--site", str(site),
                        "--nodes", "4", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if "eks.gang is" in line]
-    assert len(lines) == 1 and says in lines[0] and "eks.gang: jobset" in lines[0], proc.stderr
-    kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout)]
-    assert kinds == (["PyTorchJob"] if form == "pytorchjob" else ["Service", "Job"])
-
-
-def test_a_site_that_says_two_things_is_one_line(write_site: Any) -> None:
-    from jobgen.inputs import site as sites
-    path = write_site("sagemaker", {"eks.gang": "jobset", "eks.training_operator": True})
-    with pytest.raises(ConfigError, match="eks.training_operator: true contradicts eks.gang: "
-                                          "jobset") as caught:
-        sites.load(str(path))
-    assert "\n" not in str(caught.value)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    (line,) = proc.stderr.splitlines()
+    key = next(iter(setting))
+    assert line.startswith(f"error: {site}: {key}: "), line
+    assert "JobSets only" in line and "kubectl apply --server-side -f https://github.com/" \
+        f"kubernetes-sigs/jobset/releases/download/{jobsets.RELEASE}/manifests.yaml" in line, line
 
 
 # --- the engine's decisions, read off the rendered JobSet ----------------------------------------
@@ -257,14 +225,16 @@ while :; do sleep 0.1; done
 """
 
 
-def _engine(plan: str, doc: dict[str, Any], grace_s: float = 5.0) -> engine.JobSet:
-    attempts: dict[int, int] = {}
-
-    def start(index: int) -> subprocess.Popen:
-        attempts[index] = attempts.get(index, 0) + 1
+def _engine(plan: str, doc: dict[str, Any], grace_s: float = 5.0,
+            pending: tuple[str, ...] = ()) -> engine.JobSet:
+    """The engine on stand-in pods, attempt A from JobSet's label (A = label + 1); the pods
+    named "A:K" in `pending` are left Pending (not scheduled)."""
+    def start(index: int, labels: dict[str, str]) -> subprocess.Popen | None:
+        attempt = int(labels[jobsets.RESTART_ATTEMPT]) + 1
+        if f"{attempt}:{index}" in pending:
+            return None
         return subprocess.Popen(["bash", "-c", STAND_IN_POD], start_new_session=True, env={
-            **os.environ, "POD": str(index), "ATTEMPT": str(attempts[index]),
-            "POD_PLAN": plan})
+            **os.environ, "POD": str(index), "ATTEMPT": str(attempt), "POD_PLAN": plan})
     return engine.JobSet(doc, start, say=lambda line: None, grace_s=grace_s)
 
 
@@ -300,6 +270,34 @@ def test_the_engine_deletes_every_pod_on_a_drain_and_counts_what_the_rules_count
         config.history[0]
 
 
+def test_a_pending_pod_deleted_fails_the_child_job_and_every_pod_comes_back_labelled_alike(
+        ) -> None:
+    """A plain deletion of a pod that never ran (Pending: its node not yet there) fails the
+    child Job (counted: no disruption condition); the restart deletes the running peers, and
+    every pod of the new child Job carries the same restart attempt."""
+    (doc,) = eks.manifests(api.job_spec("neox20b", 2, site="sagemaker", backend="eks"))
+    gang = _engine("2:0=exit0 2:1=exit0", doc, grace_s=1.0, pending=("1:1",))
+    seen: list[dict[int, str]] = []
+    stand_in = gang.start
+
+    def start(index: int, labels: dict[str, str]) -> subprocess.Popen | None:
+        seen.append({index: labels[jobsets.RESTART_ATTEMPT]})
+        return stand_in(index, labels)
+
+    def delete_the_pending_pod(e: engine.JobSet) -> None:
+        if e.restarts == 0 and 1 in e.pending:
+            e.delete(1)
+
+    gang.start = start
+    outcome = gang.run(during=delete_the_pending_pod, timeout_s=60)
+    assert outcome == "Completed", gang.history
+    assert (gang.restarts, gang.counted) == (1, 1)
+    assert seen == [{0: "0"}, {1: "0"}, {0: "1"}, {1: "1"}]
+    assert gang.signals == ["pod 0: SIGTERM (its child Job deleted)"]
+    (why,) = gang.history
+    assert why.startswith("BackoffLimitExceeded") and why.endswith("RestartJobSet")
+
+
 def test_a_platform_pod_that_does_not_fit_is_one_line(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from jobgen.inputs import platforms
@@ -317,38 +315,34 @@ def test_a_platform_pod_that_does_not_fit_is_one_line(tmp_path: Path,
         assert "pod." in message
 
 
-# --- the entrypoint as the pods of an Indexed Job -------------------------------------------------
+# --- the real entrypoint as JobSet's pods ------------------------------------------------------
 
 FAKE = """#!/usr/bin/env bash
-# A stand-in launcher: each pod's behaviour from FAKE_TRAIN (compile passes succeed and say
-# so, as payload/common/node_launch.sh does, for the nodes that wait for each other).
-case $1:${FAKE_TRAIN:-ok} in
-  compile:*) echo 0 >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/compile.status"; exit 0 ;;
-  train:hang) exec sleep 300 ;;   # a trainer that waits in a collective for a dead peer
-  # A trainer that saves and stops on the stop request, as jobgen's do (the flow ignores that
-  # signal, and a bash started with it ignored cannot trap it: Python can).
-  train:stoppable) exec python3 -c 'import signal, sys, time
-signal.signal(getattr(signal, "SIG" + sys.argv[1]), lambda *_: sys.exit(0))
-time.sleep(300)' "$JOBGEN_STOP_SIGNAL" ;;
-  train:fail) sleep 1; exit 3 ;;
+# A stand-in launcher: compile passes succeed and say so, as payload/common/node_launch.sh does,
+# for the nodes that wait for each other; training passes succeed.
+case $1 in
+  compile) echo 0 >"$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/compile.status"; exit 0 ;;
   *) exit 0 ;;
 esac
 """
 
 
-@pytest.fixture
-def indexed(write_site: Any) -> str:
-    """This machine's site with neither JobSet nor Kubeflow: jobgen's own gang restarts."""
-    return str(write_site("local", {"eks.gang": "indexed-job"}))
-
-
-def _pods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, site: str | None = None,
-          recipe: str = "neox20b", nodes: int = 2
-          ) -> tuple[Any, list[tuple[list[str], dict[str, str]]]]:
+def _pods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recipe: str = "neox20b",
+          nodes: int = 2) -> Any:
+    """The smoke spec on this machine's site (eks.gang: jobset), its payload snapshot placed
+    where the rehearsal's image holds it."""
     monkeypatch.chdir(tmp_path)
-    s = api.job_spec(recipe, nodes, site=site, backend="eks", smoke=True, run_name="gang")
+    s = api.job_spec(recipe, nodes, site=None, backend="eks", smoke=True, run_name="gang")
     snapshot.place(str(tmp_path / ".jobgen-rehearsal" / "payload"), s.payload_digest)
-    return s, local_runner.commands(s, "gang-job")
+    return s
+
+
+def _pod_command(s: Any, index: int, labels: dict[str, str]
+                 ) -> tuple[list[str], dict[str, str]]:
+    """Pod `index` as the kubelet starts it: its command and env, the downward API read off
+    the labels JobSet gave it (jobgen/backends/eks/rehearsal.py)."""
+    root = Path.cwd() / ".jobgen-rehearsal" / "gang-job"
+    return rehearsal.commands(s, "gang-job", root, labels=labels)[index]
 
 
 def _start(argv: list[str], env: dict[str, str], extra: dict[str, str], out: Path
@@ -358,16 +352,6 @@ def _start(argv: list[str], env: dict[str, str], extra: dict[str, str], out: Pat
     with open(out, "ab") as handle:
         return subprocess.Popen(argv, env=full, stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-
-
-def _gang(pods: list[tuple[list[str], dict[str, str]]], extra: list[dict[str, str]],
-          tmp_path: Path, launcher: str | None = None) -> list[subprocess.Popen]:
-    procs = []
-    for index, (argv, env) in enumerate(pods):
-        if launcher:
-            argv = [argv[0], argv[1], launcher, *argv[3:]]
-        procs.append(_start(argv, env, extra[index], tmp_path / f"pod-{index}.log"))
-    return procs
 
 
 def _pod_processes(pid: int) -> list[int]:
@@ -386,7 +370,7 @@ def _pod_processes(pid: int) -> list[int]:
 
 
 def _signal_pod(proc: subprocess.Popen, signum: int) -> None:
-    """What the container runtime does to a whole container (SIGKILL), or a frozen node."""
+    """What the container runtime does to a whole container (SIGKILL)."""
     for pid in _pod_processes(proc.pid):
         try:
             os.kill(pid, signum)
@@ -394,131 +378,88 @@ def _signal_pod(proc: subprocess.Popen, signum: int) -> None:
             pass
 
 
-def _end(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        _signal_pod(proc, signal.SIGKILL)
-        proc.wait()
-
-
-def test_one_failed_pod_stops_the_gang_and_is_the_one_counted_failure(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, indexed: str) -> None:
-    s, pods = _pods(tmp_path, monkeypatch, indexed, nodes=4)
+def test_a_pod_deleted_before_it_ran_and_the_next_attempt_meets_on_one_number(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempt 1: pod 0 runs and reports to the health gate, pod 1 stays Pending and is deleted
+    before it ever ran. JobSet restarts the child Job: pod 0 is deleted too, and both pods of
+    the next attempt carry restart attempt 1. Each takes its attempt from that label, so both
+    log to attempt-2 and the gate meets there on this attempt's reports only (a pod counting its
+    own folders would have put pod 1 in attempt-1, on pod 0's stale report, and pod 0 in
+    attempt-2, waiting out the gate for pod 1). The real entrypoint and health gate; a
+    stand-in launcher."""
+    s = _pods(tmp_path, monkeypatch)
+    (doc,) = eks.manifests(s)
     fake = tmp_path / "fake-launch.sh"
     fake.write_text(FAKE)
-    procs = _gang(pods, [{"FAKE_TRAIN": "fail" if i == 1 else "hang"} for i in range(4)],
-                  tmp_path, str(fake))
+    logs = Path(s.run_dir, "logs", "gang-job")
+    # The gate's wait for the peers' reports: short, so that a gate that waits for a pod in
+    # another attempt fails this test instead of stalling it.
+    extra = {"JOBGEN_RDZV_TIMEOUT": "60"}
+
+    def start(index: int, labels: dict[str, str]) -> subprocess.Popen | None:
+        if labels[jobsets.RESTART_ATTEMPT] == "0" and index == 1:
+            return None   # Pending: its node is not there yet
+        argv, env = _pod_command(s, index, labels)
+        argv = [argv[0], argv[1], str(fake), *argv[3:]]
+        return _start(argv, env, extra, tmp_path / f"pod-{index}.log")
+
+    def delete_the_pending_pod(e: engine.JobSet) -> None:
+        if e.restarts == 0 and 1 in e.pending and \
+                (logs / "attempt-1" / "node-0" / "health.json").is_file():
+            e.delete(1)
+
+    jobset = engine.JobSet(doc, start, say=print, grace_s=5.0)
+    began = time.monotonic()
     try:
-        failed = procs[1].wait(timeout=60)
-        ended = time.monotonic()
-        # Without the gang the others would wait out their trainers (300 s here, the Neuron
-        # runtime's 4,000 s on trn1); the test's bound is generous, the pods' own is 2 s.
-        stopped = [p.wait(timeout=60) for p in (procs[0], procs[2], procs[3])]
-        print(f"the gang stopped {time.monotonic() - ended:.1f} s after pod 1 failed")
+        outcome = jobset.run(during=delete_the_pending_pod, timeout_s=120)
     finally:
-        _end(procs)
-    assert failed == 3                       # the job's one counted failure keeps its status
-    assert stopped == [eks.GANG_EXIT] * 3    # ignored by the pod failure policy
-    for index in (0, 2, 3):
-        log = (tmp_path / f"pod-{index}.log").read_text()
-        assert "stopping this pod so that the whole gang restarts: node 1 failed (status 3" \
-            in log, log[-2000:]
-    gang = Path(s.run_dir, "logs", "gang-job", "attempt-1", "gang")
-    assert (gang / "first-failure").is_dir() and (gang / "node-1.failed").is_file()
-    # The replaced gang: every pod in the next attempt, and a clean run ends the job.
-    again = _gang(pods, [{}] * 4, tmp_path, str(fake))
-    try:
-        assert [p.wait(timeout=120) for p in again] == [0] * 4
-    finally:
-        _end(again)
-    done = Path(s.run_dir, "logs", "gang-job", "attempt-2", "gang")
-    assert sorted(p.name for p in done.glob("*.done")) == [f"node-{i}.done" for i in range(4)]
+        for proc in jobset.pods.values():
+            _signal_pod(proc, signal.SIGKILL)
+            proc.wait()
+    took = time.monotonic() - began
+    print(f"ended {outcome!r} after {took:.1f} s")
+    pod_logs = [(tmp_path / f"pod-{i}.log").read_text() for i in (0, 1)]
+    assert outcome == "Completed", (jobset.history, pod_logs)
+    assert (jobset.restarts, jobset.counted) == (1, 1), (jobset.history, pod_logs)
+    # Pod 1 never ran in attempt 1: its only attempt is the second, where pod 0 met it.
+    assert "attempt 1 (restart attempt 0)" in pod_logs[0]
+    assert "attempt 2 (restart attempt 1)" in pod_logs[0] and \
+        "attempt 2 (restart attempt 1)" in pod_logs[1], pod_logs
+    assert not (logs / "attempt-1" / "node-1").exists()
+    reports = [json.loads((logs / "attempt-2" / f"node-{i}" / "health.json").read_text())
+               for i in (0, 1)]
+    assert [(r["node"], r["ok"], r["attempt"]) for r in reports] == [(0, True, "2"),
+                                                                      (1, True, "2")]
+    assert "did not report" not in pod_logs[0] + pod_logs[1]
+    assert took < 90, took   # no gate waited out its 60 s for a pod of another attempt
 
 
-def test_pods_failing_together_count_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          indexed: str) -> None:
-    """A failure that hits every pod (a bad batch on every rank): one status is the counted
-    failure, the others exit with the ignored one, so a restart costs one of the backoffLimit."""
-    _, pods = _pods(tmp_path, monkeypatch, indexed)
-    fake = tmp_path / "fake-launch.sh"
-    fake.write_text(FAKE)
-    procs = _gang(pods, [{"FAKE_TRAIN": "fail"}] * 2, tmp_path, str(fake))
-    try:
-        statuses = sorted(p.wait(timeout=120) for p in procs)
-    finally:
-        _end(procs)
-    assert statuses == [3, eks.GANG_EXIT]
-
-
-def test_pods_stopping_on_sigterm_are_not_killed_by_the_gang(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, indexed: str) -> None:
-    """A time limit (activeDeadlineSeconds) sends every pod SIGTERM (a drain only the pod it
-    evicts): the pods stop their passes themselves (a trainer saves on it), and the first to end
-    does not get the others killed mid-save."""
-    _, pods = _pods(tmp_path, monkeypatch, indexed)
-    fake = tmp_path / "fake-launch.sh"
-    fake.write_text(FAKE)
-    procs = _gang(pods, [{"FAKE_TRAIN": "stoppable"}] * 2, tmp_path, str(fake))
-    try:
-        deadline = time.monotonic() + 120
-        while not all("training pass on 2 nodes" in (tmp_path / f"pod-{i}.log").read_text()
-                      for i in (0, 1)):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        time.sleep(1)   # the flows are waiting for their passes
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)   # what the kubelet sends the container's PID 1
-        statuses = [p.wait(timeout=60) for p in procs]
-    finally:
-        _end(procs)
-    assert eks.GANG_EXIT not in statuses, statuses
-    logs = "".join((tmp_path / f"pod-{i}.log").read_text() for i in (0, 1))
-    assert "stopping this pod so that the whole gang restarts" not in logs
-
-
-@pytest.mark.slow
-def test_a_frozen_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, indexed: str) -> None:
-    """The real CPU trainer under torchrun: pod 1 freezes (SIGSTOP: its node is gone, its
-    sockets stay open, so pod 0 waits in a collective as a Neuron trainer would), pod 0 sees
-    its beat go stale and stops; Kubernetes' replacements (run again here) resume."""
-    s, pods = _pods(tmp_path, monkeypatch, indexed)
-    import socket
-    with socket.socket() as sock:   # the machine may run other rehearsals on the recipe's port
-        sock.bind(("127.0.0.1", 0))
-        port = {"MASTER_PORT": str(sock.getsockname()[1])}
-    # No compile pass (not what this test is about: it would double the trainers started).
-    port["JOBGEN_COMPILE_MODE"] = "never"
-    slow = {"JOBGEN_SMOKE_STEP_DELAY": "0.5", "JOBGEN_GANG_STALE_S": "6", **port}
-    procs = _gang(pods, [slow, slow], tmp_path)
-    checkpoints = Path(s.run_dir, "train", "checkpoints")
-    try:
-        deadline = time.monotonic() + 300
-        while not list(checkpoints.glob("step_*/COMPLETE")):
-            assert procs[0].poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "pod-0.log").read_text()[-3000:]
-            time.sleep(0.5)
-        _signal_pod(procs[1], signal.SIGSTOP)
-        frozen = time.monotonic()
-        assert procs[0].wait(timeout=120) == eks.GANG_EXIT
-        took = time.monotonic() - frozen
-    finally:
-        _end(procs)
-    log = (tmp_path / "pod-0.log").read_text()
-    assert "node 1 has not beaten for" in log, log[-3000:]
-    print(f"pod 0 stopped {took:.1f} s after pod 1 froze (stale after 6 s)")
-    saved = max(int(p.parent.name.split("_")[1])
-                for p in checkpoints.glob("step_*/COMPLETE"))
-    again = _gang(pods, [port, port], tmp_path)
-    try:
-        assert [p.wait(timeout=600) for p in again] == [0, 0], \
-            (tmp_path / "pod-0.log").read_text()[-3000:]
-    finally:
-        _end(again)
-    events = [json.loads(line[line.index("{"):]) for line in
-              (tmp_path / "pod-0.log").read_text().splitlines() if '{"event"' in line]
-    resumed = [e for e in events if e["event"] == "resume"]
-    assert resumed and resumed[-1]["step"] >= saved
-    assert "training pass finished" in (tmp_path / "pod-0.log").read_text()
+def test_a_pod_past_the_restart_bound_ends_the_job_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restart attempt job.max_restarts + eks.max_disruptions + 1 (drains and the kubelet's
+    pressure evictions restart uncounted): the pod exits 78 before its gate, which JobSet's
+    rule fails the job on."""
+    s = _pods(tmp_path, monkeypatch)
+    (doc,) = eks.manifests(s)
+    assert s.site.eks is not None
+    limit = s.recipe.job.max_restarts + s.site.eks.max_disruptions
+    labels = engine.JobSet(doc, lambda i, labels: None).labels()
+    for attempt, status in ((limit, None), (limit + 1, 78)):
+        labels[jobsets.RESTART_ATTEMPT] = str(attempt)
+        argv, env = _pod_command(s, 0, labels)
+        if status is None:   # within the bound: the flow starts (stopped here at its usage)
+            argv = argv[:3]
+        proc = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=60)
+        if status is None:
+            assert "past the job's" not in proc.stderr, proc.stderr
+            continue
+        assert proc.returncode == status, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert f"restart attempt {attempt} is past the job's {limit}" in line, line
+    assert engine.jobset_rule(doc["spec"]["failurePolicy"], "PodFailurePolicy",
+                              "Container trainer for pod x failed with exit code 78 matching "
+                              "FailJob rule at index 1")[0] == "FailJobSet"
 
 
 # --- a drain of one pod under JobSet's engine (emulated), with the real pods --------------------
@@ -532,7 +473,7 @@ def test_a_drain_of_one_pod_restarts_every_pod_from_one_step_uncounted(
     reading of the rendered JobSet: the drained pod's failure fails the child Job through its pod
     failure policy, JobSet restarts every pod without counting it, and the new gang resumes from
     the newest step every node holds and finishes."""
-    s, pods = _pods(tmp_path, monkeypatch)   # this machine's site: eks.gang: jobset
+    s = _pods(tmp_path, monkeypatch)   # this machine's site: eks.gang: jobset
     (doc,) = eks.manifests(s)
     import socket
     with socket.socket() as sock:   # the machine may run other rehearsals on the recipe's port
@@ -542,9 +483,9 @@ def test_a_drain_of_one_pod_restarts_every_pod_from_one_step_uncounted(
     checkpoints = Path(s.run_dir, "train", "checkpoints")
     attempts = [0, 0]
 
-    def start(index: int) -> subprocess.Popen:
+    def start(index: int, labels: dict[str, str]) -> subprocess.Popen:
         attempts[index] += 1
-        argv, env = pods[index]
+        argv, env = _pod_command(s, index, labels)
         return _start(argv, env, extra, tmp_path / f"pod-{index}.log")
 
     drained: list[int] = []
@@ -587,5 +528,6 @@ def test_a_drain_of_one_pod_restarts_every_pod_from_one_step_uncounted(
     (resumed,) = [e["step"] for e in events if e["event"] == "resume"]
     assert drained and resumed == stopped >= drained[0], (drained, stopped, resumed)
     assert [e["step"] for e in events if e["event"] == "done"] == [24]
-    # No done marks before their time: no heartbeats, no gang folder.
-    assert not list(Path(s.run_dir, "logs", "gang-job").glob("attempt-*/gang"))
+    # Each attempt in the folder its restart-attempt label names.
+    assert sorted(p.name for p in Path(s.run_dir, "logs", "gang-job").iterdir()) == [
+        "attempt-1", "attempt-2"]

@@ -104,7 +104,7 @@ CASES: dict[str, Callable[[Callable, Callable], Case]] = {
     "hostile partition in a site": lambda r, s: Case(
         ["render", "neox20b", "--site", str(s("trn1-pcluster",
                                               {"slurm.partition": "x --wrap 'id'"}))],
-        "{site}: slurm.partition: \"x --wrap 'id'\" must match " + NAME_PATTERN),
+        "{site}: slurm.partition: \"x --wrap 'id'\" is not a name matching " + NAME_PATTERN),
     "unknown key in a site": lambda r, s: Case(
         ["render", "neox20b", "--site", str(s("local", {"paths.workdir": "x"}))],
         "{site}: paths.workdir: unknown key (known keys: work_dir, data_dir, compile_cache, "

@@ -11,11 +11,11 @@ from typing import Any, Callable
 
 import pytest
 
-from jobgen.cli.options import _SLURM_OPTION_TEXTS
+from jobgen.backends.slurm.options import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = ROOT / "payload"
-SLURM_FLAGS = [f"--{name}" for name, _, _ in _SLURM_OPTION_TEXTS] + ["--sbatch-opt"]
+SLURM_FLAGS = [f"--{o.flag}" for o in OPTIONS] + ["--sbatch-opt"]
 
 
 def test_run_help_lists_no_slurm_option_and_run_still_refuses_one(jobgen: Callable) -> None:

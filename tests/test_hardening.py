@@ -46,7 +46,12 @@ def recipe_text(name: str) -> str:
     return (ROOT / "recipes" / f"{name}.yaml").read_text(encoding="utf-8")
 
 
-GENERATORS = {"recipe_text": recipe_text}
+def site_text(name: str) -> str:
+    """A shipped site's text, for generated files that change one line of it."""
+    return (ROOT / "env" / "sites" / f"{name}.yaml").read_text(encoding="utf-8")
+
+
+GENERATORS = {"recipe_text": recipe_text, "site_text": site_text}
 
 
 def prepare(case: dict[str, Any], tmp: Path) -> None:
@@ -56,6 +61,8 @@ def prepare(case: dict[str, Any], tmp: Path) -> None:
         target = tmp / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8", errors="surrogateescape")
+    for name, target in (case.get("links") or {}).items():
+        (tmp / name).symlink_to(target)
     if "site" in case:
         site = yaml.safe_load((ROOT / "env" / "sites" / "local.yaml").read_text())
         for key, value in case["site"].items():
@@ -75,7 +82,7 @@ def run(case: dict[str, Any], tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "JOBGEN_"))}
     env.update({"AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
                 "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
-                "XDG_CACHE_HOME": str(tmp / ".cache"), "PYTHONPATH": str(ROOT)})
+                "PYTHONPATH": str(ROOT)})
     env.update({k: str(v).replace("{tmp}", str(tmp)) for k, v in (case.get("env") or {}).items()})
     how = case.get("stdout_to")
     if how == "full":
@@ -116,7 +123,7 @@ def test_case(case: dict[str, Any], tmp_path: Path) -> None:
     tmp = tmp_path / "cwd"
     tmp.mkdir()
     prepare(case, tmp)
-    before = {p for p in tmp.rglob("*") if ".cache" not in p.parts}
+    before = set(tmp.rglob("*"))
     proc = run(case, tmp)
     where = f"{case['id']}: rc={proc.returncode} stderr={proc.stderr[:500]!r}"
     assert "Traceback" not in proc.stderr, where
@@ -126,6 +133,12 @@ def test_case(case: dict[str, Any], tmp_path: Path) -> None:
         assert proc.stderr.startswith("error: "), where
         assert re.fullmatch(case["error"], proc.stderr[len("error: "):-1]), where
         assert len(proc.stderr) < 2000, where   # values are described, not dumped
+    if "errors" in case:   # one line per problem (the preflight names every path)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == len(case["errors"]) and proc.stderr.endswith("\n"), where
+        for line, pattern in zip(lines, case["errors"]):
+            assert line.startswith("error: ") and len(line) < 2000, where
+            assert re.fullmatch(pattern, line[len("error: "):]), f"{where}: {line!r}"
     if proc.returncode != 0:
         assert proc.stdout == "", f"{where} stdout={proc.stdout[:200]!r}"
     if "stdout" in case:
@@ -133,7 +146,7 @@ def test_case(case: dict[str, Any], tmp_path: Path) -> None:
     assert not CONTROL.search(proc.stderr), f"{where}: a raw control character reached stderr"
     for secret in case.get("lacks") or ():
         assert secret not in proc.stderr + proc.stdout, where
-    after = {p for p in tmp.rglob("*") if ".cache" not in p.parts}
+    after = set(tmp.rglob("*"))
     if proc.returncode == 0:   # a rendered job's payload snapshot, whole
                                # (jobgen/images/snapshot.py)
         after -= _snapshot(tmp)

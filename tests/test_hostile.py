@@ -351,9 +351,9 @@ RESTRICTED = {
                        "{r}: job.time_limit: {v} is not a Slurm time limit "
                        "(MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)"),
     "slurm.partition": (lambda h: {}, {"slurm.partition": None}, (),
-                        "{s}: slurm.partition: {v} must match " + NAME_PATTERN),
+                        "{s}: slurm.partition: {v} is not a name matching " + NAME_PATTERN),
     "slurm.account": (lambda h: {}, {"slurm.account": None}, (),
-                      "{s}: slurm.account: {v} must match " + NAME_PATTERN),
+                      "{s}: slurm.account: {v} is not a name matching " + NAME_PATTERN),
     "site name": (lambda h: {}, {"name": None}, (), "{s}: name: {v} must match " + NAME_PATTERN),
     "--run-name": (lambda h: {}, {}, ("--run-name",),
                    "--run-name: {v} must match " + NAME_PATTERN),

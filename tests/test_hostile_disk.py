@@ -24,7 +24,6 @@ import os
 import re
 import socket
 import stat
-import struct
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,11 +31,11 @@ import pytest
 
 from jobgen.inputs import sweep, yaml12
 from jobgen.job.plan import Plan, PlannedFile
-from jobgen.plumbing import cache, fsio
+from jobgen.plumbing import fsio
 from jobgen.plumbing.errors import ConfigError, JobgenError, RenderError
 from jobgen.runs import ledger as runs
 from jobgen.runs import runrecord
-from jobgen.watching import actions, command, readers, tfrecord
+from jobgen.watching import actions, command, readers, tbevents
 from jobgen.watching.observations import TIME_MAX, plausible_time
 
 pytestmark = pytest.mark.timeout(30)   # a read that blocks fails the case, never the run
@@ -135,15 +134,6 @@ def test_writers_refuse_what_is_not_a_regular_file(tmp_path: Path, kind: str,
         assert (tmp_path / "outside" / "victim").read_bytes() == VICTIM
 
 
-@pytest.mark.parametrize("kind", SPECIAL + LINKS)
-def test_the_cache_writes_nothing_over_what_is_not_a_regular_file(tmp_path: Path,
-                                                                   kind: str) -> None:
-    make(kind, tmp_path / "entry", tmp_path / "outside")
-    before, names = fingerprint(tmp_path / "entry"), listing(tmp_path)
-    cache.write(str(tmp_path / "entry"), b"payload")         # never a reason to fail
-    assert fingerprint(tmp_path / "entry") == before and listing(tmp_path) == names
-
-
 def test_the_writer_replaces_a_regular_file_atomically_with_the_umask(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"old")
     fsio.write_file(tmp_path / "f", "new")
@@ -158,7 +148,7 @@ def _state_runs(tmp: Path, hostile: Path) -> Any:
 
 
 def _events(tmp: Path, hostile: Path) -> Any:
-    return tfrecord.EventFile(hostile).read()
+    return tbevents.EventFile(hostile).read()
 
 
 def _lines(tmp: Path, hostile: Path) -> Any:
@@ -176,7 +166,7 @@ READERS: dict[str, tuple[str, Callable[[Path, Path], Any], Any]] = {
     "runs.jsonl": ("state/runs.jsonl", _state_runs, JobgenError),
     "run-record": ("run/jobgen-run.json", lambda tmp, p: runrecord.read_file(p), JobgenError),
     "yaml": ("recipe.yaml", lambda tmp, p: yamlfile_load(p), JobgenError),
-    "read_from": ("x", lambda tmp, p: tfrecord.read_from(p, 0), b""),
+    "read_from": ("x", lambda tmp, p: readers.read_from(p, 0), b""),
     "events": ("run/nemo/events.out.tfevents.1", _events, []),
     "node-log": ("run/logs/1/restart-0/node-0/train.log", _lines, []),
     "job.status": ("run/logs/1/restart-0/node-0/job.status", _node_end, "ends"),
@@ -389,16 +379,14 @@ def test_event_times_outside_the_domain_are_not_observations(when: Any) -> None:
 
 
 def write_event(path: Path, wall_time: float, step: int, value: float) -> None:
-    """One TensorBoard Event record, framed and checksummed as TFRecord does."""
-    tag = b"reduced_train_loss"
-    summary_value = b"\x0a" + bytes([len(tag)]) + tag + b"\x15" + struct.pack("<f", value)
-    summary = b"\x0a" + bytes([len(summary_value)]) + summary_value
-    body = (b"\x09" + struct.pack("<d", wall_time) + b"\x10" + bytes([step])
-            + b"\x2a" + bytes([len(summary)]) + summary)
-    header = struct.pack("<Q", len(body))
+    """One TensorBoard Event record, framed and checksummed by tensorboard's own writer."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+        tag="reduced_train_loss", simple_value=value)])
+    event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
     with open(path, "ab") as out:
-        out.write(header + struct.pack("<I", tfrecord.masked_crc(header)) + body
-                  + struct.pack("<I", tfrecord.masked_crc(body)))
+        RecordWriter(out).write(event.SerializeToString())
 
 
 @pytest.mark.parametrize("wall_time", [1e300, -1e300, math.nan, math.inf, -math.inf, 1e19,
@@ -409,7 +397,7 @@ def test_tensorboard_wall_times_outside_the_domain_are_left_out(
     path.parent.mkdir(parents=True)
     write_event(path, wall_time, 1, 2.0)
     write_event(path, 1.7e9, 2, 1.5)
-    assert [s.step for s in tfrecord.EventFile(path).read()] == [2]
+    assert [s.step for s in tbevents.EventFile(path).read()] == [2]
     found = readers.RunReader(tmp_path / "run").read()
     assert [o.step for o in found if o.kind == "step"] == [2]
 
@@ -614,13 +602,13 @@ SLURM_VALUES = {
 def test_slurm_host_lists_and_times_within_slurms_domain(slurm_inputs: tuple[Any, Any],
                                                          option: str, value: str,
                                                          good: bool) -> None:
-    from jobgen.backends.slurm.request import slurm_request
+    from jobgen.backends.slurm.options import resolve
     site, recipe = slurm_inputs
     if good:
-        slurm_request(site, recipe, {option: value}, 65536)
+        resolve(site, recipe, {option: value}, 65536)
     else:
         with pytest.raises(ConfigError, match=f"^--{option}: .* is not a Slurm"):
-            slurm_request(site, recipe, {option: value}, 65536)
+            resolve(site, recipe, {option: value}, 65536)
 
 
 BAD_REGIONS = ["us-east-1\x1b", "us east", "-x", "x-", "123", "a" * 64, "eu-west-1\n",
@@ -719,10 +707,3 @@ def test_watch_counts_the_lines_it_skipped(tmp_path: Path,
                              "bytes, or events that are not JSON objects)"]
     last = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert last["type"] == "summary" and last["notes"] == summary.notes
-
-
-@pytest.mark.parametrize("kind", SPECIAL + LINKS)
-def test_the_cache_reads_nothing_from_what_is_not_a_regular_file(tmp_path: Path,
-                                                                  kind: str) -> None:
-    make(kind, tmp_path / "entry", tmp_path / "outside")
-    assert cache.read(str(tmp_path / "entry")) is None

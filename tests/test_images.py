@@ -466,54 +466,24 @@ def test_p4d_jobs_carry_nccl_over_efa() -> None:
     assert env["NCCL_PROTO"] == "simple" and env["FI_EFA_FORK_SAFE"] == "1"
 
 
-# --- the payload digest a render keeps (jobgen's private cache) -----------------------------
+# --- the payload digest a render computes (memoised in-process only) ------------------------
 
-def _payload_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """jobgen's payload copied as JOBGEN_HOME's, its files a minute old; a cache of its own."""
-    from jobgen.plumbing import cache, resources
+def test_the_rendered_digest_is_the_payloads_and_a_changed_file_changes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobgen's own payload (here a copy as JOBGEN_HOME's) is hashed like any folder; the
+    in-process memo that `jobgen check` relies on never serves a changed file's old digest."""
+    from jobgen.plumbing import resources
     home = tmp_path / "home"
     shutil.copytree(resources.folder("payload"), home / "payload",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for path in (home / "payload").rglob("*"):
-        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns - 60 * 10**9))
     monkeypatch.setenv("JOBGEN_HOME", str(home))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(snapshot, "_memo", {})
-    cache.folder.cache_clear()
-    return home / "payload"
-
-
-def test_a_kept_digest_is_the_payloads_and_a_changed_file_changes_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    payload = _payload_copy(tmp_path, monkeypatch)
-    full = snapshot.digest(kept=True)
-    kept = list((tmp_path / "cache" / "jobgen" / "digests").iterdir())
-    assert len(kept) == 1 and full == snapshot.digest(payload)
-    monkeypatch.setattr(snapshot, "_memo", {})
-    assert snapshot.digest(kept=True) == full            # read back: the same digest
-    # A changed file has another time: the digest is computed again, and is the new content's.
-    (payload / "common" / "init.py").write_text("# changed\n")
-    monkeypatch.setattr(snapshot, "_memo", {})
-    changed = snapshot.digest(kept=True)
-    assert changed != full and changed == snapshot.digest(payload)
-    # ... and, being newer than RACY_NS, it is not kept (a second write in the same tick could
-    # keep its time): one entry, the old one.
-    assert len(list((tmp_path / "cache" / "jobgen" / "digests").iterdir())) == 1
-
-
-def test_a_kept_digest_is_never_trusted_for_a_snapshot(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wrong kept value (the cache holds what it was given) reaches only the render; placing
-    and exporting the payload read its files and refuse the mismatch."""
-    payload = _payload_copy(tmp_path, monkeypatch)
-    full = snapshot.digest(kept=True)
-    (entry,) = (tmp_path / "cache" / "jobgen" / "digests").iterdir()
-    from jobgen.plumbing import cache
-    cache.write(str(entry), b"0" * 64)
-    monkeypatch.setattr(snapshot, "_memo", {})
-    assert snapshot.digest(kept=True) == "0" * 64
-    assert snapshot.digest() == full == snapshot.digest(payload)   # not kept: the files
+    full = snapshot.digest()
+    assert full == snapshot.digest(home / "payload") and re.fullmatch(r"[0-9a-f]{64}", full)
+    (home / "payload" / "common" / "init.py").write_text("# changed\n")
+    changed = snapshot.digest()
+    assert changed != full and changed == snapshot.digest(home / "payload")
     with pytest.raises(Exception, match="is not this jobgen's payload"):
-        snapshot.export(tmp_path / "ctx", "0" * 64)
+        snapshot.export(tmp_path / "ctx", full)
     assert not (tmp_path / "ctx").exists()
-    assert snapshot.export(tmp_path / "ctx2", full).is_dir()
+    assert snapshot.export(tmp_path / "ctx2", changed).is_dir()

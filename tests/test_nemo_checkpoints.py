@@ -408,3 +408,32 @@ def test_zero1_renders_without_resume_if_exists() -> None:
     assert "exp_manager.resume_if_exists=True" in train()
     zero1 = train("parallelism.zero1=true")
     assert "exp_manager.resume_if_exists=False" in zero1 and "model.wrap_with_zero=True" in zero1
+
+
+def test_tensor_folders_whose_checkpoint_is_gone_are_removed_up_to_the_resumed_step(
+        tmp_path: Path, capsys: Any) -> None:
+    """xser: every data-parallel rank writes its share of a checkpoint's tensor files, and only
+    data-parallel rank 0 writes and deletes the .ckpt (nlp_overrides.py _remove_checkpoint_impl,
+    d22aabf L396-402). Where a data-parallel group spans nodes that keep their own disks, the
+    other nodes' shares outlive the checkpoint, and a restore brings them back to every node."""
+    folders = resume.rank_folders(2, 1)
+    for step in (100, 200, 300):
+        for folder in folders:
+            write_ckpt(tmp_path / folder / NAME.format(step, step * 8))
+    for step in (50, 400):      # shares left behind: tensor files, no .ckpt
+        for folder in folders:
+            write_ckpt(tmp_path / folder / NAME.format(step, step * 8))
+            (tmp_path / folder / NAME.format(step, step * 8)).unlink()
+    optim = tmp_path / folders[0] / "optim" / "dp_rank_001"
+    write_ckpt(optim / resume.optimizer_name(NAME.format(60, 480)))
+    (optim / resume.optimizer_name(NAME.format(60, 480))).unlink()
+    assert resume.main([str(tmp_path), "model.tensor_model_parallel_size=2",
+                        "+model.save_xser=True", f"{resume.TOP_K}=3"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / NAME.format(300, 2400))
+    # Step 100 went with its files (not among the newest 2), the orphans of steps 50 and 60
+    # with it; step 400's share stays: training from step 300 saves it again, into its names.
+    assert _steps_on_disk(tmp_path) == {200, 300, 400}
+    for folder in folders:
+        assert sorted(p.name for p in (tmp_path / folder).glob("*.tensors")) == [
+            NAME.format(s, s * 8) + ".tensors" for s in (200, 300, 400)]
+    assert not list(optim.iterdir())

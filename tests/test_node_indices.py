@@ -1,8 +1,10 @@
 """NeMo's dataset index files on nodes that share no disk (payload/common/node_indices.py and
 payload/neuron_nemo/per_node_indices.py), without NeMo: a module shaped as upstream's
-gpt_dataset.py (global rank 0 builds, every rank loads) stands in for it. The multi-instance
-proof is the SageMaker retry rehearsal (tests/test_rehearsal_checkpoints.py), whose two
-emulated instances each build and read their own copy."""
+gpt_dataset.py (global rank 0 builds, every rank loads) stands in for it, installed in the
+site-packages of the interpreter that runs the wrapper (no PYTHONPATH: a job sets none). The
+multi-instance proofs are tests/test_nemo_start.py's SageMaker rehearsal (NeMo's script under
+the wrapper on two emulated instances) and the smoke trainer's retry rehearsal
+(tests/test_rehearsal_checkpoints.py)."""
 from __future__ import annotations
 
 import os
@@ -46,7 +48,14 @@ print("LOADED", gpt_dataset._build_index_mappings(args["model.data.index_mapping
 
 
 def _fake_nemo(root: Path) -> Path:
-    package = root / "nemo" / "collections" / "nlp" / "data" / "language_modeling" / "megatron"
+    """The program in ROOT, the stand-in NeMo package in a site folder of its interpreter
+    (ROOT/python: a venv, as the image's pip install puts NeMo in its site-packages)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "python")],
+                   check=True, timeout=120)
+    site = Path(subprocess.run([str(root / "python" / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    package = site / "nemo" / "collections" / "nlp" / "data" / "language_modeling" / "megatron"
     package.mkdir(parents=True)
     for folder in [package, *package.parents][:6]:
         (folder / "__init__.py").touch()
@@ -58,10 +67,12 @@ def _fake_nemo(root: Path) -> Path:
 
 def _run(tmp_path: Path, program: Path, rank: str, local_rank: str, shared: str,
          index_dir: Path, prefix: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, RANK=rank, LOCAL_RANK=local_rank, JOBGEN_SHARED_FS=shared,
-               PYTHONPATH=str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(RANK=rank, LOCAL_RANK=local_rank, JOBGEN_SHARED_FS=shared)
+    # As node_launch's torchrun starts it: `python -u WRAPPER PROGRAM ARG...`, no PYTHONPATH.
     return subprocess.run(
-        [sys.executable, str(PAYLOAD / "neuron_nemo" / "per_node_indices.py"), str(program),
+        [str(tmp_path / "python" / "bin" / "python"), "-u",
+         str(PAYLOAD / "neuron_nemo" / "per_node_indices.py"), str(program),
          "--config-path=/nowhere", f"model.data.data_prefix=[1.0,{prefix}]",
          f"model.data.index_mapping_dir={index_dir}"],
         env=env, capture_output=True, text=True, timeout=60)

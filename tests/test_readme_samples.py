@@ -96,6 +96,7 @@ def test_the_pages_mark_their_samples() -> None:
     assert "jobgen list" in {command for page, *_, command, _ in SAMPLES if page == README}
 
 
+@pytest.mark.golden   # rewritten with the golden files (docs/extending.md)
 @pytest.mark.parametrize("page,line,mode,command,block", SAMPLES,
                          ids=[f"{_name(p)}:{n}" for p, n, *_ in SAMPLES])
 def test_a_sample_is_what_the_command_prints(

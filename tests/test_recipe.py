@@ -300,12 +300,17 @@ def test_env_names_a_recipe_may_not_set(jobgen: Callable, name: str, why: str) -
                              "not set it\n")
 
 
+ROOM = " (a job opens job.master_port + 1 for the Batch node watch)"
+
+
 @pytest.mark.parametrize("override,message", [
     ("optim.lr_scaling.base_nodes=0", "optim.lr_scaling.base_nodes: must be positive, got 0"),
     ("optim.lr=.nan", "optim.lr: must be a finite number, got nan"),
     ("optim.lr=.inf", "optim.lr: must be a finite number, got inf"),
-    ("job.master_port=80", "job.master_port: 80 is not a port between 1024 and 65535"),
-    ("job.master_port=70000", "job.master_port: 70000 is not a port between 1024 and 65535"),
+    ("job.master_port=80", f"job.master_port: 80 is not a port between 1024 and 65534{ROOM}"),
+    ("job.master_port=70000", f"job.master_port: 70000 is not a port between 1024 and 65534{ROOM}"),
+    # The node watch of a Batch job listens at job.master_port + 1: 65535 leaves it no port.
+    ("job.master_port=65535", f"job.master_port: 65535 is not a port between 1024 and 65534{ROOM}"),
     ("schedule.min_lr=1", "schedule.min_lr: 1.0 must lie between 0 and optim.lr 9.7e-05"),
     ("schedule.warmup_steps=20000",
      "schedule: warmup 20000 + constant 0 steps do not fit in max_steps 10000"),

@@ -81,15 +81,3 @@ def test_a_record_survives_pickle() -> None:
     for platform in PLATFORMS.values():
         again = pickle.loads(pickle.dumps(platform))
         assert again == platform and hash(again) == hash(platform)
-
-
-def test_a_mutable_record_is_unhashable_and_assignable() -> None:
-    @record(frozen=False)
-    class Report:
-        rows: list[int] = dataclasses.field(default_factory=list)
-
-    report = Report()
-    report.rows = [1]
-    assert report == Report([1])
-    with pytest.raises(TypeError):
-        hash(report)

@@ -124,18 +124,71 @@ def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path:
     assert all(s["rehearsal"] and s["backend"] == "local" for s in record["submissions"])
 
 
-def test_a_job_that_needs_accelerators_says_add_smoke(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nodes,status", [(1, 75), (2, 78)])
+def test_a_job_that_needs_accelerators_says_add_smoke(tmp_path: Path, nodes: int,
+                                                      status: int) -> None:
     """Without --smoke on a machine without Gaudi devices, the health gate stops it at once and
-    the advice is --smoke (not the site's health section)."""
+    the advice is --smoke (not the site's health section, nor turning the gate off), one node
+    failing or every node failing alike (78: a setting, not a node)."""
     if list(Path("/dev").glob("hl[0-9]*")):
         pytest.skip("this machine has Gaudi devices")
     started = time.monotonic()
-    proc = subprocess.run([str(JOBGEN), "run", "bert1.5b", "--nodes", "1"], cwd=tmp_path,
+    proc = subprocess.run([str(JOBGEN), "run", "bert1.5b", "--nodes", str(nodes)], cwd=tmp_path,
                           text=True, capture_output=True, env=_env(tmp_path), timeout=120,
                           check=False)
-    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert "job.health_gate: false" not in proc.stdout + proc.stderr
     assert ("jobgen: this machine has none of the job's accelerators (the health gate found no "
             "devices; nothing was compiled or trained): add --smoke to rehearse it on CPU\n"
             ) in proc.stderr
     assert "the health gate found a bad node" not in proc.stderr
     print(f"refused after {time.monotonic() - started:.1f} s")
+
+
+def test_a_rehearsal_whose_python_lacks_its_modules_names_the_install_command(
+        tmp_path: Path) -> None:
+    """The README's bare set-up (no torch, no [payload] extra): `jobgen run ... --smoke` says in
+    one line, before anything starts, which modules the nodes' interpreter lacks and the one
+    command that installs them (torch's CPU wheel, then the extra that setup.cfg lists them in);
+    no traceback, no wait, no run recorded."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    started = time.monotonic()
+    proc = subprocess.run([str(JOBGEN), "run", "bert1.5b", "--nodes", "2", "--smoke"], cwd=work,
+                          text=True, capture_output=True, timeout=120, check=False,
+                          env=_env(tmp_path, JOBGEN_PYTHON=str(bare / "bin" / "python3")))
+    took = time.monotonic() - started
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert (f"the rehearsal's nodes run Python {bare}/bin/python3, which lacks torch, "
+            "deepspeed, h5py, numpy, transformers (what their programs import): install "
+            f"with: {bare}/bin/python3 -m pip install torch --index-url "
+            f"https://download.pytorch.org/whl/cpu && {bare}/bin/python3 -m pip install -e "
+            f"'{Path(__file__).resolve().parent.parent}[payload]'") in line
+    assert not (work / "jobgen-runs").exists() and not list(work.iterdir())
+    assert not (tmp_path / "state").exists()          # no line in `jobgen runs`
+    assert took < 20, took
+    print(f"refused after {took:.1f} s")
+
+
+def test_what_the_programs_import_and_who_installs_it() -> None:
+    """The modules are read from the programs themselves (their own modules followed), the
+    extras from jobgen's own requirements (setup.cfg), and torch's command is docs/setup.md's."""
+    from jobgen.backends.local import needs
+    root = Path(__file__).resolve().parent.parent
+    payload = root / "payload"
+    bert = payload / "habana_deepspeed" / "pretrain_bert.py"
+    found = needs.imported([bert], [payload, bert.parent])
+    assert {"torch", "deepspeed", "transformers", "h5py", "numpy"} <= found
+    assert not found & {"common", "bert_data", "accelerators", "lamb", "__future__"}
+    smoke = payload / "smoke" / "train.py"
+    assert "deepspeed" not in needs.imported([smoke], [payload, smoke.parent])
+    extras = needs.installers()
+    assert {m: extras.get(m) for m in ("deepspeed", "transformers", "h5py", "numpy")} == \
+        dict.fromkeys(("deepspeed", "transformers", "h5py", "numpy"), "payload")
+    assert "torch" not in extras and "pytest" not in extras
+    setup = (root / "docs" / "setup.md").read_text()
+    assert f"pip {needs.CPU_TORCH}" in setup and "pip install -e '.[payload]'" in setup

@@ -43,7 +43,7 @@ def test_options_reach_the_script_in_order_after_the_sites(jobgen: Callable,
 
 
 def test_submitit_gets_them_as_additional_parameters() -> None:
-    spec = api.job_spec("pythia6.9b", 2, slurm={"sbatch_opt": ("gres=gpu:8", "hold")})
+    spec = api.job_spec("pythia6.9b", 2, options={"sbatch_opt": ("gres=gpu:8", "hold")})
     extra = submitit_runner.executor_parameters(spec)["slurm_additional_parameters"]
     assert extra["gres"] == "gpu:8" and extra["hold"] is True
 

@@ -71,10 +71,11 @@ def test_unknown_sites(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("changes,message", [
     ({"slurm.partition": "compute1; id"},
-     "{f}: slurm.partition: 'compute1; id' must match " + NAME_PATTERN),
+     "{f}: slurm.partition: 'compute1; id' is not a name matching " + NAME_PATTERN),
     ({"slurm.partition": "compute1\n#SBATCH --x"},
-     "{f}: slurm.partition: 'compute1\\n#SBATCH --x' must match " + NAME_PATTERN),
-    ({"slurm.account": "$(id)"}, "{f}: slurm.account: '$(id)' must match " + NAME_PATTERN),
+     "{f}: slurm.partition: 'compute1\\n#SBATCH --x' is not a name matching " + NAME_PATTERN),
+    ({"slurm.account": "$(id)"},
+     "{f}: slurm.account: '$(id)' is not a name matching " + NAME_PATTERN),
     ({"name": "a b"}, "{f}: name: 'a b' must match " + NAME_PATTERN),
     ({"slurm.partiton": "x"}, "{f}: slurm.partiton: unknown key (known keys: cpus_per_task, "
                               "max_nodes, partition, account, qos, reservation, exclusive, "

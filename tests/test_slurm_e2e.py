@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
-from conftest import Require, cluster_partitions, default_partition_nodes
+from conftest import Require, cluster_partitions, default_partition_nodes, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "payload") not in sys.path:
@@ -52,7 +52,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 BIN_DIR = Path(sys.executable).parent           # the venv: jobgen, torchrun, python
 JOBGEN_EXE = BIN_DIR / "jobgen"
-RECIPES = ("neox20b", "pythia6.9b", "llama2-7b", "bert1.5b", "bert-large")
+RECIPES = tuple(recipe_names())   # as found in recipes/
 NODES = 2
 MAX_STEPS = SMOKE["max_steps"]                    # 24
 EVERY = SMOKE["checkpoint_every"]                 # 4
@@ -940,11 +940,11 @@ WARNING_S = 50              # Slurm warns 50 s (or, by its 30 s check interval, 
 def limited_site(cwd: Path) -> Path:
     """The local site with a time-limit warning short enough for a 2-minute allocation."""
     text = (ROOT / "env" / "sites" / "local.yaml").read_text(encoding="utf-8")
-    assert "\n  max_nodes: 128\n" in text
+    assert "\n  max_nodes: 136\n" in text
     site = cwd / "limited.yaml"
-    # The first `max_nodes: 128` is the slurm section's (the sagemaker and eks ones follow).
+    # `max_nodes: 136` is the slurm section's.
     site.write_text(text.replace("name: local\n", "name: limited\n").replace(
-        "\n  max_nodes: 128\n", f"\n  max_nodes: 128\n  time_limit_warning_s: {WARNING_S}\n",
+        "\n  max_nodes: 136\n", f"\n  max_nodes: 136\n  time_limit_warning_s: {WARNING_S}\n",
         1), encoding="utf-8")
     return site
 

@@ -74,8 +74,16 @@ def test_where_spares_cannot_apply_render_says_why(backend: str, why: str) -> No
     assert "JOBGEN_SPARE_NODES" not in proc.stdout
 
 
-def _plan(*sets: str) -> planner.Result:
-    return planner.plan("llama2-7b", [16, 128], sets, None, planner.Options(price=10.0))
+def _plan(*sets: str, counts: tuple[int, ...] = (16, 64)) -> planner.Result:
+    return planner.plan("llama2-7b", list(counts), sets, None, planner.Options(price=10.0))
+
+
+def test_spares_count_against_the_sites_node_limit() -> None:
+    """136 nodes fill the local site's slurm.max_nodes: with a spare the allocation is 137."""
+    result = _plan(*SPARE, counts=(128, 136))
+    assert [r.nodes for r in result.rows] == [128]
+    assert [(s.nodes, s.reason) for s in result.skipped] == [
+        (136, "site local allows at most 136 nodes (slurm.max_nodes)")]
 
 
 def test_plan_bills_the_spares_and_restarts_in_place_while_one_remains() -> None:

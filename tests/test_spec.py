@@ -136,7 +136,7 @@ def test_as_dict_shows_every_derived_number() -> None:
     ("pythia6.9b", 64, [],
      "recipes/pythia6.9b.yaml: parallelism.global_batch_size: 256 is not divisible by "
      "micro_batch_size 2 x data-parallel 256 = 512 at 64 nodes"),
-    ("neox20b", 129, [], "--nodes 129: site local allows at most 128 nodes (slurm.max_nodes)"),
+    ("neox20b", 137, [], "--nodes 137: site local allows at most 136 nodes (slurm.max_nodes)"),
 ])
 def test_rules_are_rule_errors(recipe: str, nodes: int, overrides: list[str],
                                message: str) -> None:

@@ -107,5 +107,5 @@ def test_each_job_of_a_sweep_meets_at_its_own_port(jobgen: Callable) -> None:
                  "job.master_port=30000,31000", "--dry-run").stdout
     assert re.findall(r"export MASTER_PORT=(\d+)", out) == ["30000", "31000"]
     result = jobgen("submit", "pythia6.9b", "--nodes", "2", "--smoke", "--set",
-                    "job.master_port=65535", "--sweep", "seed=7,8", "--dry-run")
-    assert result.exit_code == 2 and "would meet at port 65536" in result.stderr
+                    "job.master_port=65534", "--sweep", "seed=7,8", "--dry-run")
+    assert result.exit_code == 2 and "would meet at port 65535" in result.stderr

@@ -10,6 +10,10 @@ that `jobgen image-context` passes from env/containers/images.yaml:
                               torch and framework packages while the image's PACKAGES install
   build_check.py imports      runs each statement of IMPORTS (a JSON list) with IMPORT_PATH on
                               sys.path, in one namespace, and names the first that fails
+  build_check.py start        starts this python3 with the arguments START_CHECK holds (a JSON
+                              list: jobgen's wrapper --check and the trainer's program), as a
+                              job starts it: this environment and working folder, no path
+                              added; nothing to do where the image declares no program
 
 Exit status 1 with one line on stderr when a check fails.
 """
@@ -17,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import re
+import subprocess
 import sys
 import traceback
 
@@ -75,6 +80,18 @@ def imports():
         print(f"image check: ok: {statement}")
 
 
+def start():
+    argv = json.loads(os.environ.get("START_CHECK") or "[]")
+    if not argv:
+        print("image check: no trainer program to start (images.yaml declares no `starts`)")
+        return
+    status = subprocess.run([sys.executable, *argv], check=False).returncode
+    if status != 0:
+        fail(f"{argv[-1]} does not start as a job starts it (python3 {' '.join(argv)}: "
+             f"status {status})")
+    print(f"image check: ok: {argv[-1]} starts as a job starts it")
+
+
 def main(argv):
     if argv[:1] == ["base"] and len(argv) == 1:
         base()
@@ -82,8 +99,10 @@ def main(argv):
         constraints(argv[1])
     elif argv[:1] == ["imports"] and len(argv) == 1:
         imports()
+    elif argv[:1] == ["start"] and len(argv) == 1:
+        start()
     else:
-        fail("usage: build_check.py base | constraints REGEX | imports")
+        fail("usage: build_check.py base | constraints REGEX | imports | start")
 
 
 if __name__ == "__main__":

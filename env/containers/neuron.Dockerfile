@@ -47,6 +47,9 @@ ARG BASE_PYTHON
 ARG PACKAGES
 ARG IMPORTS
 ARG IMPORT_PATH
+# The trainer's program started as a job starts it (START_CHECK, a JSON list of python3's
+# arguments: jobgen's wrapper --check and the program; images.yaml `starts`; none for nxd).
+ARG START_CHECK
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
@@ -108,12 +111,14 @@ RUN test -s "$JOBGEN_DIR/payload/.jobgen-digest" \
 # The entrypoints of Batch, SageMaker training jobs and EKS pods: the same image runs on each.
 COPY env/containers/entrypoint.sh env/containers/sagemaker-entrypoint.sh \
      env/containers/eks-entrypoint.sh ${JOBGEN_DIR}/
-# What the trainer and the payload import, imported as they run (the trainer's entry module,
-# NeMo's dataset helper built above, the payload's modules), and the node's file writer.
+# What the trainer and the payload import, imported as they run (NeMo's dataset helper built
+# above, the payload's modules), the trainer's program started as a job starts it (no path
+# added: its own siblings must be found as on a node), and the node's file writer.
 RUN chmod 0755 "$JOBGEN_DIR"/*.sh \
  && for f in "$JOBGEN_DIR"/*.sh; do bash -n "$f"; done \
  && python3 -m py_compile "$JOBGEN_DIR/payload/common/batch_setup.py" \
  && python3 /tmp/jobgen-build-check.py imports \
+ && python3 /tmp/jobgen-build-check.py start \
  && rm /tmp/jobgen-build-check.py
 ENV JOBGEN_DIR=${JOBGEN_DIR}
 

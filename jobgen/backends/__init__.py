@@ -9,8 +9,9 @@ names one. A backend's implementation is imported on first use, so rendering for
 loads the AWS SDK or another backend's code.
 
 Beside the registry: protocol.py (what a backend does, as a type, and JobRef), aws.py
-(the AWS layer Batch, SageMaker, EKS and watch share); Slurm's request (slurm/request.py,
-slurm/sbatch_options.py: an input the job spec carries); `jobgen run` (local/runner.py,
+(the AWS layer Batch, SageMaker, EKS and watch share); the table of Slurm options jobgen owns
+(slurm/options.py, with those it passes through: an input the site and the CLI read, which the
+job spec carries as a plain mapping); `jobgen run` (local/runner.py,
 local/rehearsal.py). The registry sits below the job spec and the run record it describes:
 it imports nothing above jobgen/plumbing/ (benchmarks/import_graph.py's layers).
 
@@ -99,6 +100,9 @@ class Declaration:
     logs_per_node: bool = False           # `jobgen logs --node K`
     options: frozenset[str] = frozenset()   # the submit options it takes (SubmitOptions fields,
     #                                        plus region, profile)
+    # Whose per-job scheduler options its jobs take ("" = none): the backend here whose
+    # options.py holds their table (slurm/options.py); they ride in the spec as `options`.
+    job_options: str = ""
     extra: str = ""                       # the pip extra its SDK comes in ("" = none)
     sdk_modules: tuple[str, ...] = ()     # the modules that extra brings
     renders_with_sdk: bool = False        # rendering validates with the SDK (needs the extra)
@@ -110,6 +114,10 @@ class Declaration:
     local_cache_step: bool = True         # the training pass reads a node-local copy of the
     #                                       compile cache (the site's paths.local_compile_cache)
     shared_fs: bool = True                # the nodes share the run folder's storage
+    shared_fs_by_site: bool = False       # ... unless its site says (its backend module's
+    #                                       shares_run_folder(site) then answers)
+    spares: str = "its jobs have no spare nodes"   # why job.spare_nodes cannot apply to its
+    #                                       nodes ("" = it allocates them: sbatch --no-kill)
     setup_on_main: bool = False           # the main node writes the job's files, once
     resolves_master: bool = False         # the flow finds the main node (slurm.master_resolver)
     forwards_stop_signal: bool = False    # the trainers get the stop signal (save, stop):
@@ -203,6 +211,28 @@ def spec_backend(name: str) -> str:
 def scheduler(name: str) -> str:
     """Who answers for a job of backend `name` once submitted (submitit's jobs are Slurm's)."""
     return declaration(name).scheduler or name
+
+
+def job_options(name: str) -> Any:
+    """The table of per-job options a backend's jobs take (its declaration's `job_options`), as
+    a module (slurm/options.py: OPTIONS, FLAGS, resolve, ...), or None."""
+    table = declaration(name).job_options
+    return module(table, "options") if table else None
+
+
+def option_tables() -> list[Any]:
+    """Every table of per-job options a backend here declares, once each (for the CLI's flags
+    and the refusal of a flag that a backend does not take)."""
+    tables = dict.fromkeys(d.job_options for d in declarations() if d.job_options)
+    return [module(table, "options") for table in tables]
+
+
+def shares_run_folder(name: str, site: Any) -> bool:
+    """Whether backend `name`'s nodes share the run folder at `site`: its declaration, or where
+    its site decides (Batch's shared volume, EKS's claim), its backend module."""
+    if declaration(name).shared_fs_by_site:
+        return bool(get(name).shares_run_folder(site))
+    return declaration(name).shared_fs
 
 
 def require_extra(name: str, what: str) -> None:

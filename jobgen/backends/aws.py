@@ -16,7 +16,7 @@ import urllib.parse
 import weakref
 from typing import Any, Callable, Optional
 
-from ..inputs.site import REGION_RE, Site
+from ..inputs.site import Site, region_problem
 from ..plumbing.errors import ConfigError, JobgenError, RemoteError
 
 Echo = Callable[[str], None]
@@ -77,9 +77,10 @@ def region(site: Site, service: str = "batch") -> tuple[Optional[str], str]:
     if found is None and section is not None and section.region:
         found = section.region, f"site {site.name}: {key}.region"
     if found is not None:
-        if not REGION_RE.fullmatch(found[0]):   # the environment's: a set-up mistake (1)
+        said = region_problem(found[0])
+        if said is not None:   # the environment's: a set-up mistake (1)
             error = _config if found[1].startswith(("site ", "--")) else _remote
-            raise error(f"{found[1]}: {found[0]!r} is not an AWS region name (like us-east-1)")
+            raise error(f"{found[1]}: {found[0]!r} {said}")
         return found
     profile = FLAGS.get("profile") or os.environ.get("AWS_PROFILE") or "default"
     return None, f"{_aws_file('AWS_CONFIG_FILE', 'config')} (region of profile {profile})"
@@ -167,7 +168,11 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
     try:
         session = boto3.session.Session(region_name=name,
                                         profile_name=FLAGS.get("profile") or None)
-        config = botocore.config.Config(retries=_retries(session))
+    except bce.BotoCoreError as exc:
+        raise _setup_error(exc) or _remote(f"AWS set-up: {_first_line(str(exc))}") from None
+    retries = _retries(session)
+    try:
+        config = botocore.config.Config(retries=retries)
         # A fresh session per client: the default one caches credentials across calls.
         made = session.client(service, endpoint_url=endpoint_url, config=config)
     except bce.NoRegionError:
@@ -177,6 +182,9 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
         raise _setup_error(exc) or _remote(f"AWS set-up: {_first_line(str(exc))}") from None
     except ValueError as exc:   # a malformed endpoint URL in the AWS config file
         raise _remote(f"{url_from}: {_first_line(str(exc))}") from None
+    said = region_problem(made.meta.region_name or "us-east-1")
+    if said is not None:   # the AWS config file's (botocore takes upper case)
+        raise _remote(f"{region_from}: {made.meta.region_name!r} {said}")
     if url is None:
         url_from = f"region {made.meta.region_name} from {region_from}"
     _ORIGINS[made] = f"endpoint from {url_from}" if url is not None else url_from
@@ -186,9 +194,19 @@ def client(site: Site, endpoint_url: Optional[str] = None, service: str = "batch
 def _retries(session: Any) -> dict[str, Any]:
     """botocore's retry settings: the user's (AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, or retry_mode /
     max_attempts in the AWS config file) where set, else RETRY_MODE and MAX_ATTEMPTS."""
+    from botocore import exceptions as bce
+
     core = session._session   # boto3's botocore session: its config store reads env and files
-    retries: dict[str, Any] = {"mode": core.get_config_variable("retry_mode") or RETRY_MODE}
-    if core.get_config_variable("max_attempts") is None:
+    try:
+        retries: dict[str, Any] = {"mode": core.get_config_variable("retry_mode") or RETRY_MODE}
+        attempts = core.get_config_variable("max_attempts")
+    except ValueError:   # botocore's int() of a value that is not a whole number
+        where = ("AWS_MAX_ATTEMPTS" if os.environ.get("AWS_MAX_ATTEMPTS")
+                 else _aws_file("AWS_CONFIG_FILE", "config"))
+        raise _remote(f"{where}: max_attempts is not a whole number") from None
+    except bce.BotoCoreError as exc:   # a config file botocore cannot parse
+        raise _setup_error(exc) or _remote(f"AWS set-up: {_first_line(str(exc))}") from None
+    if attempts is None:
         retries["total_max_attempts"] = MAX_ATTEMPTS
     return retries
 

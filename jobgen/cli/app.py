@@ -89,7 +89,7 @@ class _Group(click.Group):
 def cli() -> None:
     """Render training recipes into jobs for four backends: Slurm (sbatch scripts, Trainium),
     AWS Batch multi-node parallel jobs (Gaudi, Trainium), SageMaker training jobs (model-parallel
-    library v2) and Amazon EKS (Indexed Jobs or PyTorchJobs); submit them, rehearse them on
+    library v2) and Amazon EKS (JobSets); submit them, rehearse them on
     CPU, plan them and watch them. A run is what was submitted: its payload snapshot and its
     record (`jobgen runs RUN`) are kept with it."""
 

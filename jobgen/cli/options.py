@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 import click
 
-from ..backends import spec_backend
+from ..backends import option_tables, spec_backend
 from ..plumbing.errors import ConfigError
 from .param_types import TEXT, _Amount, _Backends, _Seconds
 
@@ -51,28 +51,20 @@ def _spec_option_group(func: F, slurm_shown: bool) -> F:
     return func
 
 
-# Per-job overrides of the site's Slurm values (spec.SLURM_OPTIONS): they land in click's
-# keyword arguments under the `slurm_` prefix and reach the spec as one mapping.
-_SLURM_OPTION_TEXTS = (
-    ("partition", "NAME", "Slurm: the partition (default: the site's slurm.partition)."),
-    ("account", "NAME", "Slurm: the account to charge (default: the site's)."),
-    ("qos", "NAME", "Slurm: the quality of service (default: the site's slurm.qos)."),
-    ("reservation", "NAME", "Slurm: run in this reservation (default: the site's)."),
-    ("time", "LIMIT", "Slurm: the time limit, e.g. 2-00:00:00 (default: the recipe's "
-                      "job.time_limit, else the partition's)."),
-    ("exclude", "HOSTS", "Slurm: nodes not to use, e.g. n[3-4],n9."),
-    ("nodelist", "HOSTS", "Slurm: nodes the job must include."))
-_SLURM_OPTIONS = tuple(
-    click.option(f"--{name}", f"slurm_{name}", type=TEXT, metavar=metavar, help=text)
-    for name, metavar, text in _SLURM_OPTION_TEXTS)
-_HIDDEN_SLURM_OPTIONS = tuple(
-    click.option(f"--{name}", f"slurm_{name}", type=TEXT, metavar=metavar, help=text,
-                 hidden=True)
-    for name, metavar, text in _SLURM_OPTION_TEXTS)
+# The per-job scheduler options the backends declare (their tables: slurm/options.py): they
+# land in click's keyword arguments under the `slurm_` prefix and reach the spec as one mapping.
+def _table_options(hidden: bool) -> tuple[Any, ...]:
+    return tuple(click.option(f"--{o.flag}", f"slurm_{o.flag}", type=TEXT, metavar=o.metavar,
+                              help=o.help, hidden=hidden)
+                 for table in option_tables() for o in table.OPTIONS)
+
+
+_SLURM_OPTIONS, _HIDDEN_SLURM_OPTIONS = _table_options(False), _table_options(True)
 
 
 def _slurm_overrides(kwargs: dict[str, Any]) -> dict[str, Optional[str]]:
-    """Take the --partition ... options out of a command's keyword arguments."""
+    """Take the scheduler's per-job options (--partition ...) out of a command's keyword
+    arguments."""
     return {key[len("slurm_"):]: kwargs.pop(key) for key in list(kwargs)
             if key.startswith("slurm_")}
 
@@ -84,7 +76,7 @@ def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: O
     return api.job_spec(recipe, nodes, overrides=overrides, site=site,
                         backend=spec_backend(backend),  # type: ignore[arg-type]
                         compile_mode=compile_mode,  # type: ignore[arg-type]
-                        run_name=run_name, smoke=smoke, slurm=slurm)
+                        run_name=run_name, smoke=smoke, options=slurm)
 
 
 _target_options = (
@@ -109,8 +101,15 @@ def _with_target(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     if tokens is None and samples is None:
         return overrides
     from .. import api
+    from ..job.target import schedule_for
     spec = _spec(recipe, nodes, overrides, site, "auto", None, smoke, backend)
-    return overrides + (f"schedule.max_steps={api.steps_for_target(spec, tokens, samples)}",)
+    flag = (f"--tokens {tokens:g}" if tokens is not None
+            else f"--samples {samples:g}").replace("e+0", "e").replace("e+", "e")
+    added, note = schedule_for(spec.recipe.schedule, api.steps_for_target(spec, tokens, samples),
+                               overrides, flag)
+    if note:
+        click.echo(note, err=True)
+    return overrides + added
 
 
 def _backend_option(test: Callable[[Any], bool], help: str) -> Callable[[F], F]:
@@ -149,9 +148,10 @@ def _aws_flag(name: str) -> Callable[[F], F]:
     def remember(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
         if value is not None:
             from ..backends.aws import FLAGS
-            from ..inputs.site import REGION_RE
-            if name == "region" and not REGION_RE.fullmatch(value):
-                raise click.BadParameter(f"{value!r} is not an AWS region name (like us-east-1)")
+            from ..inputs.site import region_problem
+            said = region_problem(value) if name == "region" else None
+            if said is not None:
+                raise click.BadParameter(f"{value!r} {said}")
             FLAGS[name] = value
     what = ("the AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the site's, the AWS "
             "config's)" if name == "region" else "the AWS profile of the config and "
@@ -201,15 +201,16 @@ def _job_options(func: F) -> F:
 
 
 def _job(ref: str, backend: Optional[str], site: Optional[str],
-         endpoint_url: Optional[str]) -> tuple[Any, Any]:
+         endpoint_url: Optional[str], elsewhere: bool = False) -> tuple[Any, Any]:
     """(the backend, the job) for REF: a run name or a job id jobgen recorded (its backend comes
-    from the record), else a job id of `backend` (default slurm)."""
+    from the record), else a job id of `backend` (default slurm). `elsewhere`: say, in one line,
+    when the run found is only in another folder (watch reads its files)."""
     from .. import backends
     from ..backends.protocol import JobRef
     from ..runs import ledger as runs
     if not ref.strip():
         raise click.UsageError("the job must not be empty (a run name or a job id)")
-    found = runs.find(ref)
+    found = runs.find(ref, say=(lambda note: click.echo(note, err=True)) if elsewhere else None)
     if found is not None:
         name = backends.scheduler(found.backend)   # submitit's jobs are Slurm's
         if backend is not None and backend != name:

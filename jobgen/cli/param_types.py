@@ -31,6 +31,12 @@ class _Folder(click.Path):
                 ctx: Optional[click.Context]) -> Any:
         if isinstance(value, str) and not value.strip():
             self.fail("must not be empty", param, ctx)
+        if isinstance(value, str):
+            from ..inputs.rules import path_problem
+            from ..inputs.schema import describe
+            said = path_problem(value)   # before anything looks at it (os.stat would raise)
+            if said is not None:
+                self.fail(f"{describe(value)} {said}", param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import click
 
-from .options import _echo_json, _json_option
+from .options import _echo_json, _echo_text, _json_option
 from .param_types import TEXT, _Amount
 
 
@@ -79,6 +79,6 @@ def plan_cmd(recipe: str, node_text: Optional[str], overrides: tuple[str, ...],
     else:
         click.echo(report.text(result), nl=False)
         for line in taken:
-            click.echo(f"from the run: {line}")
+            _echo_text(f"from the run: {line}")
     if plot_path is not None and not as_json:
-        click.echo(f"plot: {plot_path}")
+        _echo_text(f"plot: {plot_path}")

@@ -128,14 +128,23 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
                                       "training job requests or EKS manifests.")
 @click.option("--verbose", "-v", is_flag=True,
               help="List every recipe and node count (by default rows alike are one line).")
+@click.option("--data", "data", is_flag=True,
+              help="Instead, read each recipe's dataset on this host by its headers (format, "
+                   "token dtype, sequence length, shards, samples, epochs planned): exit 2 if "
+                   "one cannot be trained on or could not be judged here.")
+@click.argument("names", nargs=-1, metavar="[RECIPE]...")
 @_json_option
 def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
           no_shellcheck: bool, paths: bool, max_nodes: int, backend: str, verbose: bool,
-          as_json: bool) -> None:
+          data: bool, names: tuple[str, ...], as_json: bool) -> None:
     """Dry-run every recipe at every node count the site allows (up to --max-nodes): render,
     shellcheck, optionally `sbatch --test-only`. Exits 1 if anything failed or a check could
-    not run."""
+    not run. With --data: the datasets' check alone (exit 2 on a problem)."""
     from .. import check as checking
+    recipes = (*recipes, *names)
+    if data:
+        _check_data(site, recipes, backend)
+        return
     _sdk_for_rendering(backend)
     report = checking.run(site=site, recipes=list(recipes) or None, test_only=test_only,
                           shellcheck=not no_shellcheck, backend=backend,  # type: ignore[arg-type]
@@ -146,6 +155,22 @@ def check(site: Optional[str], recipes: tuple[str, ...], test_only: bool,
         click.echo(report.table() if verbose else report.summary())
     if not report.ok:
         raise SystemExit(1)
+
+
+def _check_data(site: Optional[str], recipes: tuple[str, ...], backend: str) -> None:
+    """`check --data`: every named recipe's dataset (every recipe's without names), as the
+    nodes will read it, judged here by its headers."""
+    from .. import api
+    from ..inputs import recipe as recipe_module
+    from ..payloads import data
+    from ..plumbing import resources
+    specs = [api.job_spec(name, site=site, backend=backend)
+             for name in (recipes or recipe_module.recipe_names())]
+    status, out, err = data.check_here(specs, resources.folder("payload"))
+    click.echo(out, nl=False)
+    click.echo(err, nl=False, err=True)
+    if status:
+        raise SystemExit(2)
 
 
 @click.command("schema")

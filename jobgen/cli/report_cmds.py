@@ -34,7 +34,8 @@ def report_cmd(run: Optional[str], run_dir: Optional[Path], html_path: Optional[
     import json
 
     from ..reporting import report, text
-    made = report.make(run, run_dir, use_sacct=not no_sacct)
+    made = report.make(run, run_dir, use_sacct=not no_sacct,
+                       say=lambda note: click.echo(note, err=True))
     if plot_path is not None:
         from ..reporting import png
         png.write(made, plot_path)
@@ -51,4 +52,4 @@ def report_cmd(run: Optional[str], run_dir: Optional[Path], html_path: Optional[
     click.echo("".join(printable(line) + "\n" for line in shown.splitlines()), nl=False)
     for what, path in (("html", html_path), ("plot", plot_path)):
         if path is not None:
-            click.echo(f"{what}: {path}")
+            click.echo(printable(f"{what}: {path}"))

@@ -272,12 +272,15 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     # Recorded as a submission is (`jobgen runs`, and jobgen-run.json in the run folder), so
     # that `runs NAME`, `status`, `report` and `resubmit` know it
     # (jobgen/backends/local/rehearsal.py).
+    from ..runs.ledger import local_job_id
+    job_id = local_job_id()
     status = rehearsal.start(spec, site_ref=site_ref, overrides=overrides,
                              recipe_file=locate_recipe(recipe)[0],
                              site_file=locate_site(site_ref)[0], resume=shell_quote(again),
                              emit=click.echo, say=lambda line: click.echo(line, err=True),
-                             amend=amend)
-    click.echo(closing_line(spec.run_dir, status, again))
+                             amend=amend, job_id=job_id)
+    # The folder as it lies here (an emulated SageMaker instance's disk, not /opt/ml).
+    click.echo(closing_line(rehearsal.run_folder(spec, job_id), status, again))
     raise SystemExit(status)
 
 

@@ -10,6 +10,13 @@ from ..plumbing.errors import ConfigError
 from .options import _job, _job_backend, _job_options, _json_option
 from .param_types import _Amount, _Folder
 
+# Counts of steps the detectors hold or wait for (a window, a patience, a run's last step), and
+# of actions and allocations: each bounded, so that a huge value is refused in one line, not
+# turned into a buffer that cannot be made (a window of 10**30 steps overflowed).
+STEPS = 1_000_000
+MAX_STEP = 10 ** 12
+COUNT = 1_000
+
 
 @click.command("watch")
 @click.argument("job", required=False)
@@ -24,26 +31,26 @@ from .param_types import _Amount, _Folder
 @click.option("--notify", "notify_spec", metavar="cmd:COMMAND",
               help="A command run (sh -c) for every action taken and as the notify action; "
                    "the alert reaches it as JOBGEN_ALERT_* variables and JSON on stdin.")
-@click.option("--max-actions", type=click.IntRange(min=0), default=3, show_default=True,
+@click.option("--max-actions", type=click.IntRange(0, COUNT), default=3, show_default=True,
               help="Requeues, stops and rollbacks at most.")
 @click.option("--poll", "poll_s", type=_Amount(3600, "seconds"), default=5.0,
               show_default=True, help="Seconds between looks at the job and its files.")
 @click.option("--every", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds between status lines when stdout is not a terminal.")
-@click.option("--max-steps", type=click.IntRange(min=1),
+@click.option("--max-steps", type=click.IntRange(1, MAX_STEP),
               help="The run's last step, for the time to finish (default: recorded).")
-@click.option("--spike-window", type=click.IntRange(min=2), default=20, show_default=True,
+@click.option("--spike-window", type=click.IntRange(2, STEPS), default=20, show_default=True,
               help="Recent steps whose median the gradient norm (and the loss) is judged by.")
 @click.option("--spike-factor", type=click.FloatRange(min=1, min_open=True), default=4.0,
               show_default=True,
               help="A spike: gradient norm above this x the median of the recent norms ...")
 @click.option("--spike-mads", type=click.FloatRange(min=0), default=6.0, show_default=True,
               help="... and by more than this many robust spreads (MAD) of their logs.")
-@click.option("--spike-patience", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--spike-patience", type=click.IntRange(1, STEPS), default=5, show_default=True,
               help="A spike lasting this many steps is reported as sustained.")
 @click.option("--growth-factor", type=_Amount(), default=3.0, show_default=True,
               help="Divergence: gradient norm above this x its lowest running median ...")
-@click.option("--growth-steps", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--growth-steps", type=click.IntRange(1, STEPS), default=5, show_default=True,
               help="... for this many steps in a row.")
 @click.option("--loss-spike", type=_Amount(), default=0.5, show_default=True,
               help="A loss spike: loss above (1 + this) x the median of the recent losses.")
@@ -56,9 +63,9 @@ from .param_types import _Amount, _Folder
               help="A throughput drop: the recent median this fraction below the steady one ...")
 @click.option("--drop-mads", type=click.FloatRange(min=0), default=4.0, show_default=True,
               help="... and below it by this many robust spreads of the steady steps' rates.")
-@click.option("--drop-steps", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--drop-steps", type=click.IntRange(1, STEPS), default=5, show_default=True,
               help="Steps in the recent median (the steady one needs twice as many).")
-@click.option("--restarts-per-node", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--restarts-per-node", type=click.IntRange(1, COUNT), default=2, show_default=True,
               help="A bad node: the first to fail in this many allocations.")
 @_job_backend
 @_job_options
@@ -75,8 +82,8 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
 
     \b
     Exit status:
-      0  the job completed; offline: no divergence or hang found
-      1  the job did not complete; offline: a divergence or hang found
+      0  the job completed; offline: no divergence or hang found, the run did not fail
+      1  the job did not complete; offline: a divergence or hang found, or the run failed
       2  a usage error or an input refused
       3  nothing to judge: not one training step was read
     130  interrupted (Ctrl-C)"""
@@ -96,7 +103,7 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
     if "notify" in (on_hang, on_diverge) and notify is None:
         raise click.UsageError("the notify action needs --notify cmd:COMMAND")
     from .. import backends
-    impl, ref = _job(job, backend, site, endpoint_url)
+    impl, ref = _job(job, backend, site, endpoint_url, elsewhere=True)
     name = impl.__name__.split(".")[-2]   # jobgen.backends.NAME.backend: who answers for it
     declared = backends.declaration(name)
     if not declared.watch:

@@ -72,6 +72,7 @@ class Image:
     checkout: Optional[Checkout] = None
     paths: dict[str, str] = dataclasses.field(default_factory=dict)   # site path key -> rel.
     files: tuple[str, ...] = ()                                       # relative to checkout
+    starts: tuple[str, ...] = ()   # the payload's wrapper and the program (one of `files`)
 
     def path_of(self, key: str) -> str:
         assert self.checkout is not None
@@ -118,8 +119,13 @@ def declared() -> Declaration:
             paths.append((f"images.{image.name}.checkout.path", image.checkout.path))
             paths += [(f"images.{image.name}.paths.{k}", image.path_of(k)) for k in image.paths]
             paths += [(f"images.{image.name}.files", f) for f in image.trainer_files()]
-        elif image.paths or image.files:
-            raise ConfigError(f"{FILE}: images.{image.name}: paths and files need a checkout")
+        elif image.paths or image.files or image.starts:
+            raise ConfigError(f"{FILE}: images.{image.name}: paths, files and starts need a "
+                              "checkout")
+        if image.starts and (len(image.starts) != 2 or image.starts[1] not in image.files
+                             or not image.starts[0].endswith(".py")):
+            raise ConfigError(f"{FILE}: images.{image.name}.starts: the payload's wrapper "
+                              "(a .py file under the payload) and one of `files`")
         _check_additions(image)
     for key, value in paths:
         if not PATH_RE.fullmatch(value):
@@ -147,10 +153,22 @@ def import_path(image: Image) -> str:
     decl = declared()
     folders = [posixpath.join(decl.payload_dir, p) for p in decl.trainers[image.trainer]]
     folders.append(decl.payload_dir)
+    started = start_check(image)[2:3]      # the started program's folder: as the job has it
     for path in image.trainer_files():
-        if path.endswith(".py") and posixpath.dirname(path) not in folders:
+        if path.endswith(".py") and posixpath.dirname(path) not in folders \
+                and path not in started:
             folders.append(posixpath.dirname(path))
     return ":".join(folders)
+
+
+def start_check(image: Image) -> list[str]:
+    """The arguments the build gives the image's python3 to start its program as a job does
+    (the wrapper's --check: the program's imports run, its main does not); [] without one."""
+    if not image.starts or image.checkout is None:
+        return []
+    wrapper, program = image.starts
+    return [posixpath.join(declared().payload_dir, wrapper), "--check",
+            posixpath.join(image.checkout.path, program)]
 
 
 def find(platform: str, trainer: str) -> Optional[Image]:
@@ -227,6 +245,8 @@ def build_args(image: Image, region: Optional[str]) -> list[tuple[str, str]]:
     out.append(("JOBGEN_DIR", decl.jobgen_dir))
     out += [("PACKAGES", " ".join(image.packages)), ("IMPORTS", json.dumps(list(image.imports))),
             ("IMPORT_PATH", import_path(image))]
+    if image.starts:
+        out.append(("START_CHECK", json.dumps(start_check(image))))
     return out
 
 

@@ -12,15 +12,16 @@ was rendered with before it runs anything.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import posixpath
+import shutil
 import stat
 import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
 from ..plumbing import fsio
-from ..plumbing.cache import sha256  # CPython's own SHA-256: hashlib loads OpenSSL (2 ms a render)
 from ..plumbing.errors import ConfigError, JobgenError
 
 MARKER = ".jobgen-digest"
@@ -42,60 +43,27 @@ def _files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-_memo: dict[tuple[object, ...], str] = {}
-# A render keeps the digest of jobgen's own payload in jobgen's private cache (jobgen/plumbing/
-# cache.py), keyed by every file's path, size, mode and modification time, instead of reading and
-# hashing the payload each time (a few ms of `jobgen render`). Only files left alone for RACY_NS
-# are trusted that way (one written twice within the clock's tick keeps its time); placing,
-# verifying and exporting a snapshot always read the files.
-RACY_NS = 2 * 10**9
+_memo: dict[tuple[object, ...], str] = {}   # in-process: `jobgen check` renders many jobs
 
 
-def digest(root: Optional[Path] = None, *, kept: bool = False) -> str:
-    """The payload's digest (64 hex digits); `root` defaults to jobgen's own payload. `kept`:
-    jobgen's own payload's digest may come from the private cache (rendering)."""
+def digest(root: Optional[Path] = None) -> str:
+    """The payload's digest (64 hex digits); `root` defaults to jobgen's own payload."""
     if root is None:
         from ..plumbing import resources
         root = resources.folder("payload")
-    else:
-        kept = False
     files = _files(root)
-    stats = [(rel, p.stat()) for rel, p in files]
     key: tuple[object, ...] = (str(root), *((rel, s.st_mtime_ns, s.st_size, s.st_mode)
-                                            for rel, s in stats))
+                                            for rel, s in ((rel, p.stat()) for rel, p in files)))
     if key in _memo:
         return _memo[key]
-    entry = _entry(key) if kept else None
-    if entry is not None:
-        from ..plumbing import cache
-        found = cache.read(entry)
-        if found is not None and len(found) == 64 and not found.strip(b"0123456789abcdef"):
-            return found.decode()   # not memoized: what reads the files must read them
-    h = sha256()
+    h = hashlib.sha256()
     for rel, path in files:
         mode = path.stat().st_mode
         h.update(rel.encode() + b"\0" + (b"x" if mode & stat.S_IXUSR else b"-") + b"\0")
         data = fsio.read_bytes(path)   # a FIFO or device in a snapshot: refused, not read
         h.update(str(len(data)).encode() + b"\0" + data)
     _memo[key] = h.hexdigest()
-    if entry is not None:
-        import time
-        settled = time.time_ns() - RACY_NS
-        if all(s.st_mtime_ns < settled for _, s in stats):
-            from ..plumbing import cache
-            cache.write(entry, _memo[key].encode())
     return _memo[key]
-
-
-def _entry(key: tuple[object, ...]) -> Optional[str]:
-    """Where the digest of the payload as `key` describes it is kept (None: no private cache)."""
-    import json
-
-    from ..plumbing import cache
-    folder = cache.folder("digests")
-    if folder is None:
-        return None
-    return os.path.join(folder, sha256(json.dumps(key).encode()).hexdigest())
 
 
 def short(full: str) -> str:
@@ -118,7 +86,6 @@ def _mount_missing(root: str) -> Optional[str]:
 
 
 def _copy(source: Path, target: Path) -> None:
-    import shutil  # only where a snapshot is written (2 ms of a render's start-up otherwise)
     for rel, path in _files(source):
         dest = target / rel
         dest.parent.mkdir(parents=True, exist_ok=True)

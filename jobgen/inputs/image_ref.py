@@ -35,9 +35,26 @@ NAME_MAX = 255
 _NAME_RE = re.compile(REPOSITORY_PATTERN)
 
 
+def unseen(value: str) -> Optional[str]:
+    """What `value` holds that a terminal or a shell acts on, or that shows as nothing (a
+    control character, a line or paragraph separator, a format character like U+202E), as a
+    phrase; None when every character shows as itself."""
+    for char in value:
+        if char == " " or char.isprintable():
+            continue
+        code = ord(char)
+        if code < 0x20 or 0x7F <= code <= 0x9F:
+            return "holds a control character"
+        return f"holds an invisible character (U+{code:04X})"
+    return None
+
+
 def problem(value: str) -> Optional[str]:
     """What keeps `value` from being a repository an image can be pushed to and pulled from
     under a tag jobgen appends; None when it is one."""
+    hidden = unseen(value)
+    if hidden is not None:   # said before the grammar: the message would not show it
+        return hidden
     if len(value) > NAME_MAX:
         return f"is {len(value)} characters, more than an image name's {NAME_MAX}"
     if _NAME_RE.fullmatch(value):

@@ -83,8 +83,8 @@ def record(cls: type, limits: dict[str, dict[str, Any]], path: str = "") -> dict
         prop = _of(hints[field.name], key, limits)
         if "anyOf" in prop:   # an Optional: the limits belong to the non-null branch
             prop["anyOf"][0].update(limits.get(key, {}))
-        if field.name in notes:
-            prop["description"] = notes[field.name]
+        if field.name in notes or "description" in field.metadata:
+            prop["description"] = notes.get(field.name) or field.metadata["description"]
         if field.default is not dataclasses.MISSING and isinstance(
                 field.default, (str, int, float, bool)):
             prop["default"] = field.default

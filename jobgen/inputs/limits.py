@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends.slurm import options as slurm_options
 from . import schema
 from .image_ref import NAME_MAX, REPOSITORY_PATTERN
 
 SEED_MAX = 2**32 - 1
+# The ports a job opens beside job.master_port (the rendezvous), as offsets from it, and what opens
+# each (the Batch node watch: env/containers/entrypoint.sh, MASTER_PORT + 1): a master port leaves
+# room for all of them, so its domain is declared here, once (tests/test_ports.py finds them).
+PORT_MIN, PORT_MAX = 1024, 65535   # unprivileged TCP ports
+DERIVED_PORTS = {1: "the Batch node watch"}
+MASTER_PORT_MAX = PORT_MAX - max(DERIVED_PORTS)
+PORT_ROOM = ", ".join(f"job.master_port + {k} for {what}" for k, what in DERIVED_PORTS.items())
 # Kubernetes object names: an RFC 1123 label (namespaces), a subdomain (claims, accounts).
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -67,7 +75,7 @@ RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "job.restarts_in_place": {"minimum": 0, "maximum": 100},
     "job.spare_nodes": {"minimum": 0, "maximum": 64},
     "job.collective_timeout_s": {"minimum": 1, "maximum": 604800},
-    "job.master_port": {"minimum": 1024, "maximum": 65535},
+    "job.master_port": {"minimum": PORT_MIN, "maximum": MASTER_PORT_MAX},
     "job.log_every_steps": {"minimum": 1},
     "seed": {"minimum": 0, "maximum": SEED_MAX},
 }
@@ -77,8 +85,7 @@ SITE_LIMITS: dict[str, dict[str, Any]] = {
     "slurm.max_nodes": {"minimum": 0},
     "slurm.time_limit_warning_s": {"minimum": 1, "maximum": 65535},
     "slurm.lustre_max_dirty_mb": {"minimum": 1},
-    **{f"slurm.{k}": {"pattern": schema.NAME_RE.pattern}
-       for k in ("partition", "account", "qos", "reservation")},
+    **{f"slurm.{o.site_key}": dict(o.kind.json) for o in slurm_options.OPTIONS if o.site_key},
     **{f"paths.{k}": {"minLength": 1} for k in ("work_dir", "data_dir", "compile_cache")},
     "batch.max_nodes": {"minimum": 0},
     "batch.timeout_hours": {"minimum": 1},

@@ -21,6 +21,24 @@ SEED_MAX = 2**32 - 1
 # counted with the name, the '=' and the terminating NUL.
 ENV_MAX = 131072
 SPLIT_NUMBER = r"\s*(?:\d+(?:\.\d*)?|\.\d+)\s*"
+# Linux's limits on a path (PATH_MAX, with its terminating NUL) and on each name in it (NAME_MAX,
+# the file systems a job's folders are on: ext4, xfs, Lustre), in bytes of its UTF-8 form.
+PATH_MAX = 4096
+FILE_NAME_MAX = 255
+
+
+def path_problem(path: str) -> Optional[str]:
+    """Why no file system here or on the nodes can hold `path` (a phrase after it), or None: a
+    NUL byte, a name longer than FILE_NAME_MAX, or a path of PATH_MAX bytes or more."""
+    if "\0" in path:
+        return "holds a NUL byte, which no path can"
+    size = len(path.encode("utf-8", "surrogateescape"))
+    if size >= PATH_MAX:
+        return f"is {size} bytes long; a path is at most {PATH_MAX - 1}"
+    longest = max((len(p.encode("utf-8", "surrogateescape")) for p in path.split("/")), default=0)
+    if longest > FILE_NAME_MAX:
+        return f"has a name of {longest} bytes; a file name is at most {FILE_NAME_MAX}"
+    return None
 
 
 def check_site_paths(work_dir: str, compile_cache: str, local_compile_cache: "str | None",

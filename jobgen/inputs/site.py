@@ -11,20 +11,39 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from ..backends.slurm import options as slurm_options
 from ..plumbing import resources
 from ..plumbing.errors import ConfigError
 from ..plumbing.record import record
 from . import schema
-from .image_ref import check_repository
+from .image_ref import check_repository, unseen
 from .platforms import Health, check_health
 from .site_plan import PlanSite, check_plan
-from .site_sections import BatchSite, EksSite, NodePathKey, Paths, SageMakerSite, Setup, SlurmSite
+from .site_sections import (
+    JOBSET_INSTALL,
+    BatchSite,
+    EksSite,
+    NodePathKey,
+    Paths,
+    SageMakerSite,
+    Setup,
+    SlurmSite,
+)
 from .yamlfile import load_yaml
 
 DEFAULT_SITE = "local"
-# botocore's rule for a region name (a host label), which it checks only when a client is made.
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")   # what a terminal or a shell acts on
-REGION_RE = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+# An AWS region name: botocore's rule (a host label, which it checks only when a client is made),
+# in lower case, as every region is named: botocore takes US-EAST-1 and signs requests for it,
+# and AWS refuses the signature (the credential scope names the region).
+REGION_RE = re.compile(r"(?![0-9]+$)(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+def region_problem(name: str) -> Optional[str]:
+    """Why `name` is not an AWS region name (a phrase after it), or None."""
+    if REGION_RE.fullmatch(name):
+        return None
+    lower = ": region names are lower case" if REGION_RE.fullmatch(name.lower()) else ""
+    return f"is not an AWS region name (like us-east-1){lower}"
 
 
 @record
@@ -93,13 +112,12 @@ def load_file(path: Path, shown: str) -> Site:
     """`load` of a file named `shown` in messages (a run's recorded copy of its site)."""
     data = load_yaml(path, shown)
     _refuse_image_paths(data, shown)
+    _refuse_other_gangs(data, shown)
     site = schema.build(Site, data, shown)
-    for key, value in (("slurm.partition", site.slurm.partition),
-                       ("slurm.account", site.slurm.account), ("slurm.qos", site.slurm.qos),
-                       ("slurm.reservation", site.slurm.reservation), ("name", site.name)):
-        if value is not None and not schema.NAME_RE.fullmatch(value):
-            raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must match "
-                              f"{schema.NAME_RE.pattern}")
+    if not schema.NAME_RE.fullmatch(site.name):
+        raise ConfigError(f"{shown}: name: {schema.describe(site.name)} must match "
+                          f"{schema.NAME_RE.pattern}")
+    slurm_options.check_site(site.slurm, shown)
     numbers: list[tuple[str, int, int]] = [("slurm.cpus_per_task", site.slurm.cpus_per_task, 1),
                ("slurm.max_nodes", site.slurm.max_nodes, 0),
                ("slurm.time_limit_warning_s", site.slurm.time_limit_warning_s, 1)]
@@ -128,13 +146,11 @@ def load_file(path: Path, shown: str) -> Site:
         if not K8S_NAME_RE.fullmatch(site.eks.namespace):
             raise ConfigError(f"{shown}: eks.namespace: {schema.describe(site.eks.namespace)} "
                               "is not a Kubernetes name (lower case letters, digits, '-')")
-        if site.eks.training_operator and site.eks.gang not in (None, "pytorchjob"):
-            raise ConfigError(f"{shown}: eks.training_operator: true contradicts eks.gang: "
-                              f"{site.eks.gang} (leave training_operator out)")
+        numbers += [("eks.max_disruptions", site.eks.max_disruptions, 0)]
         for key, value in schema.to_plain(site.eks).items():
-            if isinstance(value, str) and CONTROL_RE.search(value):
-                raise ConfigError(f"{shown}: eks.{key}: {schema.describe(value)} holds a control "
-                                  "character")
+            said = unseen(value) if isinstance(value, str) else None
+            if said is not None:   # names and quantities that reach the manifests
+                raise ConfigError(f"{shown}: eks.{key}: {schema.describe(value)} {said}")
         for key, value in (("eks.shared_mount", site.eks.shared_mount),
                            ("eks.local_cache_host_path", site.eks.local_cache_host_path)):
             if not value.startswith("/"):
@@ -159,15 +175,19 @@ def load_file(path: Path, shown: str) -> Site:
                               f"platform jobgen knows ({', '.join(sorted(PLATFORMS))})")
     for key, region in (("batch.region", site.batch.region if site.batch else None),
                         ("sagemaker.region", site.sagemaker.region if site.sagemaker else None)):
-        if region is not None and not REGION_RE.fullmatch(region):
-            raise ConfigError(f"{shown}: {key}: {schema.describe(region)} is not an AWS "
-                              "region name (like us-east-1)")
+        said = region_problem(region) if region is not None else None
+        if said is not None:
+            raise ConfigError(f"{shown}: {key}: {schema.describe(region)} {said}")
     for section in (site.batch, site.sagemaker, site.eks):
         if section is not None and section.repository is not None:
             # Docker's reference grammar, before any service is asked to pull from it.
             check_repository(section.repository, f"{shown}: {_SECTION[type(section)]}.repository")
     from .limits import SITE_LIMITS
-    from .rules import check_limits, check_site_paths
+    from .rules import check_limits, check_site_paths, path_problem
+    for key, value in _paths(site):
+        said = path_problem(value)
+        if said is not None:   # before anything looks for it, makes it or renders it
+            raise ConfigError(f"{shown}: {key}: {schema.describe(value)} {said}")
     check_site_paths(site.paths.work_dir, site.paths.compile_cache,
                      site.paths.local_compile_cache, shown)
     local_cache = site.paths.local_compile_cache
@@ -183,6 +203,21 @@ def load_file(path: Path, shown: str) -> Site:
                           "not an Amazon ECR repository: push jobgen's images to one and write "
                           "ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME")
     return site
+
+
+def _paths(site: Site) -> list[tuple[str, str]]:
+    """(key, path) of every path the site names, on the hosts, the nodes or in containers."""
+    found = [(f"paths.{k}", v) for k, v in schema.to_plain(site.paths).items()
+             if isinstance(v, str)]
+    found += [("setup.activate", site.setup.activate or "")]
+    if site.batch is not None:
+        found += [("batch.shared_volume", site.batch.shared_volume or "")]
+    if site.sagemaker is not None:
+        found += [("sagemaker.compile_cache", site.sagemaker.compile_cache)]
+    if site.eks is not None:
+        found += [("eks.shared_mount", site.eks.shared_mount),
+                  ("eks.local_cache_host_path", site.eks.local_cache_host_path)]
+    return found
 
 
 # Keys of container sections that named what is inside jobgen's images (images.yaml declares
@@ -203,3 +238,20 @@ def _refuse_image_paths(data: dict[str, object], shown: str) -> None:
                 raise ConfigError(f"{shown}: {section}.{key}: a site no longer names jobgen's "
                                   f"images or paths inside them; "
                                   + instead.format(section=section))
+
+
+def _refuse_other_gangs(data: dict[str, object], shown: str) -> None:
+    """EKS gangs are JobSets only: the forms that were not (eks.gang: pytorchjob, indexed-job,
+    eks.training_operator) are refused with the line that installs JobSet."""
+    eks = data.get("eks")
+    if not isinstance(eks, dict):
+        return
+    gang = eks.get("gang")
+    if "training_operator" in eks:
+        key = f"training_operator: {schema.describe(eks['training_operator'])}"
+    elif gang is not None and gang != "jobset":
+        key = f"gang: {schema.describe(gang)}"
+    else:
+        return
+    raise ConfigError(f"{shown}: eks.{key}: jobgen's EKS jobs are JobSets only; install JobSet "
+                      f"on the cluster ({JOBSET_INSTALL}) and leave the key out")

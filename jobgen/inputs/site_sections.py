@@ -3,8 +3,9 @@ container backend's (Batch, SageMaker, EKS). The comment beside a field is its d
 env/sites/site.schema.json; the profile as a whole, its loading and its checks are in site.py."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
+from ..backends.slurm import options as slurm_options
 from ..plumbing.record import record
 
 
@@ -12,10 +13,6 @@ from ..plumbing.record import record
 class SlurmSite:
     cpus_per_task: int
     max_nodes: int
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    reservation: Optional[str] = None
     exclusive: bool = True
     # Seconds before the time limit at which Slurm warns the job (sbatch --signal): the trainers
     # that can save a checkpoint then, and the job is requeued without counting a failure.
@@ -34,6 +31,10 @@ class SlurmSite:
     # More #SBATCH options every job of this site needs and jobgen does not own (constraint,
     # gres, mem, mail-type, comment, ...): name -> value ("" for a flag). --sbatch-opt adds more.
     extra_options: Optional[dict[str, str]] = None
+
+
+if not TYPE_CHECKING:   # and the site keys of the Slurm options jobgen owns (partition, ...)
+    SlurmSite = slurm_options.site_fields(SlurmSite)
 
 
 @record
@@ -125,6 +126,12 @@ class SageMakerSite:
     keep_alive_s: int = 0                       # warm pool: seconds instances stay for the next
 
 
+# The JobSet release the EKS manifests are checked against, and how a cluster gets it.
+JOBSET_RELEASE = "v0.12.0"
+JOBSET_INSTALL = ("kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"
+                  f"releases/download/{JOBSET_RELEASE}/manifests.yaml")
+
+
 @record
 class EksSite:
     """An Amazon EKS cluster with the Neuron, EFA (and NVIDIA / Habana) device plugins."""
@@ -135,11 +142,13 @@ class EksSite:
     # The compile cache each node's training pass reads: a hostPath on the node's own disk
     # (HLAT: a cache on shared FSx caused timeouts); the compile pass writes the shared one.
     local_cache_host_path: str = "/var/tmp/jobgen-compile-cache"
-    # What restarts a job's gang of pods: JobSet (kubernetes-sigs/jobset, recommended), Kubeflow's
-    # training operator (a PyTorchJob), or neither (a plain Indexed Job). None: pytorchjob where
-    # training_operator (the older key) is true, else indexed-job.
-    gang: Optional[Literal["jobset", "pytorchjob", "indexed-job"]] = None
-    training_operator: bool = False             # Kubeflow's PyTorchJob instead of an Indexed Job
+    # What restarts a job's gang of pods: JobSet, the one form (site.py refuses any other value,
+    # naming JOBSET_INSTALL).
+    gang: Optional[Literal["jobset"]] = None
+    # Restarts after a drain, preemption or eviction, which JobSet does not count, beyond
+    # job.max_restarts: a pod of a later restart attempt ends the job (the kubelet's own
+    # node-pressure evictions are such disruptions too, and could otherwise repeat forever).
+    max_disruptions: int = 10
     service_account: Optional[str] = None
     efa_interfaces: Optional[dict[str, int]] = None  # per platform (default: all it has)
     max_nodes: int = 16

@@ -6,15 +6,15 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..plumbing.errors import ConfigError
-from ..plumbing.record import record
 from . import schema
 
 MAX_JOBS = 1000   # Slurm's default MaxArraySize is 1001 (task ids 0-1000)
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Point:
     """One combination: its `--set` overrides and its run name."""
     overrides: tuple[str, ...]
@@ -72,7 +72,9 @@ def port_override(point: Point, index: int, port: int, sweeps: Sequence[str]) ->
     jobs that share a node (rehearsals, non-exclusive partitions) must not share a port."""
     if any(s.partition("=")[0].strip() == "job.master_port" for s in sweeps):
         return ()
-    if port + index > 65535:
+    from .limits import MASTER_PORT_MAX, PORT_ROOM
+    if port + index > MASTER_PORT_MAX:
         raise ConfigError(f"--sweep: job {index} would meet at port {port + index} (job."
-                          "master_port + its index), beyond 65535")
+                          f"master_port + its index), beyond {MASTER_PORT_MAX} (a job opens "
+                          f"{PORT_ROOM})")
     return (f"job.master_port={port + index}",)

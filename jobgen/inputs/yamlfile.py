@@ -1,12 +1,10 @@
 """Reading a YAML file (recipes, site profiles, platform files, the user's config): the bytes,
 parsed by the one YAML reader (jobgen/inputs/yaml12.py) into a mapping, every problem turned into a
-one-line ConfigError. A file already read is taken from jobgen's private cache
-(jobgen/plumbing/cache.py) instead: rendering it again imports no YAML parser, which is why this is
-not in yaml12.py (that module subclasses PyYAML's loader, so importing it imports PyYAML)."""
+one-line ConfigError."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..plumbing.errors import ConfigError, printable
 
@@ -23,9 +21,6 @@ def load_yaml(path: Path, shown: str) -> dict[str, Any]:
         raise ConfigError(f"{shown}: larger than {fsio.MAX_BYTES >> 20} MB; not read") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot read: {exc}") from None
-    cached = _parsed(raw)
-    if cached is not None:
-        return cached
     import yaml
 
     from .yaml12 import YamlError, loads
@@ -49,67 +44,5 @@ def load_yaml(path: Path, shown: str) -> dict[str, Any]:
         raise ConfigError(f"{shown}: cannot read: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: expected a mapping at the top level")
-    _remember(raw, data)
     return data
 
-
-# Parsed recipe and site files, kept in jobgen's private cache (jobgen/plumbing/cache.py) as JSON
-# under the SHA-256 of the file's bytes: rendering a file already read needs no YAML parser. Only a
-# document that JSON carries exactly (string keys, no NaN) is kept; errors are never cached.
-_PARSER = b"yaml12-v1\0"
-
-
-def _entry(raw: bytes) -> Optional[str]:
-    import os
-
-    from ..plumbing import cache
-    folder = cache.folder("parsed")
-    if folder is None:
-        return None
-    return os.path.join(folder, cache.sha256(_PARSER + raw).hexdigest() + ".json")
-
-
-def _parsed(raw: bytes) -> Optional[dict[str, Any]]:
-    import json
-
-    from ..plumbing import cache
-    entry = _entry(raw)
-    payload = cache.read(entry) if entry else None
-    if payload is None:
-        return None
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _nodes_within(data: Any, limit: int) -> bool:
-    """Whether the document has at most `limit` values once its aliases are expanded (a few
-    aliases can stand for billions: such a document is never written out)."""
-    stack, seen = [data], 0
-    while stack:
-        seen += 1
-        if seen > limit:
-            return False
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
-def _remember(raw: bytes, data: dict[str, Any]) -> None:
-    import json
-
-    from ..plumbing import cache
-    if not _nodes_within(data, 20_000):
-        return
-    try:
-        text = json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError):
-        return
-    entry = _entry(raw)
-    if entry and repr(json.loads(text)) == repr(data):
-        cache.write(entry, text.encode("utf-8"))

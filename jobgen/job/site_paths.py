@@ -12,12 +12,13 @@ cache (`paths.local_compile_cache`) is on each node's own disk, so it is never l
 """
 from __future__ import annotations
 
+import errno
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Literal, Optional
 
 from ..plumbing.errors import ConfigError
-from ..plumbing.record import record
 
 if TYPE_CHECKING:
     from ..inputs.recipe import Recipe
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 Kind = Literal["file", "folder", "made"]
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class SitePath:
     key: str          # the site key, as a user writes it (setup.activate, paths.data_dir)
     path: str         # absolute, or relative to the submission directory
@@ -70,25 +71,67 @@ def host_paths(site: Site, recipes: Iterable[Recipe], smoke: bool = False) -> li
 
 def _problem(need: SitePath, cwd: Path) -> Optional[str]:
     """Why `need` is not usable from this host (a phrase after its path), or None."""
+    from ..inputs.rules import path_problem
     path = cwd / need.path
+    said = path_problem(need.path)
+    if said is not None:
+        return f"cannot be used: it {said}"
+    said = path_problem(str(path))   # under the submission directory, it may grow too long
+    if said is not None:
+        return f"cannot be used: there it {said}"
+    try:
+        return _looked_at(need, path)
+    except OSError as exc:   # what the file system says of it (a loop, a name too long)
+        return f"cannot be looked at: {exc.strerror}"
+
+
+def _link(path: Path) -> Optional[str]:
+    """What is wrong with `path` where it is a symbolic link that leads nowhere, or None."""
+    if not path.is_symlink():
+        return None
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:   # Python before 3.13 says a loop so
+        return f"{path} is a symbolic link in a loop"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a symbolic link in a loop"
+        if exc.errno == errno.ENOENT:
+            return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
+        return f"{path} is a symbolic link that cannot be followed ({exc.strerror})"
+    return None
+
+
+def _looked_at(need: SitePath, path: Path) -> Optional[str]:
     top = Path(*path.parts[:2]) if need.path.startswith("/") and len(path.parts) > 1 else None
     unmounted = top is not None and not top.exists()
+    # The nearest of the path and its folders that is there (a symbolic link that leads
+    # nowhere is there, and stops the search: nothing can be made through it).
+    here = path
+    while not os.path.lexists(here) and here != here.parent:
+        here = here.parent
+    broken = _link(here)
     if need.kind == "file" and not path.is_file() or need.kind == "folder" and not path.is_dir():
-        return f"is not on this host{f' ({top} does not exist here)' if unmounted else ''}"
+        why = broken or (f"{top} does not exist here" if unmounted else None)
+        return f"is not on this host{f' ({why})' if why else ''}"
     if need.kind != "made":
         return None
     # Made by jobgen or by the nodes: under a file system mounted here (not a new top folder),
     # and the nearest folder that exists is one this user may write in.
     if unmounted:
         return f"cannot be made: {top} does not exist here"
-    here = path
-    while not here.exists() and here != here.parent:
-        here = here.parent
+    if broken is not None:
+        return f"cannot be made: {broken}"
     if not here.is_dir():
         return f"cannot be made: {here} is not a folder"
     if not os.access(here, os.W_OK | os.X_OK):
         return f"cannot be made: {here} is not writable by this user"
     return None
+
+
+def _brief(path: str) -> str:
+    """A path as a message shows it: whole, or its start and its end where it is long."""
+    return path if len(path) <= 160 else f"{path[:80]}...{path[-60:]} ({len(path)} characters)"
 
 
 def missing(shown: str, needs: list[SitePath], cwd: Optional[Path] = None) -> list[str]:
@@ -99,7 +142,7 @@ def missing(shown: str, needs: list[SitePath], cwd: Optional[Path] = None) -> li
         why = _problem(need, cwd)
         if why is not None:
             where = "" if need.path.startswith("/") else " (under the submission directory)"
-            lines.append(f"{shown}: {need.key}: {need.what}, {need.path}{where}, {why}")
+            lines.append(f"{shown}: {need.key}: {need.what}, {_brief(need.path)}{where}, {why}")
     return lines
 
 

@@ -10,7 +10,6 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
-from ..backends.slurm.request import SlurmRequest, slurm_request
 from ..inputs import schema
 from ..inputs.platforms import PLATFORMS, Platform
 from ..inputs.recipe import Recipe
@@ -35,7 +34,9 @@ class JobSpec:
     compile_mode: CompileMode = "auto"
     smoke: bool = False
     run_name: str = ""
-    slurm: SlurmRequest = SlurmRequest()
+    # The scheduler's per-job options, as the backend declares them (its declaration's
+    # job_options: Slurm's partition, time_limit, ...), resolved and checked by its table.
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # The payload the job runs (images/snapshot.py): its digest, fixed when the spec is resolved.
     payload_digest: str = ""
     # Set from `smoke` (never by hand): what the rehearsal trains, or None for the real job.
@@ -140,12 +141,6 @@ class JobSpec:
         return posixpath.join(self.site.paths.work_dir, self.run_name)
 
     @property
-    def slurm_job(self) -> bool:
-        """Whether its nodes are a Slurm allocation's (or emulate one: jobgen run)."""
-        from .. import backends
-        return backends.declaration(self.backend).site_section == "slurm"
-
-    @property
     def payload_dir(self) -> str:
         """Where the job's payload is on the nodes: its snapshot on the site's shared storage
         (Slurm, submitit, jobgen run), the image's copy in a container."""
@@ -161,6 +156,14 @@ class JobSpec:
         return posixpath.join(self.site.paths.data_dir, path)
 
     # --- identity ------------------------------------------------------------------------------
+    def _options_shown(self) -> dict[str, Any]:
+        """The scheduler's options under the backend's site section (`slurm:`), for show."""
+        from .. import backends
+        table = backends.job_options(self.backend)
+        if table is None:
+            return {}
+        return {backends.declaration(self.backend).site_section: table.shown(self.options)}
+
     def as_dict(self) -> dict[str, Any]:
         """Every resolved value plus the derived numbers, for `jobgen show`."""
         return {
@@ -174,10 +177,7 @@ class JobSpec:
             "smoke": self.smoke,
             # What the nodes run: its digest, and where (a snapshot, or the image's copy).
             "payload": {"digest": self.payload_digest, "dir": self.payload_dir},
-            **({"slurm": {**{k: v for k, v in dataclasses.asdict(self.slurm).items()
-                             if v is not None and k != "extra"},
-                          **({"extra": dict(self.slurm.extra)} if self.slurm.extra else {})}}
-               if self.slurm_job else {}),
+            **self._options_shown(),
             "derived": {
                 "workers_per_node": self.workers_per_node,
                 "world_size": self.world_size,
@@ -199,10 +199,10 @@ class JobSpec:
 def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None, *,
             backend: Backend = "slurm", compile_mode: CompileMode = "auto", smoke: bool = False,
             run_name: Optional[str] = None,
-            slurm: Optional[Mapping[str, Optional[str]]] = None,
+            options: Optional[Mapping[str, Any]] = None,
             payload_digest: Optional[str] = None, name_suffix: str = "") -> JobSpec:
     """Resolve and validate; raises ConfigError/RuleError naming the file and the key.
-    `slurm`: per-job overrides of the Slurm request, keyed by option (SLURM_OPTIONS);
+    `options`: the scheduler's per-job options, keyed by flag (the backend's table's FLAGS);
     `payload_digest`: the payload of an earlier submission (default: this jobgen's);
     `name_suffix`: what the default run name carries when overrides change training values."""
     _check_values(recipe, source)
@@ -210,8 +210,12 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if n < 1:
         raise ConfigError(f"--nodes {n}: must be at least 1")
     platform = PLATFORMS[recipe.platform]
-    if n > platform.max_nodes:
-        raise RuleError(f"--nodes {n}: {platform.name} jobs are limited to "
+    # Spare nodes (job.spare_nodes) are allocated with the job where the backend keeps them
+    # (Slurm; the others train on exactly --nodes): they count against every node limit.
+    spares = recipe.job.spare_nodes if backend == "slurm" else 0
+    asked = f"--nodes {n}" + (f" and job.spare_nodes {spares}" if spares else "")
+    if n + spares > platform.max_nodes:
+        raise RuleError(f"{asked}: {platform.name} jobs are limited to "
                         f"{platform.max_nodes} nodes")
     from .. import backends
     declared = backends.declaration(backend)
@@ -239,27 +243,29 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
             # Its containers run jobgen's image: the trainer is where the image holds it.
             from ..images.catalog import with_image_paths
             site = with_image_paths(site, recipe.platform, recipe.payload)
-    if n > limit:
-        raise RuleError(f"--nodes {n}: site {site.name} allows at most {limit} nodes "
+    if n + spares > limit:
+        raise RuleError(f"{asked}: site {site.name} allows at most {limit} nodes "
                         f"({key})")
     name = run_name or (f"{recipe.name}-{n}n" + (f"-{name_suffix}" if name_suffix else "")
                         + ("-smoke" if smoke else ""))
     if not schema.NAME_RE.fullmatch(name):
         raise ConfigError(f"--run-name: {schema.describe(name)} must match "
                           f"{schema.NAME_RE.pattern}")
-    if not declared.takes("slurm_request") and declared.site_section != "slurm":
-        given = sorted(k for k, v in (slurm or {}).items() if v not in (None, ()))
+    table = backends.job_options(backend)
+    if table is None:
+        given = sorted(k for k, v in (options or {}).items() if v not in (None, ()))
         if given:
-            option = given[0].replace("_", "-")
-            raise ConfigError(f"--{option}: a Slurm setting; a {backend} job takes its "
-                              f"limits from the site's {declared.site_section} section")
-        request = SlurmRequest()
+            owner = next(t.NOUN for t in backends.option_tables() if given[0] in t.FLAGS)
+            raise ConfigError(f"--{given[0].replace('_', '-')}: a {owner} setting; a {backend} "
+                              f"job takes its limits from the site's {declared.site_section} "
+                              "section")
+        resolved: Mapping[str, Any] = {}
     else:
-        request = slurm_request(site, recipe, slurm or {}, n)
+        resolved = table.resolve(site, recipe, options or {}, n)
     from ..images import snapshot
     spec = JobSpec(recipe=recipe, source=source, site=site, nodes=n, backend=backend,
-                   compile_mode=compile_mode, smoke=smoke, run_name=name, slurm=request,
-                   payload_digest=payload_digest or snapshot.digest(kept=True))
+                   compile_mode=compile_mode, smoke=smoke, run_name=name, options=resolved,
+                   payload_digest=payload_digest or snapshot.digest())
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
     return spec

@@ -8,8 +8,16 @@ import re
 from typing import Optional, Protocol
 
 from ..inputs import schema
+from ..inputs.limits import MASTER_PORT_MAX, PORT_MIN, PORT_ROOM
 from ..inputs.recipe import Recipe
-from ..inputs.rules import BLOCK_TYPES, ENV_MAX, SEED_MAX, SPLIT_NUMBER, check_limits
+from ..inputs.rules import (
+    BLOCK_TYPES,
+    ENV_MAX,
+    SEED_MAX,
+    SPLIT_NUMBER,
+    check_limits,
+    path_problem,
+)
 from ..plumbing.errors import ConfigError, RuleError
 
 
@@ -121,9 +129,9 @@ def _check_ranges(recipe: Recipe, where: str) -> None:
     if not 0.0 <= s.min_lr <= o.lr:
         raise ConfigError(f"{where}: schedule.min_lr: {s.min_lr} must lie between 0 and "
                           f"optim.lr {o.lr}")
-    if not 1024 <= j.master_port <= 65535:
+    if not PORT_MIN <= j.master_port <= MASTER_PORT_MAX:
         raise ConfigError(f"{where}: job.master_port: {j.master_port} is not a port between "
-                          "1024 and 65535")
+                          f"{PORT_MIN} and {MASTER_PORT_MAX} (a job opens {PORT_ROOM})")
     if j.max_restarts > MAX_RESTARTS:
         raise ConfigError(f"{where}: job.max_restarts: {j.max_restarts} is more than "
                           f"{MAX_RESTARTS}")
@@ -230,3 +238,6 @@ def check_trainer_rules(recipe: Recipe, where: str) -> None:
                               "name)")
     from ..inputs.limits import RECIPE_LIMITS
     check_limits(schema.to_plain(recipe), RECIPE_LIMITS, where)
+    said = path_problem(recipe.data.path)
+    if said is not None:   # a path the nodes open, as the site's are (site.py)
+        raise ConfigError(f"{where}: data.path: {schema.describe(recipe.data.path)} {said}")

@@ -14,6 +14,7 @@ naming the key and the payload.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import typing
 from collections.abc import Iterator, Mapping
@@ -23,7 +24,6 @@ from ..inputs import schema
 from ..inputs.platforms import get as platform_of
 from ..inputs.recipe import Recipe
 from ..job.spec import JobSpec
-from ..plumbing.cache import sha256
 from ..plumbing.errors import ConfigError
 from .base import Launch, Pass, Payload, compile_cache_env
 
@@ -138,7 +138,7 @@ def compile_key(spec: JobSpec, lau: Launch) -> str:
         "env": env_block(spec), "launcher": lau.launcher, "program": lau.program,
         "compile_steps": r.compile.steps, "smoke": spec.smoke,
     }, sort_keys=True)
-    digest = sha256(blob.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return f"{r.name}-{spec.nodes}n{'-smoke' if spec.smoke else ''}-{digest}"
 
 

@@ -7,6 +7,7 @@ else (environment, compile key) is common and lives here.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, Literal, Optional
@@ -15,6 +16,16 @@ from ..inputs import schema
 from ..inputs.recipe import Recipe
 from ..job.spec import JobSpec
 from ..plumbing.record import record
+
+_SAID: set[str] = set()
+
+
+def say_once(note: str) -> None:
+    """A note on stderr, once per process (`jobgen check` renders hundreds of jobs)."""
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note, file=sys.stderr)
+
 
 Pass = Literal["compile", "train"]
 # What the Slurm job's controller forwards on the time-limit warning, for the trainers that run
@@ -70,6 +81,12 @@ class Payload:
     # Its builder renders a --smoke rehearsal itself (a program that runs on CPU as it is),
     # instead of the smoke trainer standing in.
     rehearses_itself: bool = False
+    # Whether its saves run in the background when the recipe leaves checkpoint.async_save
+    # unset (False: only when the recipe asks, where upstream's default is off).
+    background_save_default: bool = True
+    # The dataset it reads, for the data check (payload/common/data_check.py): the format
+    # ("megatron", "hf_blocks" or "bert_hdf5"), then the columns a Hugging Face dataset needs.
+    data: tuple[str, ...] = ()
 
 
 # Keys every payload honours: they shape the job itself (nodes, restarts, environment, the

@@ -65,6 +65,7 @@ _DATA_PARALLEL_ONLY = "the DeepSpeed BERT program is data-parallel only"
 
 PAYLOAD = Payload(
     name="habana_deepspeed",
+    data=("bert_hdf5",),
     accelerator="hpu",
     families=("bert",),
     honours=COMMON_KEYS | {

@@ -160,13 +160,15 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # restore does not count and nothing deletes once the run resumes from it.
         "exp_manager.checkpoint_callback_params.save_last": False,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
-        # Background saves (checkpoint.async_save; unset: on): the config key at d22aabf, read
-        # by megatron_gpt_pretraining.py into NLPCheckpointIO(async_save=...), which waits for
-        # the previous save before the next and deletes an old checkpoint only once the new one
-        # is whole on every rank. NeMo writes no seal of its own: resume.py offers only a
-        # checkpoint whose every archive and tensor file is whole, so one cut off mid-write is
-        # never resumed from.
-        "async_checkpointing": c.async_save is not False,
+        # Background saves only when the recipe asks (checkpoint.async_save: true), upstream's
+        # default: the config key at d22aabf is False and no upstream script turns it on. It is
+        # read by megatron_gpt_pretraining.py into NLPCheckpointIO(async_save=...), which waits
+        # for the previous save before the next and deletes an old checkpoint only once the new
+        # one is whole on every rank; each rank's share is copied to host memory and pickled
+        # into a child process (the note at render). NeMo writes no seal of its own: resume.py
+        # offers only a checkpoint whose every archive and tensor file is whole, so one cut off
+        # mid-write is never resumed from.
+        "async_checkpointing": c.async_save is True,
     }
     if m.activation_checkpointing == "full":
         out.update({"model.activations_checkpoint_granularity": "full",
@@ -194,6 +196,9 @@ def build(spec: JobSpec) -> Launch:
                           f"{spec.run_dir} contains \"step\", which NeMo's checkpoint callback "
                           "misreads as its monitored value (choose another work_dir or run name)")
 
+    if spec.recipe.checkpoint.async_save:
+        _note_background_save(spec)
+
     def args(which: Pass) -> tuple[str, ...]:
         head = (f"--config-name={config}",)
         return head + tuple(f"{k}={hydra_value(v)}" for k, v in overrides(spec, which).items())
@@ -206,8 +211,24 @@ def build(spec: JobSpec) -> Launch:
                   compile_args=args("compile"), train_args=args("train"))
 
 
+def _note_background_save(spec: JobSpec) -> None:
+    """What NeMo's background save holds in host memory (NLPCheckpointIOState at d22aabf): each
+    rank's share of the checkpoint copied off the device (``t.cpu()``), then the whole list
+    pickled into a ProcessPoolExecutor child that unpickles its own copy and writes it; the
+    parent's copy goes only when the write is done. So about twice a node's share, per node."""
+    from ..job import sizes
+    from .base import say_once
+    share = sizes.checkpoint_bytes(spec) / spec.nodes
+    say_once(f"note: {spec.source}: checkpoint.async_save: NeMo's background save holds each "
+             f"node's share of a checkpoint twice in host memory while it writes (a copy in "
+             f"the trainers, a pickled copy in a child process): about {2 * share / 1e9:.0f} GB "
+             f"per node of {spec.nodes}; set checkpoint.async_save: false if the node's memory "
+             "cannot spare it")
+
+
 PAYLOAD = Payload(
     name="neuron_nemo",
+    data=("megatron",),
     accelerator="neuron",
     families=("gpt_neox",),
     honours=COMMON_KEYS | {
@@ -241,4 +262,5 @@ PAYLOAD = Payload(
                                            "job ends, so it keeps at least 2"}},
     launch_keys={"config_name": "megatron_neox_config"},
     upstream="neuron_nemo.json",
+    background_save_default=False,
 )

@@ -100,6 +100,7 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="neuronx_distributed",
+    data=("hf_blocks", "input_ids", "attention_mask", "labels"),
     accelerator="neuron",
     families=("llama",),
     honours=COMMON_KEYS | {

@@ -10,13 +10,13 @@ are added on the node by the executor; they are listed in ``NODE_FACTS``.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import fields
 from typing import Literal, Optional
 
 from ..job.spec import JobSpec
 from ..plumbing.record import record
 from . import Launch, compile_cache_env, compile_key, env_block
+from .base import say_once
 
 Executor = str   # a backend's name (jobgen.backends.names()): what runs the nodes
 Passes = Literal["both", "compile", "train"]
@@ -130,9 +130,9 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
                  f"not apply on {executor}: its nodes do not share the run folder (each keeps "
                  "its own checkpoint part), so a failure goes to the service's retry")
     spares = recipe.job.spare_nodes if shared else 0
-    if recipe.job.spare_nodes and executor != "slurm":
+    if recipe.job.spare_nodes and declared.spares:
         say_once(f"note: {spec.source}: job.spare_nodes={recipe.job.spare_nodes} does not apply "
-                 f"on {executor}: {NO_SPARES.get(executor, 'only Slurm allocates spare nodes')}")
+                 f"on {executor}: {declared.spares}")
     return NodeContract(
         MASTER_PORT=str(recipe.job.master_port),
         JOBGEN_RUN_DIR=path(spec.run_dir),
@@ -163,7 +163,7 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         # executor does, and a node on a disk of its own keeps its own checkpoint part.
         JOBGEN_RESTARTS_IN_PLACE=str(recipe.job.restarts_in_place)
         if recipe.job.restarts_in_place and shared else "",
-        JOBGEN_SPARE_NODES=str(spares) if spares and executor == "slurm" else "",
+        JOBGEN_SPARE_NODES=str(spares) if spares and not declared.spares else "",
         JOBGEN_RDZV_TIMEOUT="" if rdzv_timeout_s is None else str(rdzv_timeout_s),
         JOBGEN_COLLECTIVE_TIMEOUT=str(recipe.job.collective_timeout_s),
         JOBGEN_NODE_SILENCE="" if node_silence_s is None else str(node_silence_s),
@@ -182,32 +182,6 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
         JOBGEN_HEALTH=_health(spec),
     )
-
-
-_SAID: set[str] = set()
-
-# Why job.spare_nodes (a Slurm allocation of N+S nodes, sbatch --no-kill, torchrun's spare agents)
-# has no counterpart on each other executor: said in one line at render, never dropped silently.
-NO_SPARES = {
-    "batch": "a multi-node job's numNodes all run the training group and the main node's exit "
-             "ends it, so a lost node ends the attempt and the retry strategy starts a new one",
-    "sagemaker": "a training job's instance count is fixed, every instance trains, and they do "
-                 "not share the run folder, so a lost instance fails the job and the retry "
-                 "starts a new one",
-    "eks": "the gang is exactly --nodes pods (JobSet, PyTorchJob or Indexed Job); a lost pod "
-           "restarts the gang, whose pods are scheduled again onto free nodes",
-    "local": "jobgen run's nodes are processes on this machine, none of which is lost apart "
-             "from the machine",
-    "submitit": "submitit starts the job's tasks as one step with no spare; use the slurm "
-                "backend",
-}
-
-
-def say_once(note: str) -> None:
-    """A note on stderr, once per process (`jobgen check` renders hundreds of jobs)."""
-    if note not in _SAID:
-        _SAID.add(note)
-        print(note, file=sys.stderr)
 
 
 def _warn_no_stop(spec: JobSpec, executor: str, grace_s: int) -> None:

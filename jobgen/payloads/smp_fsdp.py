@@ -36,7 +36,7 @@ def shard_degree(spec: JobSpec) -> int:
     most = min(p.hybrid_shard, ranks)
     degree = next(d for d in range(max(most, 1), 0, -1) if ranks % d == 0)
     if degree < most:
-        from .node import say_once
+        from .base import say_once
         say_once(f"note: {spec.source}: parallelism.hybrid_shard: {most} does not divide the "
                  f"{ranks} data-parallel ranks; sharding over {degree}")
     return degree
@@ -117,6 +117,7 @@ def build(spec: JobSpec) -> Launch:
 
 PAYLOAD = Payload(
     name="smp_fsdp",
+    data=("hf_blocks", "input_ids"),
     rehearses_itself=True,
     accelerator="cuda",
     families=("llama", "gpt_neox"),

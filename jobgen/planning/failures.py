@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import Optional
-
-from ..plumbing.record import record
 
 
 def young(write: float, mtbf: float) -> float:
@@ -67,7 +66,7 @@ def goodput(work: float, interval: float, write: float, restart: float, mtbf: fl
     return work / expected_wall(work, interval, write, restart, mtbf)
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Simulation:
     runs: int
     seed: int
@@ -84,7 +83,7 @@ class Simulation:
         return low <= value <= high
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Routes:
     """Failures of two kinds with two restart costs (planning/in_place.py): each failure is a
     process's with probability `process_share`, else a node's. A process failure restarts in
@@ -132,12 +131,14 @@ class _Budgets:
 
 
 def _one_segment(rng: random.Random, length: float, budgets: "_Fixed | _Budgets",
-                 mtbf: float) -> tuple[float, int]:
+                 mtbf: float, most: Optional[int] = None) -> tuple[float, int]:
     """One segment of `length` seconds: failures arrive at rate 1/mtbf, each loses what the
     segment had done and costs the restart its budgets give (_Fixed: always the same). A failure
     during a restart in place is routed like any other (a crash while the workers meet again
     costs another restart, or the requeue once the budget is spent); one during a requeue starts
-    the requeue over (no workers run yet, and the new allocation's budgets stay whole)."""
+    the requeue over (no workers run yet, and the new allocation's budgets stay whole).
+    With `most`, it gives up once more than `most` failures struck (the count returned is then
+    above `most`): a segment long beside the MTBF takes e^(length/mtbf) failures to get through."""
     spent, failures = 0.0, 0
     while True:
         t = rng.expovariate(1.0 / mtbf)
@@ -145,6 +146,8 @@ def _one_segment(rng: random.Random, length: float, budgets: "_Fixed | _Budgets"
             return spent + length, failures
         spent += t
         failures += 1
+        if most is not None and failures > most:
+            return spent, failures
         restart, requeued = budgets.restart()
         while True:            # the restart, until it gets through
             t = rng.expovariate(1.0 / mtbf)
@@ -153,6 +156,8 @@ def _one_segment(rng: random.Random, length: float, budgets: "_Fixed | _Budgets"
                 break
             spent += t
             failures += 1
+            if most is not None and failures > most:
+                return spent, failures
             if not requeued:
                 restart, requeued = budgets.restart()
 
@@ -189,7 +194,9 @@ def wall_given_failures(work: float, interval: float, write: float, restart: flo
     """The expected wall time of the process above among the runs that see exactly `failures`
     failures: what the model expects of one run once its failure count is known (drawn, seeded;
     a draw is kept only if its count comes out at `failures`). None where `budget` segment draws
-    do not yield `draws` such runs (a long run, or a count far from the expected one).
+    do not yield `draws` such runs (a long run, or a count far from the expected one); a draw
+    stops at the failure past `failures`, and each failure drawn counts against `budget` too, so
+    a write or restart long beside the MTBF ends in None, not in a draw that never ends.
 
     This, not expected_wall at the run's own rate, is what one finished run can be held to. At a
     given rate some failures strike a restart and cost only the part of it they cut short, but a
@@ -207,12 +214,12 @@ def wall_given_failures(work: float, interval: float, write: float, restart: flo
         wall, seen = 0.0, 0
         budgets = _Fixed(restart)
         for length in lengths:
-            spent += 1
-            took, n = _one_segment(rng, length, budgets, mtbf)
+            took, n = _one_segment(rng, length, budgets, mtbf, failures - seen)
+            spent += 1 + n
             wall, seen = wall + took, seen + n
-            if seen > failures:
+            if seen > failures or spent >= budget:
                 break
-        if seen == failures:
+        if seen == failures and spent < budget:
             kept.append(wall)
         if spent >= budget and len(kept) < draws:
             return None

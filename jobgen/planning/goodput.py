@@ -4,11 +4,11 @@ and Daly's), optionally simulated (jobgen/planning/failures.py holds the formula
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 from ..job.spec import JobSpec
 from ..plumbing.errors import ConfigError, RuleError
-from ..plumbing.record import record
 from . import failures
 from .failures import Routes, Simulation
 from .in_place import InPlace
@@ -36,12 +36,15 @@ def seal_lag(write: float, step_s: float, seconds: float) -> float:
 
 def saves_in_background(spec: JobSpec) -> bool:
     """Whether the job's saves run beside training (checkpoint.async_save; unset: where the
-    payload's library can)."""
+    payload's library can and its upstream does by default)."""
+    from .. import payloads
     wanted = spec.recipe.checkpoint.async_save
-    return wanted is not False and spec.recipe.payload not in SYNC_ONLY
+    if wanted is None:
+        wanted = payloads.REGISTRY[spec.recipe.payload].background_save_default
+    return wanted and spec.recipe.payload not in SYNC_ONLY
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Interval:
     steps: int
     seconds: float           # training seconds between checkpoints
@@ -52,7 +55,7 @@ class Interval:
     simulation: Optional[Simulation] = None
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Failures:
     job_mtbf_s: float
     write_s: float

@@ -22,14 +22,14 @@ the budgets themselves). With p = 0 it is 1 / (S + 1): the spares' share plan us
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..inputs.site import Site
 from ..job.spec import JobSpec
-from ..plumbing.record import record
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class InPlace:
     process_share: float     # of all failures: a process on healthy nodes (p)
     restarts: int            # torchrun's restarts per launch, where they apply (K)
@@ -75,23 +75,10 @@ class InPlace:
 
 def shares_run_folder(spec: JobSpec, backend: str) -> bool:
     """Whether `backend`'s nodes share the run folder at the spec's site, as the node contract
-    takes it (jobgen/payloads/node.py): the backend's declaration, or where the site decides it,
-    Batch's shared volume holding work_dir (batch/definition.py's run_folder_shared) and EKS's
-    shared claim (eks/manifests.py). tests/test_plan_process_failures.py holds them together."""
-    import posixpath
-
+    takes it (jobgen/payloads/node.py): the backend answers (its declaration, or its site).
+    tests/test_plan_process_failures.py holds the two together."""
     from .. import backends
-    site = spec.site
-    if backend == "batch":
-        volume = site.batch.shared_volume if site.batch else None
-        if not volume:
-            return False
-        work, volume = posixpath.normpath(site.paths.work_dir), posixpath.normpath(volume)
-        return work.startswith("/") and (work == volume
-                                         or work.startswith(volume.rstrip("/") + "/"))
-    if backend == "eks":
-        return bool(site.eks and site.eks.shared_pvc)
-    return backends.declaration(backend).shared_fs
+    return backends.shares_run_folder(backend, spec.site)
 
 
 def restarts_that_apply(spec: JobSpec, backend: str) -> int:

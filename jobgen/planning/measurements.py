@@ -3,26 +3,26 @@ user's own (`--measurements FILE`), and the throughput a finished run logged (`-
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..inputs import schema
 from ..plumbing import resources
 from ..plumbing.errors import ConfigError
-from ..plumbing.record import record
 
 SETTING_KEYS = ("global_batch", "batch_per_accelerator", "seq_length", "micro_batch", "tensor",
                 "pipeline", "precision")
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Row:
     nodes: int
     samples_per_s: float
     per_dollar: Optional[float] = None   # the source's own figure, for checking
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Settings:
     global_batch: Optional[int] = None
     batch_per_accelerator: Optional[int] = None
@@ -33,7 +33,7 @@ class Settings:
     precision: Optional[str] = None
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Group:
     recipe: str
     source: str
@@ -42,7 +42,7 @@ class Group:
     price: Optional[float] = None        # the price basis of the rows' per_dollar
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Transfer:
     recipe: str
     why: str
@@ -50,13 +50,13 @@ class Transfer:
     source_recipe: str = ""
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Table:
     measurements: tuple[Group, ...] = ()
     transfers: tuple[Transfer, ...] = ()
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Measurement:
     """One measured point as the planner uses it."""
     recipe: str

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..job.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameters  # noqa: F401
 from ..job.spec import JobSpec
-from ..plumbing.record import record
 from .measurements import Measurement, Settings
 
 
@@ -36,7 +36,7 @@ def flops_per_token(spec: JobSpec) -> float:
 
 
 # --- the throughput model ----------------------------------------------------------------------
-@record
+@dataclass(frozen=True, slots=True)
 class Throughput:
     samples_per_s: float
     basis: str                  # measured | interpolated | extrapolated | transferred
@@ -44,7 +44,7 @@ class Throughput:
     flags: tuple[str, ...] = ()  # where the measurement's settings differ from the recipe's
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Curve:
     """Per-node throughput against the node count, from one recipe's measurements: exact at the
     measured counts, interpolated in log2(nodes) between them, and beyond them a least-squares

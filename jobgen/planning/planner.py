@@ -2,12 +2,13 @@
 what failures take, at the recipe's checkpoint interval and at the recommended one."""
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 from ..job.spec import JobSpec
 from ..plumbing.errors import ConfigError, RuleError
-from ..plumbing.record import record
 from . import in_place, model
 from . import measurements as meas
 from .goodput import Failures, failures_at
@@ -43,7 +44,7 @@ def parse_nodes(text: str) -> list[int]:
     return sorted(set(counts))
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Options:
     tokens: Optional[float] = None
     samples: Optional[float] = None
@@ -60,7 +61,7 @@ class Options:
     seed: int = 0
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Row:
     nodes: int
     throughput: Throughput
@@ -74,13 +75,13 @@ class Row:
     failures: Optional[Failures] = None
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Skipped:
     nodes: int
     reason: str
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Result:
     recipe: str
     site: str
@@ -109,6 +110,19 @@ class Result:
 
 
 # --- the plan -----------------------------------------------------------------------------------
+def _first_resolved(resolve: Callable[[str, Optional[int], Sequence[str]], JobSpec], ref: str,
+                    node_counts: Sequence[int], sets: Sequence[str]) -> JobSpec:
+    """The spec at the recipe's own node count, else at the first count asked that resolves: the
+    recipe's own may not fit the site (its spare nodes count against the site's limit)."""
+    try:
+        return resolve(ref, None, sets)
+    except RuleError:
+        for nodes in node_counts:
+            with contextlib.suppress(RuleError):
+                return resolve(ref, nodes, sets)
+        raise
+
+
 def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] = (),
          site_ref: Optional[str] = None, opts: Optional[Options] = None) -> Result:
     from .. import api
@@ -130,7 +144,7 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         return api.job_spec(ref, nodes, overrides=sets, site=site_ref,
                             backend=backend)  # type: ignore[arg-type]
 
-    base = resolve(recipe_ref, None, overrides)
+    base = _first_resolved(resolve, recipe_ref, node_counts, overrides)
     name, platform = base.recipe.name, base.recipe.platform
     table = meas.published()
     extra: list[meas.Measurement] = []

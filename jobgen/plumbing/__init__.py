@@ -1,1 +1,1 @@
-"""Plumbing: errors, the one writer and reader, records, cache, own files, quoting."""
+"""Plumbing: errors, the one writer and reader, records, own files, quoting."""

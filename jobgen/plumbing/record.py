@@ -1,14 +1,13 @@
-"""`record`: a dataclass whose methods are shared code instead of generated code.
+"""`record`: a frozen dataclass whose methods are shared code instead of generated code.
 
-`dataclasses.dataclass` writes the source of `__init__`, `__repr__`, `__eq__`, `__hash__`,
-`__setattr__` and `__delattr__` for every class and compiles it when the module is imported:
-about 2 ms per frozen class here, two thirds of the time jobgen's own modules take to import,
-paid by every `jobgen render`. A record is a real dataclass (`dataclasses.fields`, `asdict`,
-`replace` work, and mypy checks it as one) whose methods are the same few functions for every
-class, reading the field list. Behaviour is that of `@dataclass(frozen=True)` (or not frozen)
-for what jobgen uses: positional or keyword arguments, defaults and default factories,
-`__post_init__`, `compare=False`, `init=False` with a default.
+Only for the records that `jobgen render` imports (the inputs, the spec, the backends'
+declarations); every other module uses `@dataclass(frozen=True, slots=True)`. A record is a real
+dataclass (`dataclasses.fields`, `asdict`, `replace` work, and mypy checks it as one) whose
+methods are the same few functions for every class, reading the field list; it behaves as
+`@dataclass(frozen=True)` does for what jobgen uses: positional or keyword arguments, defaults
+and default factories, `__post_init__`, `compare=False`, `init=False` with a default.
 """
+# Measured (benchmarks/render_bench.py, docs/benchmarks.md): dataclasses here cost 24 ms a render.
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +23,7 @@ T = TypeVar("T")
 MISSING: Any = dataclasses.MISSING
 
 
-def _methods(cls: type, frozen: bool) -> dict[str, Any]:
+def _methods(cls: type) -> dict[str, Any]:
     every = dataclasses.fields(cls)
     params = tuple((f.name, f.default, f.default_factory) for f in every if f.init)
     fixed = tuple((f.name, f.default, f.default_factory) for f in every if not f.init)
@@ -71,37 +70,32 @@ def _methods(cls: type, frozen: bool) -> dict[str, Any]:
             return NotImplemented
         return all(getattr(self, n) == getattr(other, n) for n in compared)
 
-    methods: dict[str, Any] = {"__init__": __init__, "__repr__": __repr__, "__eq__": __eq__}
-    if frozen:
-        def __setattr__(self: Any, name: str, _value: Any) -> None:
-            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    def __setattr__(self: Any, name: str, _value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
-        def __delattr__(self: Any, name: str) -> None:
-            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+    def __delattr__(self: Any, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
-        def __hash__(self: Any) -> int:
-            return hash(tuple(getattr(self, n) for n in hashed))
+    def __hash__(self: Any) -> int:
+        return hash(tuple(getattr(self, n) for n in hashed))
 
-        methods.update(__setattr__=__setattr__, __delattr__=__delattr__, __hash__=__hash__)
-    else:
-        methods["__hash__"] = None      # mutable and comparable: unhashable, as dataclasses do
+    methods: dict[str, Any] = {"__init__": __init__, "__repr__": __repr__, "__eq__": __eq__,
+                               "__setattr__": __setattr__, "__delattr__": __delattr__,
+                               "__hash__": __hash__}
     return methods
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
-def record(cls: Any = None, *, frozen: bool = True) -> Any:
-    """Decorate a class as a dataclass (frozen unless frozen=False) with shared methods."""
-    def wrap(klass: type[T]) -> type[T]:
-        if not klass.__doc__:
-            # dataclasses would make one from inspect.signature(klass): 2-6 ms a class.
-            klass.__doc__ = f"{klass.__name__} (a record: its fields are its dataclass fields)"
-        klass = dataclasses.dataclass(klass, init=False, repr=False, eq=False)
-        params = klass.__dict__["__dataclass_params__"]
-        for name, method in _methods(klass, frozen).items():
-            if method is not None:
-                method.__qualname__ = f"{klass.__qualname__}.{name}"
-            setattr(klass, name, method)
-        # what dataclasses.replace and tools reading the parameters expect of such a class
-        params.init, params.repr, params.eq, params.frozen = True, True, True, frozen
-        return klass
-    return wrap if cls is None else wrap(cls)
+def record(cls: type[T]) -> type[T]:
+    """Decorate a class as a frozen dataclass with shared methods."""
+    if not cls.__doc__:
+        # dataclasses would make one from inspect.signature(cls): 2-6 ms a class.
+        cls.__doc__ = f"{cls.__name__} (a record: its fields are its dataclass fields)"
+    cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+    params = cls.__dict__["__dataclass_params__"]
+    for name, method in _methods(cls).items():
+        method.__qualname__ = f"{cls.__qualname__}.{name}"
+        setattr(cls, name, method)
+    # what dataclasses.replace and tools reading the parameters expect of such a class
+    params.init, params.repr, params.eq, params.frozen = True, True, True, True
+    return cls

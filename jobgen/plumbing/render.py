@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shlex
-from typing import Any, Optional
+from typing import Any
 
 from . import resources
 from .errors import RenderError
@@ -83,32 +82,6 @@ def sbatch_value(value: Any) -> Verbatim:
     return Verbatim(text)
 
 
-def _bytecode_cache() -> Any:
-    """Compiled templates kept between runs (about a tenth of a render's time); keyed by the
-    template's path and checksum, so an edited template is recompiled. None (compile every
-    time) where the cache folder is not this user's alone. Compiled templates are code: an entry
-    is loaded only if it passes jobgen/plumbing/cache.py's checks (owner, mode, SHA-256)."""
-    import jinja2
-
-    from . import cache
-
-    class CheckedCache(jinja2.FileSystemBytecodeCache):
-        def load_bytecode(self, bucket: Any) -> None:
-            payload = cache.read(self._get_cache_filename(bucket))
-            if payload is None:
-                return
-            try:
-                bucket.bytecode_from_string(payload)
-            except Exception:   # noqa: BLE001  any unreadable entry: compile instead
-                bucket.reset()
-
-        def dump_bytecode(self, bucket: Any) -> None:
-            cache.write(self._get_cache_filename(bucket), bucket.bytecode_to_string())
-
-    path = cache.folder("templates")
-    return CheckedCache(path) if path else None
-
-
 @functools.lru_cache(maxsize=None)
 def _environment() -> Any:
     """The templates are shell scripts: every value goes through `shell_quote` (Batch job
@@ -117,7 +90,6 @@ def _environment() -> Any:
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.folder("templates"))),
-        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -131,84 +103,8 @@ def _environment() -> Any:
     return env
 
 
-class _Uncacheable(Exception):
-    """A context value whose rendering the cache key cannot capture (rendered without cache)."""
-
-
-def _canonical(value: Any) -> Any:
-    """A context value as JSON that keeps every distinction a template or `shell_quote` makes:
-    Verbatim from str, bool from int, tuple from list, the order of a mapping."""
-    if isinstance(value, Verbatim):
-        return ["v", str(value)]
-    if isinstance(value, str):
-        return ["s", value] if type(value) is str else _refuse(value)
-    if isinstance(value, bool):
-        return ["b", value]
-    if isinstance(value, int):
-        return ["i", value] if type(value) is int else _refuse(value)
-    if isinstance(value, float):
-        return ["f", repr(value)]
-    if value is None:
-        return ["n"]
-    if type(value) in (list, tuple):
-        return ["l" if type(value) is list else "t", [_canonical(v) for v in value]]
-    if type(value) is dict and all(type(k) is str for k in value):
-        return ["d", [[k, _canonical(v)] for k, v in value.items()]]
-    return _refuse(value)
-
-
-def _refuse(value: Any) -> Any:
-    raise _Uncacheable(type(value).__name__)
-
-
-_KEEP_RENDERED = 256
-
-
-def _rendered_entry(template: str, context: dict[str, Any]) -> Optional[str]:
-    """Where the output of this template with exactly this context is kept: keyed by the
-    context, every template's text, this module's code (the filters) and the installed Jinja.
-    None where the cache is off or a value cannot be keyed."""
-    from . import cache
-    folder = cache.folder("rendered")
-    jinja = cache.stamp("jinja2")
-    if folder is None or jinja is None:
-        return None
-    digest = cache.sha256()
-    try:
-        digest.update(json.dumps([template, jinja, _canonical(context)]).encode())
-        templates = resources.folder("templates")
-        for name in sorted(str(p.relative_to(templates)) for p in templates.rglob("*")
-                           if p.is_file()):
-            digest.update(b"\0" + name.encode() + b"\0" + (templates / name).read_bytes())
-        with open(__file__, "rb") as f:
-            digest.update(b"\0" + f.read())
-    except (_Uncacheable, OSError, ValueError):
-        return None
-    return os.path.join(folder, digest.hexdigest())
-
-
 def render(template: str, **context: Any) -> str:
-    """Render a template by name; errors name the template and line. A rendering done before
-    with the same inputs is read from jobgen's private cache (no Jinja import at all); errors
-    are never cached."""
-    from . import cache
-
-    entry = _rendered_entry(template, context)
-    if entry is not None:
-        kept = cache.read(entry)
-        if kept is not None:
-            try:
-                return kept.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-    text = _render(template, context)
-    if entry is not None:
-        cache.write(entry, text.encode("utf-8"))
-        cache.prune(os.path.dirname(entry), _KEEP_RENDERED)
-    return text
-
-
-def _render(template: str, context: dict[str, Any]) -> str:
+    """Render a template by name; errors name the template and line."""
     import jinja2
 
     try:

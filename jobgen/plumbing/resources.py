@@ -2,14 +2,14 @@
 container build files.
 
 An installed jobgen (wheel, sdist, pipx) carries them as the package data of `jobgen.data.<name>`
-(setup.cfg maps each of the project's top-level folders there): real folders under jobgen/data/,
-read as paths (importlib.resources gives the same answer for 5 ms of imports a render, and a
-zipped jobgen has no such folders either way). An editable install or a source checkout has no
-such copies: they are read where they are kept, at the project's top level. JOBGEN_HOME points
-jobgen at another project folder of the same layout (tests use it to try a changed copy).
+(setup.cfg maps each of the project's top-level folders there), found with importlib.resources.
+An editable install or a source checkout has no such copies: they are read where they are kept,
+at the project's top level. JOBGEN_HOME points jobgen at another project folder of the same
+layout (tests use it to try a changed copy).
 """
 from __future__ import annotations
 
+import importlib.resources
 import os
 from pathlib import Path
 from typing import Optional
@@ -28,20 +28,15 @@ LAYOUT = {
 }
 
 
-def _package() -> Path:
-    """The jobgen package's folder (wherever this module sits inside it)."""
-    import jobgen
-    return Path(jobgen.__file__).resolve().parent
-
-
 def _checkout() -> Path:
-    return _package().parent
+    """The project folder of a source checkout: the one that holds the jobgen package."""
+    return Path(str(importlib.resources.files("jobgen"))).resolve().parent
 
 
 def _packaged(name: str) -> Optional[Path]:
-    """The package data folder `name` of an installed jobgen, if it is there."""
-    found = _package() / "data" / name
-    return found if found.is_dir() else None
+    """The package data folder `name` of an installed jobgen, if it is there as a folder."""
+    found = importlib.resources.files("jobgen.data").joinpath(name)
+    return found if isinstance(found, Path) and found.is_dir() else None
 
 
 def folder(name: str) -> Path:

@@ -4,10 +4,10 @@ attempt's share, and what its failures say about the cluster, in `jobgen plan`'s
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Optional
 
 from ..planning import failures as model
-from ..plumbing.record import record
 from .bounds import relabel
 from .stalls import seal_lags
 from .timeline import KINDS, Segment, Timeline
@@ -21,7 +21,7 @@ LABELS = {
 }
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Attempt:
     index: int
     job: str
@@ -34,7 +34,7 @@ class Attempt:
     steps: str                  # "9-16"
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Cluster:
     failures: int
     failures_per_node_hour: float
@@ -56,7 +56,7 @@ class Cluster:
     seal_lag_s: Optional[float] = None
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Account:
     nodes: int
     waiting_h: float                  # node-hours waited for nodes (not allocated)

@@ -15,7 +15,8 @@ from . import held, stalls
 from .spans import Allocation, NodeInfo, Segment
 
 # How an allocation's last stretch is labelled when the command outlived its nodes' last record.
-TAIL = {"done": "idle", "stopped": "stop", "failed": "failure", "unhealthy": "gate"}
+TAIL = {"done": "idle", "stopped": "stop", "failed": "failure", "unhealthy": "gate",
+        "cancelled": "idle"}
 
 
 def relabel(segments: list[Segment]) -> list[Segment]:

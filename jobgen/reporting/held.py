@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from ..plumbing import fsio
 from ..plumbing.errors import ConfigError
-from ..plumbing.record import record
 
 FILE = "held.json"
 SMALL = 1 << 16
@@ -21,7 +21,7 @@ SMALL = 1 << 16
 AHEAD_S = 60.0
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Held:
     start: float
     end: Optional[float]        # None: the command has not ended (in progress, or killed)

@@ -4,9 +4,9 @@ ticks of the time and value axes, and each node's own row of the timeline."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..plumbing.record import record
 from .account import LABELS, counted
 from .report import Report
 from .timeline import Allocation, NodeInfo, Segment
@@ -96,7 +96,7 @@ def log_ticks(low: float, high: float) -> list[float]:
     return out
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Row:
     allocation: int
     node: int
@@ -131,8 +131,8 @@ def _own(a: Allocation, n: NodeInfo, segments: list[Segment]) -> list[Segment]:
         out = _paint(out, n.gate[0], n.gate[1], "gate")
         out = _paint(out, n.gate[1], gate_end, "startup")
     if n.ended_at is not None and n.ended_at < a.end - 0.5:
-        kind = "failure" if a.failed_node == n.node or (n.status or 0) not in (0, 143) \
-            else "idle"
+        kind = "failure" if a.ending != "cancelled" and (
+            a.failed_node == n.node or (n.status or 0) not in (0, 143)) else "idle"
         out = _paint(out, n.ended_at, a.end, kind)
     return out
 

@@ -2,18 +2,18 @@
 account and curves, for every output (text, JSON, HTML, PNG)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..plumbing.errors import ConfigError
-from ..plumbing.record import record
 from ..plumbing.render import shell_path
 from .account import Account, account
 from .curves import Curves, read
 from .timeline import Timeline, build
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Report:
     name: str
     timeline: Timeline
@@ -21,9 +21,10 @@ class Report:
     curves: Curves
 
 
-def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
+def locate(ref: Optional[str], run_dir: Optional[Path],
+           say: Optional[Callable[[str], None]] = None) -> tuple[str, Path]:
     """The run's name and folder: --run-dir as given, else the newest recorded run named (or
-    with job id) `ref`."""
+    with job id) `ref` (one found only in another folder said to `say`)."""
     if run_dir is not None:
         if not run_dir.is_dir():
             raise ConfigError(f"--run-dir {run_dir}: no such folder")
@@ -33,7 +34,7 @@ def locate(ref: Optional[str], run_dir: Optional[Path]) -> tuple[str, Path]:
         raise ConfigError("jobgen report: name a recorded run (jobgen runs lists them) or "
                           "give --run-dir")
     from ..runs import ledger as runs
-    found = runs.find(ref)
+    found = runs.find(ref, say)
     if found is None:
         raise ConfigError(f"{ref}: no run of that name or job id in "
                           f"{runs.state_dir() / runs.RECORD}")
@@ -62,8 +63,8 @@ def one_run(folder: Path) -> None:
 
 
 def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
-         now: Optional[float] = None) -> Report:
-    name, folder = locate(ref, run_dir)
+         now: Optional[float] = None, say: Optional[Callable[[str], None]] = None) -> Report:
+    name, folder = locate(ref, run_dir, say)
     curves = read(folder)
     tensorboard = [(p["time"], p["step"]) for p in curves.series if p.get("source") ==
                    "tensorboard"]

@@ -6,14 +6,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from typing import Optional
-
-from ..plumbing.record import record
 
 FIELDS = "JobID,Submit,Start,End,State,NodeList"
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Span:
     """One allocation as the scheduler recorded it (epoch seconds; end None: still running)."""
     submit: Optional[float]

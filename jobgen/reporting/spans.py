@@ -2,16 +2,15 @@
 (built by timeline.py, held to their clocks by bounds.py, read by the account and the pictures)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
-
-from ..plumbing.record import record
 
 # Segment kinds, in the account's order; `gap` lies between allocations.
 KINDS = ("startup", "gate", "compile", "train", "repeat", "checkpoint", "failure", "stop",
          "idle", "gap")
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Segment:
     kind: str
     start: float
@@ -20,7 +19,7 @@ class Segment:
     step: Optional[int] = None
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     node: int
     host: str
@@ -29,7 +28,7 @@ class NodeInfo:
     gate: Optional[tuple[float, float]] = None   # this node's own health gate (start, end)
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Allocation:
     index: int
     job: str
@@ -55,9 +54,11 @@ class Allocation:
     # Its training pass's restarts inside it (torchrun's, job.restarts_in_place): rank 0's starts
     # of the training pass after the first.
     restarts_in_place: int = 0
+    # Save events whose stall_s or write_s lies outside what a save can take (left out).
+    bad_saves: int = 0
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Timeline:
     run_dir: str
     waiting_s: float            # submission to the first allocation (not allocated)

@@ -14,10 +14,11 @@ from typing import Any, Optional, Sequence
 
 from ..plumbing import fsio
 from ..plumbing.errors import ConfigError
+from ..runs.ledger import CANCELLED
 from ..watching.events import parse_lines
 from ..watching.observations import Observation
 from ..watching.readers import ALLOCATION
-from . import bounds, held, sacct
+from . import bounds, held, sacct, saves
 from .spans import KINDS, Allocation, NodeInfo, Segment, Timeline  # noqa: F401 (re-exported)
 
 SMALL = 1 << 16          # a host, a job.status, a health.json: far below this
@@ -159,8 +160,10 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
     # The newest allocation runs on until every node has recorded how its flow ended.
     over = not is_last or (nodes and all(n.ended_at for n in nodes))
     end = span.end if span and span.end else (max(times) if times and over else now)
+    # An entry that names no host left no one out (a hand-edited or cut log): passed over.
     excluded = tuple(str(h["host"]) for h in health
-                     if str(h.get("allocation")) == str(k) and h.get("job") == job)
+                     if str(h.get("allocation")) == str(k) and h.get("job") == job
+                     and isinstance(h.get("host"), str) and h["host"])
     b = _Builder(index, start)
     if gate_times:
         b.to(min(t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)), "startup")
@@ -201,6 +204,8 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
         ending = "done"
     elif "stopped" in kinds or (folder / "time-limit").exists():
         ending = "stopped"
+    elif (folder / CANCELLED).exists():
+        ending = "cancelled"    # Ctrl-C ended the command: a cancel, not a node's failure
     elif failed or state in ("FAILED", "NODE_FAIL") or not is_last:
         ending = "failed"
     else:
@@ -213,37 +218,18 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
         b.to(min(failure_at or end, end), "repeat" if training_at is not None else "startup")
         b.to(end, "failure")
     else:
-        b.to(end, {"done": "idle", "stopped": "stop", "unhealthy": "gate"}.get(ending, "startup"))
+        b.to(end, {"done": "idle", "stopped": "stop", "unhealthy": "gate",
+                   "cancelled": "idle"}.get(ending, "startup"))
     first = failed[0] if ending == "failed" and failed else None
     alloc = Allocation(index, job, start, end, ending, tuple(nodes),
                        first.node if first else None, first.host if first else "", failure_at,
                        excluded, span is not None, resume.step if resume else None,
                        steps[-1].step if steps else None, training_at, load_s,
-                       tuple((o.step, _stat(o.extra.get("stall_s")), _stat(o.extra.get("write_s")))
-                             for o in train_ev if o.kind == "checkpoint" and o.step is not None),
+                       saves.figures(train_ev, end - start),
                        restarts_in_place=max(0, sum(o.kind == "start" for o in train_ev) - 1),
-                       save_waits=_save_waits(train_ev))
+                       save_waits=saves.waits(train_ev, end - start),
+                       bad_saves=saves.bad(train_ev, end - start))
     return alloc, b.segments
-
-
-def _save_waits(events: list[Any]) -> tuple[tuple[int, float], ...]:
-    """Each save's wait for its own write (its event's wait_s), where it is a part of the
-    save's stall as the trainer reports it: above 0 and at most stall_s (anything else is
-    not a wait the loop could have had, and is left out)."""
-    found = []
-    for o in events:
-        if o.kind != "checkpoint" or o.step is None:
-            continue
-        wait, stall = _stat(o.extra.get("wait_s")), _stat(o.extra.get("stall_s"))
-        if wait is not None and stall is not None and 0 < wait <= stall:
-            found.append((o.step, wait))
-    return tuple(found)
-
-
-def _stat(value: Any) -> Optional[float]:
-    """A checkpoint event's figure in seconds, or None (absent, or not a number)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
@@ -270,12 +256,23 @@ def build(run_dir: Path, now: Optional[float] = None, use_sacct: bool = True,
         alloc, segs = _allocation(i, k, job, folder, span, health, now, i == len(folders) - 1,
                                    steps_elsewhere)
         if allocations and alloc.start > allocations[-1].end:
-            segments.append(Segment("gap", allocations[-1].end, alloc.start, i))
+            if allocations[-1].job == job:   # a requeue: its reservation keeps the nodes
+                segments.append(Segment("gap", allocations[-1].end, alloc.start, i))
+            # Between two jobs (two `jobgen run` commands, a resubmit) nothing is held.
         allocations.append(alloc)
         segments += segs
+    bad = sum(a.bad_saves for a in allocations)
+    if bad:
+        notes.append(f"{bad} save event(s) left out of the checkpoint figures: a stall_s or "
+                     "write_s below 0, longer than its allocation, or not a number")
     # Held spans, each segment within its allocation, steps trained again labelled so.
     allocations, segments, more = bounds.apply(run_dir, allocations, segments, now)
     notes += more
+    apart = sum(max(0.0, b.start - a.end) for a, b in zip(allocations, allocations[1:])
+                if a.job != b.job)
+    if apart > 0:
+        notes.append(f"{apart:,.1f} s between the run's jobs (one job's end to the next one's "
+                     "start) held no nodes: not counted as allocated")
     first = by_job.get(folders[0][0]) if folders else None
     waiting = 0.0
     if first and first[0].submit is not None:

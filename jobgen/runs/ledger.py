@@ -11,16 +11,19 @@ import dataclasses
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from ..plumbing import record as _record
 from ..plumbing.errors import ConfigError
 
 RECORD = "runs.jsonl"
+# In RUN_DIR/logs/JOB/: Ctrl-C stopped that job (`jobgen run`), with the step it reached: a
+# cancel, which `status`, `report` and `watch` tell apart from a node's failure.
+CANCELLED = "cancelled.json"
 
 
-@_record.record
+@dataclass(frozen=True, slots=True)
 class Run:
     name: str                  # the run name (the run folder's name; reruns of it resume)
     backend: str               # a backend's name (jobgen.backends.names())
@@ -137,27 +140,32 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def find(ref: str) -> Optional[Run]:
+def find(ref: str, say: Optional[Callable[[str], None]] = None) -> Optional[Run]:
     """The submission named `ref` (its newest), or the one with job id `ref`; None if neither.
-    A name means the run in this folder (or the default site's work_dir) first; where the runs
-    of that name are in several other folders, it is refused, naming them."""
+    A name (or a job id) means the run in this folder (or the default site's work_dir) first;
+    where the runs it names are in several other folders, it is refused, naming them. A run
+    found only in another folder is said to `say`, in one line, before it is used."""
     runs = load()
     named = [run for run in runs if run.name == ref]
-    if named:
-        folders = list(dict.fromkeys(run.run_dir for run in reversed(named)))
-        if len(folders) == 1:
-            return named[-1]
-        roots = _roots()
-        here = [folder for folder in folders if _under(folder, roots)]
-        if len(here) == 1:
-            return [run for run in named if run.run_dir == here[0]][-1]
-        from ..plumbing.errors import printable
-        shown = ", ".join(printable(f) for f in (here or folders)[:5])
-        more = f" and {len(here or folders) - 5} more" if len(here or folders) > 5 else ""
-        raise ConfigError(f"{printable(ref)}: runs of that name are in {len(here or folders)} "
-                          f"folders ({shown}{more}); run the command from the folder of the "
-                          "one you mean, or name it by its job id (`jobgen runs` lists them)")
-    for run in reversed(runs):
-        if ref == run.job_id or ref in run.jobs:
-            return run
-    return None
+    what = "runs of that name"
+    if not named:   # a job id: two `jobgen run`s in two folders can share one
+        named = [run for run in runs if ref == run.job_id or ref in run.jobs]
+        what = "runs with that job id"
+    if not named:
+        return None
+    from ..plumbing.errors import printable
+    folders = list(dict.fromkeys(run.run_dir for run in reversed(named)))
+    roots = _roots()
+    here = [folder for folder in folders if _under(folder, roots)]
+    if len(here) == 1 or len(folders) == 1:
+        chosen = here[0] if here else folders[0]
+        if not here and say is not None:
+            say(f"note: {printable(ref)}: the run in {printable(chosen)}, the only one "
+                f"recorded, is not under this folder ({printable(roots[0])})")
+        return [run for run in named if run.run_dir == chosen][-1]
+    shown = ", ".join(printable(f) for f in (here or folders)[:5])
+    more = f" and {len(here or folders) - 5} more" if len(here or folders) > 5 else ""
+    raise ConfigError(f"{printable(ref)}: {what} are in {len(here or folders)} folders "
+                      f"({shown}{more}); run the command from the folder of the one you mean"
+                      + (", or name it by its job id" if what.endswith("name") else "")
+                      + " (`jobgen runs` lists them)")

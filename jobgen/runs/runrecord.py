@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from ..backends.slurm.request import SLURM_OPTIONS
 from ..inputs import schema
 from ..inputs.recipe import Recipe
 from ..job.spec import JobSpec
@@ -106,7 +105,7 @@ SUBMISSION_KEYS: dict[str, Any] = {
     "backend": str, "recipe": str, "recipe_text": str, "site": str, "site_shown": str,
     "site_text": str, "overrides": list, "nodes": int, "compile_mode": str, "smoke": bool,
     "slurm": dict, "training": dict, "payload_digest": str, "jobgen": str, "job_ids": list,
-    "cwd": str}
+    "cwd": str, "spec": dict}
 
 
 def _malformed(data: Any) -> Optional[str]:
@@ -178,15 +177,21 @@ def submission(spec: JobSpec, *, backend: str, overrides: Sequence[str], site_re
         "nodes": spec.nodes,
         "compile_mode": spec.compile_mode,
         "smoke": spec.smoke,
-        "slurm": {**{option: getattr(spec.slurm, key) for option, key in SLURM_OPTIONS.items()
-                     if getattr(spec.slurm, key) is not None},
-                  "sbatch_opt": [f"{k}={v}" if v else k for k, v in spec.slurm.extra]},
+        # The scheduler's options by flag (kept as "slurm": the records' own key since FORMAT 1).
+        "slurm": _recorded_options(spec),
         "amend": amend,
         "resubmit": resubmit,
         "training": training(spec),
         "spec": spec.as_dict(),
         "job_ids": [],
     }
+
+
+def _recorded_options(spec: JobSpec) -> dict[str, Any]:
+    """What a resubmission hands back as the per-job options: the backend's table's."""
+    from .. import backends
+    table = backends.job_options(spec.backend)
+    return table.recorded(spec.options) if table else {"sbatch_opt": []}
 
 
 def admit(spec: JobSpec, new: dict[str, Any], here: bool, amend: bool) -> Optional[dict]:
@@ -283,7 +288,7 @@ def recorded_spec(data: dict[str, Any], folder: Path) -> tuple[JobSpec, Path, Pa
     site_shown = last["site"] if "/" in last["site"] else f"env/sites/{last['site_shown']}.yaml"
     spec = payloads.resolved(rec, source, sites.load_file(site_file, site_shown), last["nodes"],
                    backend=backend, compile_mode=last["compile_mode"],  # type: ignore[arg-type]
-                   smoke=last["smoke"], run_name=data["run"], slurm=last["slurm"],
+                   smoke=last["smoke"], run_name=data["run"], options=last["slurm"],
                    payload_digest=last["payload_digest"])
     changed = differences(last["training"], training(spec))
     if changed:

@@ -4,8 +4,8 @@
   allocation (``RUN_DIR/logs/JOB/restart-N/node-K/train.log``, ``attempt-N`` on Batch), every
   node's ``beat`` (the node starts a step) in its own log; ``RUN_DIR/train/metrics.jsonl`` (the
   same events, the NxD and BERT programs' metrics file) where there are no node logs;
-- TensorBoard event files (NeMo's Lightning logger under ``RUN_DIR/nemo``; any other trainer's),
-  where the run writes no JSON events;
+- TensorBoard event files, through the tensorboard package's own reader (jobgen/watching/
+  tbevents.py), only where the run writes no JSON events (a run jobgen did not start);
 - the per-node logs themselves: when each last grew, and how each node's pass ended.
 
 An event line becomes an Observation in events.py.
@@ -27,10 +27,11 @@ from .events import parse_lines, same_allocation
 from .observations import Observation
 from .runfolder import event_files
 from .runfolder import mtime as _mtime
-from .tfrecord import EventFile, read_from
+from .tbevents import EventFile
 
 ALLOCATION = re.compile(r"^(restart|attempt)-([0-9]{1,9})$")   # ASCII digits (not -²)
 MAX_LINE = fsio.MAX_LINE
+CHUNK = 16 << 20   # read of a growing file per call: memory stays bounded, the rest comes next
 # TensorBoard tags, first match wins: NeMo's (neuronx-nemo-megatron logs these names), then the
 # ``train/<key>`` form jobgen's payloads write, then common spellings.
 TAGS = {
@@ -41,6 +42,15 @@ TAGS = {
     "consumed": ("consumed_samples", "train/consumed_samples"),
     "samples_per_s": ("throughput", "train/samples_per_s", "samples_per_s"),
 }
+
+
+def read_from(path: Path, offset: int) -> bytes:
+    """What a growing regular file holds from `offset` on, at most CHUNK bytes (nothing when it
+    cannot be read now, or is not a regular file: a FIFO or device is never waited on)."""
+    try:
+        return fsio.read_bytes(path, CHUNK, offset=offset, partial=True)
+    except (OSError, JobgenError):
+        return b""
 
 
 class LineReader:

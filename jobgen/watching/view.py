@@ -44,8 +44,12 @@ def summary_lines(summary: Any) -> list[str]:
              f"{summary.allocations} allocation(s), "
              f"{getattr(summary, 'restarts_in_place', 0)} restart(s) in place, "
              f"{summary.steps_lost} step(s) trained again after restarts"]
+    ended = getattr(summary, "ended", "")
+    if ended:
+        lines.append(f"  {ended}")
     if not summary.alerts:
-        lines.append("  no alerts" if summary.steps_read else
+        lines.append(("  no alerts" if not getattr(summary, "failed", False) else
+                      "  no alerts before it") if summary.steps_read else
                      "  nothing to judge: not one training step was read")
     kinds: dict[str, list[Alert]] = {}
     for alert in summary.alerts:

@@ -119,6 +119,10 @@ class Watch:
         s.restarts_in_place = self.detectors.restarts_in_place
         s.last_step = self.status.step
         s.notes = list(self.reader.notes) + self.reader.skipped_notes()
+        if self.controller is None:   # a recording: how it ended is in its nodes' files
+            from .ending import ended
+            line, s.failed = ended(self.reader, s.last_step)
+            s.ended = line or ""
         self.view.summary(s)
         return s
 

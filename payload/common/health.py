@@ -98,6 +98,8 @@ def node() -> int:
     result = {"node": rank, "host": report.host, "ok": not report.failures,
               "failures": report.failures, "passed": report.passed, "notes": report.notes,
               "skipped": spec.get("skipped", []), "seconds": round(seconds, 2)}
+    if env.get("JOBGEN_ATTEMPT"):   # the attempt a service told the node (EKS: JobSet's label)
+        result["attempt"] = env["JOBGEN_ATTEMPT"]
     folder = node_dir(log_dir, rank)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".health.json.{os.getpid()}"
@@ -115,12 +117,18 @@ def node() -> int:
 
 
 def reports(log_dir: Path, nodes: int) -> List[Optional[Dict[str, Any]]]:
+    """Each node's report of this attempt (None: none yet). Where the service names the attempt
+    (JOBGEN_ATTEMPT), a report of another one is not this attempt's."""
+    attempt = os.environ.get("JOBGEN_ATTEMPT")
     out: List[Optional[Dict[str, Any]]] = []
     for rank in range(nodes):
         try:
-            out.append(json.loads((node_dir(log_dir, rank) / "health.json").read_text()))
+            found = json.loads((node_dir(log_dir, rank) / "health.json").read_text())
         except (OSError, ValueError):
-            out.append(None)
+            found = None
+        if attempt and isinstance(found, dict) and found.get("attempt") != attempt:
+            found = None
+        out.append(found)
     return out
 
 
@@ -160,8 +168,14 @@ def judge(found: List[Optional[Dict[str, Any]]], requeues: Optional[int],
         if os.environ.get("JOBGEN_IS_MAIN", "1") != "1":
             return CONFIG
         record(failed, "stopped: every node failed alike")
-        say(f"health: every node failed {', '.join(next(iter(checks)))} - a setting, not a node: "
-            "fix the site's health section (jobgen show lists it) or set job.health_gate: false")
+        alike = next(iter(checks))
+        # No node has the accelerators: machines of another kind (turning the gate off would
+        # only move the failure into the compile pass).
+        advice = ("these machines have none of the job's accelerators: run it on the "
+                  "platform's instances (`jobgen run --smoke` rehearses it on CPU)"
+                  if "devices" in alike else "fix the site's health section (jobgen show lists "
+                  "it) or set job.health_gate: false")
+        say(f"health: every node failed {', '.join(alike)} - a setting, not a node: {advice}")
         return CONFIG
     hosts = ",".join(sorted({f["host"] for f in failed}))
     spares = int(os.environ.get("JOBGEN_SPARE_NODES") or 0)

@@ -163,7 +163,10 @@ node_launch() {
     # The workers meet in a store of their own each round (on a free port of the main node), not
     # in the agents' store under a prefix named by each node's own restart count: a node
     # restarted for its peer's failure does not count it, and its new workers would read the
-    # previous round's addresses there and wait for workers that are gone (torch 2.4+ shares it).
+    # previous round's addresses there and wait for workers that are gone (pytorch#135712).
+    # torch 2.5.0 first shares the agents' store (pytorch#128096), and this variable opts out;
+    # 2.1.2, 2.2.2 and 2.4.1 (the shipped images) never share it and ignore the variable. It is
+    # for the CPU rehearsals' torch and any image on 2.5 or later.
     export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     # How often each agent looks at its workers and at peers waiting for a new round: torch
     # 2.4+'s default, 0.1 s. Older torchrun (2.1.2, the Neuron image's) waits 5 s, twice per

@@ -46,7 +46,7 @@ def mlm_labels(seq_length: int, positions: np.ndarray, ids: np.ndarray) -> np.nd
     return labels
 
 
-def _check_shard(path: Path, seq_length: int, max_predictions: int) -> int:
+def check_shard(path: Path, seq_length: int, max_predictions: int) -> int:
     """Validate one shard's layout and return its sample count."""
     try:
         with h5py.File(path, "r") as shard:
@@ -75,7 +75,7 @@ class ShardedSamples:
         self.files = files
         self.seq_length = seq_length
         self.seed = seed
-        self.counts = [_check_shard(p, seq_length, max_predictions) for p in files]
+        self.counts = [check_shard(p, seq_length, max_predictions) for p in files]
         self.total = sum(self.counts)
         if self.total == 0:
             raise PayloadError("the training shards hold no samples")

@@ -57,21 +57,19 @@ if [ "$pass" = train ] && [ "$rank" = 0 ]; then
     "$JOBGEN_RUN_DIR/train/metrics.jsonl" "${JOBGEN_LOG_DIR:?}/node-$rank/train.log" "$@" &
   relay=$!
 fi
-# Nodes that share no disk (SageMaker: JOBGEN_SHARED_FS=0), NeMo told an index folder: NeMo's
-# script runs under per_node_indices.py, so that each node has the dataset's index files, linked
-# from beside the data or built by its own local rank 0 (payload/common/node_indices.py).
+# Nodes that share no disk (SageMaker: JOBGEN_SHARED_FS=0): NeMo's script runs under
+# per_node_indices.py, so that each node has the dataset's index files where NeMo is told an
+# index folder (linked from beside the data or built by its own local rank 0:
+# payload/common/node_indices.py), and each node deletes its own tensor files of a checkpoint
+# NeMo prunes: those written on it since this moment (JOBGEN_PASS_SINCE_NS).
 conf=${JOBGEN_WORKDIR:?}/conf
 head=()
 if [ "${JOBGEN_SHARED_FS:-}" = 0 ] && [ -f "$JOBGEN_WORKDIR/${JOBGEN_PROGRAM:?}" ]; then
-  for arg in "$@"; do
-    case $arg in
-      model.data.index_mapping_dir=null) ;;
-      model.data.index_mapping_dir=*) head=("$JOBGEN_WORKDIR/$JOBGEN_PROGRAM") ;;
-    esac
-  done
-  if [ ${#head[@]} -gt 0 ]; then
-    JOBGEN_WORKDIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) JOBGEN_PROGRAM=per_node_indices.py
-  fi
+  JOBGEN_PASS_SINCE_NS=$(python3 -c 'import time; print(time.time_ns())') \
+    || exit "$JOBGEN_CONFIG_ERROR"
+  export JOBGEN_PASS_SINCE_NS
+  head=("$JOBGEN_WORKDIR/$JOBGEN_PROGRAM")
+  JOBGEN_WORKDIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) JOBGEN_PROGRAM=per_node_indices.py
 fi
 node_launch "$pass" ${head[@]+"${head[@]}"} "--config-path=$conf" "$@" ${resume[@]+"${resume[@]}"}
 status=$?

@@ -30,6 +30,8 @@ from (``NLPDDPStrategy.remove_checkpoint``). So here, before the trainer starts,
 the newest ``keep - 1`` complete checkpoints is removed (incomplete ones, older ones, a ``-last``
 copy of a kept step), and the launcher gives the callback a top k of ``keep - 1``: with the held
 resumed one that is ``keep`` complete checkpoints at most, plus the one being written.
+Tensor folders whose ``.ckpt`` is gone (another node's xser share of a checkpoint data-parallel
+rank 0 deleted, restored from S3) go too, up to the resumed step (``orphans``).
 """
 from __future__ import annotations
 
@@ -239,6 +241,23 @@ def remove(root: Path, unit: Unit) -> None:
             path.unlink(missing_ok=True)
 
 
+def orphans(root: Path, below: int) -> list[Path]:
+    """Tensor folders (``<name>.ckpt.tensors``, the model's or a ZeRO-1 optimizer file's) whose
+    ``.ckpt`` is gone, of a step at most ``below``. xser's data-parallel ranks write them beside
+    the file only data-parallel rank 0 writes and deletes: where the nodes keep their own disks
+    (SageMaker), another node's share outlives the checkpoint. A step after ``below`` is left:
+    training from the resumed step saves it again, into the same names."""
+    found = []
+    for folder in [root, *sorted(p for p in root.glob("*") if RANK.match(p.name))]:
+        for tensors in [*folder.glob("*.ckpt.tensors"),
+                        *folder.glob("optim/dp_rank_*/*.ckpt.tensors")]:
+            step = STEP.search(tensors.name)
+            if (tensors.is_dir() and step and int(step.group(1)) <= below
+                    and not tensors.with_name(tensors.name[:-len(".tensors")]).exists()):
+                found.append(tensors)
+    return sorted(found)
+
+
 def plan(root: Path, layout: Layout, hold: int) -> tuple[list[Unit], list[Unit]]:
     """The newest ``hold`` complete checkpoints of distinct steps (newest first), and the rest."""
     kept: list[Unit] = []
@@ -272,6 +291,10 @@ def main(argv: list[str]) -> int:
             print(f"resume.py: removing {unit.name} (not among the newest {len(kept) or 'no'} "
                   "complete checkpoints kept)", file=sys.stderr)
             remove(root, unit)
+        for folder in orphans(root, kept[0].step if kept else -1):
+            print(f"resume.py: removing {folder.relative_to(root)} (its checkpoint file is gone)",
+                  file=sys.stderr)
+            shutil.rmtree(folder, ignore_errors=True)
     if kept:
         print(root / kept[0].name)
     return 0

@@ -15,6 +15,9 @@ DECLARATION = Declaration(
     container=True,
     local_cache_step=False,
     shared_fs=False,     # unless the site's work_dir is on batch.shared_volume (run_folder_shared)
+    shared_fs_by_site=True,
+    spares="a multi-node job's numNodes all run the training group and the main node's exit "
+           "ends it, so a lost node ends the attempt and the retry strategy starts a new one",
     # A terminate or a time-out stops each node's container with SIGTERM, then SIGKILL 30 s later
     # (Batch's "Job timeouts"; the ECS agent's ECS_CONTAINER_STOP_TIMEOUT, which the job
     # definition cannot set); the entrypoint's flow turns the SIGTERM into the trainers' stop

@@ -20,6 +20,7 @@ from .definition import (  # noqa: F401  (re-exported: the health gate asks the 
     definition_name,
     efa_interfaces,
     job_definition,
+    run_folder_shared,
 )
 
 
@@ -27,6 +28,11 @@ def node_site(site: Site) -> Site:
     """The site as a Batch node sees it: the same paths (the shared file system is mounted
     where the site says)."""
     return site
+
+
+def shares_run_folder(site: Site) -> bool:
+    """Whether the nodes share the run folder: work_dir on batch.shared_volume."""
+    return run_folder_shared(site)
 
 
 def plan(spec: JobSpec) -> Plan:

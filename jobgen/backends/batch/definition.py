@@ -8,6 +8,7 @@ in the AWS_BATCH_* variables, and the main node's exit status ends the job.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import re
@@ -18,7 +19,6 @@ from ...images import catalog as images
 from ...inputs.site import Site
 from ...job.spec import JobSpec
 from ...payloads import node
-from ...plumbing.cache import sha256
 from ...plumbing.errors import ConfigError
 
 # The main node's status when its watch found a child node lost (env/containers/entrypoint.sh,
@@ -204,7 +204,7 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
     }
     # The content hash covers everything above, so an unchanged definition is never registered
     # twice (`jobgen batch submit` looks for an ACTIVE revision carrying this tag).
-    digest = sha256(json.dumps(jd, sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps(jd, sort_keys=True).encode()).hexdigest()[:16]
     jd["tags"]["jobgen:hash"] = digest
     from .rules import validate
     validate(jd, f"job definition for {spec.source}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Optional
+from typing import Any
 
 from ...plumbing.errors import ConfigError
 
@@ -130,35 +130,11 @@ def multinode_errors(jd: dict[str, Any]) -> None:
             raise ConfigError(f"retryStrategy.evaluateOnExit[{i}].action: must be RETRY or EXIT")
 
 
-def _accepted_entry(jd: dict[str, Any]) -> Optional[str]:
-    """Where the cache (jobgen/plumbing/cache.py) notes that botocore accepted exactly this
-    definition: keyed by the definition and the installed botocore (its package file's size and
-    time), so an upgraded botocore checks again. None where there is no private cache or no
-    botocore."""
-    import json
-    import os
-
-    from ...plumbing import cache
-    folder = cache.folder("accepted")
-    botocore = cache.stamp("botocore")
-    if folder is None or botocore is None:
-        return None
-    key = json.dumps([botocore, jd], sort_keys=True)
-    return os.path.join(folder, cache.sha256(key.encode()).hexdigest())
-
-
 def validate(jd: dict[str, Any], where: str) -> None:
-    """botocore first (shape), then the multi-node rules (meaning). botocore's verdict on a
-    definition it accepted before is remembered (loading its Batch model is most of a Batch
-    render's time); the multi-node rules always run."""
-    from ...plumbing import cache
-    entry = _accepted_entry(jd)
-    if entry is None or cache.read(entry) != b"accepted":
-        problems = botocore_errors(jd)
-        if problems:
-            raise ConfigError(f"{where}: {problems[0]}")
-        if entry is not None:
-            cache.write(entry, b"accepted")
+    """botocore first (shape), then the multi-node rules (meaning)."""
+    problems = botocore_errors(jd)
+    if problems:
+        raise ConfigError(f"{where}: {problems[0]}")
     try:
         multinode_errors(jd)
     except ConfigError as exc:

@@ -1,17 +1,20 @@
-"""The Amazon EKS backend: a JobSet, an Indexed Job with its headless Service, or a Kubeflow
-PyTorchJob (backend.py), its pods emulated on this machine (rehearsal.py, with JobSet's engine:
-engine.py), and what `jobgen watch` does to an EKS job (watch.py: its pods' logs)."""
+"""The Amazon EKS backend: a JobSet (backend.py), its pods emulated on this machine (rehearsal.py,
+with JobSet's engine: engine.py), and what `jobgen watch` does to an EKS job (watch.py: its
+pods' logs)."""
 from __future__ import annotations
 
 from .. import Declaration, State
 
 DECLARATION = Declaration(
     name="eks",
-    summary="Kubernetes manifests for Amazon EKS (a JobSet, an Indexed Job or a PyTorchJob)",
+    summary="Kubernetes manifests for Amazon EKS (a JobSet)",
     site_section="eks", site_section_holds="namespace, images, FSx claim",
     site_example="sagemaker",
     container=True,
     setup_on_main=True,   # where the pods share the claim (eks.shared_pvc)
+    shared_fs_by_site=True,
+    spares="the gang is exactly --nodes pods (a JobSet); a lost pod "
+           "restarts the gang, whose pods are scheduled again onto free nodes",
     rehearses=True,
     # At the Job's activeDeadlineSeconds (or a drain) each pod gets SIGTERM, then SIGKILL after
     # the pod's terminationGracePeriodSeconds (rendered from this; Kubernetes' default, 30 s, is
@@ -24,7 +27,7 @@ DECLARATION = Declaration(
     health_on_failure=(
         "the job fails at once (its pod failure policy, and JobSet's, on exit 75), naming the "
         "node and the check"),
-    # The state jobgen reads off the JobSet's (Job's, PyTorchJob's) conditions and active pods.
+    # The state jobgen reads off the JobSet's conditions and its pods.
     states={"PENDING": State.PENDING, "RUNNING": State.RUNNING,
             "COMPLETE": State.COMPLETED, "FAILED": State.FAILED},
 )

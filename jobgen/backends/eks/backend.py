@@ -1,7 +1,6 @@
-"""The EKS backend: the manifests (manifests.py) handed to the cluster with the official
-Kubernetes client, and the job once submitted: status, logs, cancel of the object that was
-submitted (a JobSet, an Indexed Job with its Service, or a Kubeflow PyTorchJob). The API client,
-job ids and pods are in cluster.py."""
+"""The EKS backend: the JobSet (manifests.py) handed to the cluster with the official Kubernetes
+client, and the job once submitted: status, logs, cancel. The API client, job ids and pods are in
+cluster.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +35,11 @@ def node_site(site: Site) -> Site:
         site.paths, local_compile_cache=section.local_cache_host_path))
 
 
+def shares_run_folder(site: Site) -> bool:
+    """Whether the pods share the run folder: the site names the FSx claim (eks.shared_pvc)."""
+    return bool(site.eks and site.eks.shared_pvc)
+
+
 def plan(spec: JobSpec) -> Plan:
     docs = manifests(spec)
     try:
@@ -65,26 +69,14 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     if options.chain:
         raise ConfigError("--chain is for Slurm (the pods run both passes)")
     prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
-    docs = manifests(spec)
+    (doc,) = manifests(spec)
     api = cluster.api_client(spec.site)
-    ns = docs[0]["metadata"]["namespace"]
-    for doc in docs:
-        if doc["kind"] == "Service":
-            cluster.call(kubernetes.client.CoreV1Api(api).create_namespaced_service, ns, doc)
-        elif doc["kind"] == "Job":
-            cluster.call(kubernetes.client.BatchV1Api(api).create_namespaced_job, ns, doc)
-        elif doc["kind"] == "JobSet":
-            _jobset_installed(kubernetes, api)
-            cluster.call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
-                         *cluster.JOBSET, ns, jobsets.PLURAL, doc)
-        else:
-            cluster.call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
-                         "kubeflow.org", "v1", ns, "pytorchjobs", doc)
-    name = docs[-1]["metadata"]["name"]
-    job_id = {"Job": name, "JobSet": f"{cluster.JOBSET_PREFIX}{name}"}.get(
-        docs[-1]["kind"], f"{cluster.OPERATOR_PREFIX}{name}")
-    return Submitted((job_id,), (f"created {' and '.join(d['kind'] for d in docs)} {name} in "
-                                 f"namespace {ns}",))
+    ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
+    _jobset_installed(kubernetes, api)
+    cluster.call(kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object,
+                 *cluster.JOBSET, ns, jobsets.PLURAL, doc)
+    return Submitted((f"{cluster.JOBSET_PREFIX}{name}",),
+                     (f"created JobSet {name} in namespace {ns}",))
 
 
 def _jobset_installed(kubernetes: Any, api: Any) -> None:
@@ -97,9 +89,8 @@ def _jobset_installed(kubernetes: Any, api: Any) -> None:
         text = answer.data.decode("utf-8", "replace")
     except kubernetes.client.ApiException as exc:
         if exc.status == 404:
-            raise RemoteError(f"the cluster has no JobSet ({jobsets.CRD_NAME}), which the site's "
-                              f"eks.gang: jobset needs: install JobSet {jobsets.OLDEST} or later, "
-                              "or set eks.gang") from None
+            raise RemoteError(f"the cluster has no JobSet ({jobsets.CRD_NAME}), which jobgen's EKS "
+                              f"jobs are: install it: {jobsets.INSTALL}") from None
         _say_once(f"note: cannot read the CRD {jobsets.CRD_NAME} ({exc.status} {exc.reason}): "
                   f"not checked that JobSet is {jobsets.OLDEST} or later")
         return
@@ -108,55 +99,29 @@ def _jobset_installed(kubernetes: Any, api: Any) -> None:
     if jobsets.CRD_FIELD not in text:
         raise RemoteError(f"the cluster's JobSet is older than {jobsets.OLDEST} (its CRD has no "
                           f"{jobsets.CRD_FIELD}): a restart could not tell a drain from exit 78; "
-                          f"upgrade JobSet, or set eks.gang")
+                          f"upgrade it: {jobsets.INSTALL}")
 
 
 def status(ref: JobRef) -> JobStatus:
     kubernetes = cluster.kube()
     site, api = cluster.where(ref)
     ns = site.eks.namespace
-    kind, name = cluster.kind_of(ref.job_id)
+    name = cluster.name_of(ref.job_id)
     pods = {cluster.index(p): p.status.phase for p in cluster.pods(api, ns, name)}
-    if kind == "PyTorchJob":
-        job = cluster.call(
-            kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
-            *cluster.KUBEFLOW, ns, "pytorchjobs", name)
-        st = job.get("status") or {}
-        conditions = [c.get("type") for c in st.get("conditions") or []
-                      if c.get("status") == "True"]
-        replicas = (st.get("replicaStatuses") or {}).values()
-        active = sum(r.get("active", 0) for r in replicas)
-        succeeded = sum(r.get("succeeded", 0) for r in replicas)
-        failed = sum(r.get("failed", 0) for r in replicas)
-        state = ("Complete" if "Succeeded" in conditions else "Failed" if "Failed" in conditions
-                 else "Running" if "Running" in conditions or active else "Pending")
-    elif kind == "JobSet":
-        job = cluster.call(
-            kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
-            *cluster.JOBSET, ns, jobsets.PLURAL, name)
-        st = job.get("status") or {}
-        conditions = [c.get("type") for c in st.get("conditions") or []
-                      if c.get("status") == "True"]
-        # Its status counts child Jobs: the pods' counts are read off the pods themselves.
-        phases = list(pods.values())
-        active = sum(phase in ("Running", "Pending") for phase in phases)
-        succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
-        state = ("Complete" if "Completed" in conditions else "Failed" if "Failed" in conditions
-                 else "Running" if "Running" in phases else "Pending")
-        return job_status("eks", ref.job_id, state, kind=kind, active=active,
-                          succeeded=succeeded, failed=failed,
-                          restarts=st.get("restarts", 0),
-                          counted_restarts=st.get("restartsCountTowardsMax", 0),
-                          pods={str(k): v for k, v in sorted(pods.items())})
-    else:
-        st = cluster.call(kubernetes.client.BatchV1Api(api).read_namespaced_job_status, name,
-                          ns).status
-        conditions = [c.type for c in (st.conditions or []) if c.status == "True"]
-        active, succeeded, failed = st.active or 0, st.succeeded or 0, st.failed or 0
-        state = ("Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions
-                 else "Running" if active else "Pending")
-    return job_status("eks", ref.job_id, state, kind=kind, active=active,
-                      succeeded=succeeded, failed=failed,
+    job = cluster.call(
+        kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object_status,
+        *cluster.JOBSET, ns, jobsets.PLURAL, name)
+    st = job.get("status") or {}
+    conditions = [c.get("type") for c in st.get("conditions") or [] if c.get("status") == "True"]
+    # Its status counts child Jobs: the pods' counts are read off the pods themselves.
+    phases = list(pods.values())
+    active = sum(phase in ("Running", "Pending") for phase in phases)
+    state = ("Complete" if "Completed" in conditions else "Failed" if "Failed" in conditions
+             else "Running" if "Running" in phases else "Pending")
+    return job_status("eks", ref.job_id, state, kind="JobSet", active=active,
+                      succeeded=phases.count("Succeeded"), failed=phases.count("Failed"),
+                      restarts=st.get("restarts", 0),
+                      counted_restarts=st.get("restartsCountTowardsMax", 0),
                       pods={str(k): v for k, v in sorted(pods.items())})
 
 
@@ -165,9 +130,9 @@ def status_lines(ref: JobRef) -> list[str]:
     d = s.detail
     lines = [f"{s.job_id}: {s.native} (active {d['active']}, succeeded {d['succeeded']}, "
              f"failed pods {d['failed']})"]
-    if "restarts" in d:   # a JobSet: disruptions restart it without counting
-        lines.append(f"  restarts: {d['restarts']} ({d['counted_restarts']} counted against "
-                     "job.max_restarts)")
+    # Disruptions restart it without counting (up to the site's eks.max_disruptions).
+    lines.append(f"  restarts: {d['restarts']} ({d['counted_restarts']} counted against "
+                 "job.max_restarts)")
     lines += [f"  node {k}: {v}" for k, v in d["pods"].items()]
     return lines
 
@@ -190,7 +155,7 @@ def logs(ref: JobRef, node_index: Optional[int], follow: bool, echo: Echo) -> No
     site, api = cluster.where(ref)
     ns = site.eks.namespace
     want = node_index or 0
-    pods = [p for p in cluster.pods(api, ns, cluster.kind_of(ref.job_id)[1])
+    pods = [p for p in cluster.pods(api, ns, cluster.name_of(ref.job_id))
             if cluster.index(p) == want]
     if not pods:
         raise RemoteError(f"job {ref.job_id}: no pod for node {want} in namespace {ns}")
@@ -209,21 +174,11 @@ def cancel(ref: JobRef) -> str:
     site, api = cluster.where(ref)
     ns = site.eks.namespace
     body = kubernetes.client.V1DeleteOptions(propagation_policy="Foreground")
-    kind, name = cluster.kind_of(ref.job_id)
-    if kind == "PyTorchJob":   # the operator deletes its pods and services with it
-        cluster.call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
-                     *cluster.KUBEFLOW, ns, "pytorchjobs", name, body=body)
-        return f"deleted PyTorchJob {name} (and its pods) in namespace {ns}"
-    if kind == "JobSet":   # its child Jobs, their pods and its Service go with it
-        cluster.call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
-                     *cluster.JOBSET, ns, jobsets.PLURAL, name, body=body)
-        return f"deleted JobSet {name} (its Jobs, pods and Service) in namespace {ns}"
-    cluster.call(kubernetes.client.BatchV1Api(api).delete_namespaced_job, name, ns, body=body)
-    try:
-        cluster.call(kubernetes.client.CoreV1Api(api).delete_namespaced_service, name, ns)
-    except RemoteError as exc:   # deleted by hand already: the job is what mattered
-        return f"deleted Job {name} (and its pods) in namespace {ns}; its Service: {exc}"
-    return f"deleted Job {name} and its Service (and its pods) in namespace {ns}"
+    name = cluster.name_of(ref.job_id)
+    # Its child Jobs, their pods and its Service go with it.
+    cluster.call(kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object,
+                 *cluster.JOBSET, ns, jobsets.PLURAL, name, body=body)
+    return f"deleted JobSet {name} (its Jobs, pods and Service) in namespace {ns}"
 
 
 def checked() -> tuple[list[str], list[str]]:

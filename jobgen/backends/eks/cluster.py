@@ -1,6 +1,6 @@
 """The Kubernetes API as the EKS backend and its watch use it: the client (from the kubeconfig,
-as kubectl reads it), calls whose failures become one line, what a job id names (a JobSet, an
-Indexed Job or a PyTorchJob) and a job's pods with their node index."""
+as kubectl reads it), calls whose failures become one line, the JobSet a job id names and its
+pods with their node index."""
 from __future__ import annotations
 
 import json
@@ -47,22 +47,17 @@ def call(method: Any, *args: Any, **kwargs: Any) -> Any:
         raise RemoteError(f"Kubernetes API: cannot connect: {exc}") from None
 
 
-# A job id names what was submitted: NAME for an Indexed Job (batch/v1), jobsets/NAME for a
-# JobSet, pytorchjobs/NAME for a Kubeflow PyTorchJob, so that status, logs and cancel act on the
-# object that exists.
-OPERATOR_PREFIX = "pytorchjobs/"
+# A job id is jobsets/NAME: the JobSet that was submitted.
 JOBSET_PREFIX = f"{jobsets.PLURAL}/"
-KUBEFLOW = ("kubeflow.org", "v1")
 JOBSET = (jobsets.GROUP, jobsets.VERSION)
 
 
-def kind_of(job_id: str) -> tuple[str, str]:
-    """(kind, object name) of a job id."""
-    if job_id.startswith(OPERATOR_PREFIX):
-        return "PyTorchJob", job_id[len(OPERATOR_PREFIX):]
-    if job_id.startswith(JOBSET_PREFIX):
-        return "JobSet", job_id[len(JOBSET_PREFIX):]
-    return "Job", job_id
+def name_of(job_id: str) -> str:
+    """The JobSet's name in a job id; one line for an id of another form."""
+    if not job_id.startswith(JOBSET_PREFIX):
+        raise ConfigError(f"job id {job_id!r} is not a JobSet's ({JOBSET_PREFIX}NAME): jobgen's "
+                          "EKS jobs are JobSets only (delete another form with kubectl)")
+    return job_id[len(JOBSET_PREFIX):]
 
 
 def where(ref: JobRef) -> tuple[Any, Any]:
@@ -82,13 +77,7 @@ def pods(api: Any, ns: str, name: str) -> list[Any]:
 
 
 def index(pod: Any) -> int:
+    """A pod's node index: its completion index in the child Job (Kubernetes' label)."""
     labels = pod.metadata.labels or {}
-    annotations = pod.metadata.annotations or {}
-    for source in (labels, annotations):
-        for key in ("batch.kubernetes.io/job-completion-index",
-                    "training.kubeflow.org/replica-index"):
-            if key in source:
-                value = int(source[key])
-                role = labels.get("training.kubeflow.org/replica-type", "")
-                return value + 1 if role == "worker" else value
-    return -1
+    value = labels.get("batch.kubernetes.io/job-completion-index")
+    return int(value) if value is not None else -1

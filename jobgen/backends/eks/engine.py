@@ -17,9 +17,11 @@ The decisions follow the sources (written here from their documented behaviour):
     RestartJobSet; RestartJobSet fails the JobSet once the counted restarts reached maxRestarts
     (reason ReachedMaxRestarts), RestartJobSetAndIgnoreMaxRestarts does not count;
   - a restart deletes the child Job: every pod still running gets SIGTERM (its PID 1, as the
-    kubelet sends it) and, after terminationGracePeriodSeconds, SIGKILL; then all pods start
-    again. A drain (`disrupt`) is the Eviction API: the pod gets the DisruptionTarget condition,
-    then the same termination, that pod alone.
+    kubelet sends it) and, after terminationGracePeriodSeconds, SIGKILL; a pod still Pending is
+    deleted without having run; then all pods start again, each labelled with JobSet's restart
+    attempt (status.restarts, counted or not). A drain (`disrupt`) is the Eviction API: the pod
+    gets the DisruptionTarget condition, then the same termination, that pod alone. A deletion
+    (`delete`) is a plain one: no condition, a Pending pod fails without having run.
 """
 from __future__ import annotations
 
@@ -32,13 +34,15 @@ import time
 from typing import Any, Callable, Optional
 
 from ..local.runner import _tree
+from . import jobset as jobsets
 
 
 @dataclasses.dataclass
 class Ended:
-    """A pod that ended: its index, its container's exit code and its conditions."""
+    """A pod that ended: its index, its container's exit code (None: it never ran) and its
+    conditions."""
     index: int
-    exit_code: int
+    exit_code: Optional[int]
     conditions: tuple[str, ...] = ()
 
 
@@ -50,7 +54,7 @@ def pod_failure(policy: Optional[dict[str, Any]], pod: Ended, container: str,
         codes = rule.get("onExitCodes")
         if codes is not None:
             named = codes.get("containerName")
-            if pod.exit_code != 0 and (named is None or named == container) and \
+            if pod.exit_code not in (0, None) and (named is None or named == container) and \
                     (pod.exit_code in codes["values"]) == (codes["operator"] == "In"):
                 what = (f"Container {container} for pod {pod_name} failed with exit code "
                         f"{pod.exit_code}")
@@ -76,11 +80,15 @@ def jobset_rule(policy: dict[str, Any], reason: str, message: str) -> tuple[str,
     return "RestartJobSet", "(default)"
 
 
-class JobSet:
-    """One rendered JobSet run by the emulated engine: `start(index)` starts pod `index` of a new
-    attempt (a process in a session of its own) and returns it."""
+Start = Callable[[int, dict[str, str]], Optional[subprocess.Popen]]
 
-    def __init__(self, doc: dict[str, Any], start: Callable[[int], subprocess.Popen],
+
+class JobSet:
+    """One rendered JobSet run by the emulated engine: `start(index, labels)` starts pod `index`
+    of a new attempt with the labels JobSet gives it (a process in a session of its own) and
+    returns it, or None for a pod left Pending (not scheduled)."""
+
+    def __init__(self, doc: dict[str, Any], start: Start,
                  say: Callable[[str], None] = print, grace_s: Optional[float] = None) -> None:
         assert doc["kind"] == "JobSet" and len(doc["spec"]["replicatedJobs"]) == 1
         self.doc, self.start, self.say = doc, start, say
@@ -97,6 +105,8 @@ class JobSet:
         self.counted = 0             # status.restartsCountTowardsMax
         self.history: list[str] = []  # one line per child Job failure: reason, rule, action
         self.pods: dict[int, subprocess.Popen] = {}
+        self.pending: set[int] = set()            # pods not scheduled: no process
+        self.deleted: set[int] = set()            # Pending pods deleted: failed, never ran
         self.conditions: dict[int, tuple[str, ...]] = {}
         self.trees: dict[int, list[int]] = {}     # each pod's processes, last seen
         self.kill_at: dict[int, float] = {}       # deleted pods: when SIGKILL comes
@@ -105,8 +115,21 @@ class JobSet:
     def _pod_name(self, index: int) -> str:
         return f"{self.namespace}/{self.job_name}-{index}-r{self.restarts}"
 
+    def labels(self) -> dict[str, str]:
+        """A pod's labels as JobSet's controller writes them: the template's and its attempt."""
+        labels = dict((self.job["template"].get("metadata") or {}).get("labels") or {})
+        labels[jobsets.RESTART_ATTEMPT] = str(self.restarts)
+        return labels
+
     def _start(self, index: int) -> None:
-        self.pods[index] = self.start(index)
+        proc = self.start(index, self.labels())
+        self.pods.pop(index, None)
+        self.pending.discard(index)
+        self.deleted.discard(index)
+        if proc is None:
+            self.pending.add(index)
+        else:
+            self.pods[index] = proc
         self.conditions[index] = ()
         self.trees[index] = []
         self.kill_at.pop(index, None)
@@ -117,6 +140,8 @@ class JobSet:
 
     def _signal(self, index: int, why: str) -> None:
         """What deleting a pod does: SIGTERM to its PID 1, SIGKILL after the grace period."""
+        if index not in self.pods:   # Pending: nothing runs
+            return
         self.trees[index] = _tree(self.pods[index].pid)
         if self.pods[index].poll() is None:
             self.signals.append(f"pod {index}: SIGTERM ({why})")
@@ -143,6 +168,16 @@ class JobSet:
         self.say(f"engine: evicting pod {index} (condition DisruptionTarget)")
         self._signal(index, "evicted")
 
+    def delete(self, index: int) -> None:
+        """`kubectl delete pod` of pod `index`: a running pod is terminated (no condition); a
+        Pending one fails at once without having run."""
+        self.say(f"engine: deleting pod {index}")
+        if index in self.pending:
+            self.pending.discard(index)
+            self.deleted.add(index)
+        else:
+            self._signal(index, "deleted")
+
     def run(self, during: Optional[Callable[[JobSet], None]] = None,
             timeout_s: float = 600.0) -> str:
         """Run to the end: "Completed", or "Failed: REASON". `during(self)` is called every
@@ -165,6 +200,8 @@ class JobSet:
             if during is not None:
                 during(self)
             polls += 1
+            ended: list[tuple[int, Optional[int]]] = [(i, None) for i in sorted(self.deleted)]
+            self.deleted.clear()
             for i, proc in list(self.pods.items()):
                 if i in succeeded:
                     continue
@@ -179,10 +216,13 @@ class JobSet:
                 if code == 0:
                     succeeded.add(i)
                     continue
+                ended.append((i, code))
+            for i, code in ended:
                 action, message = pod_failure(self.job.get("podFailurePolicy"),
                                               Ended(i, code, self.conditions[i]),
                                               self.container, self._pod_name(i))
-                self.say(f"engine: pod {i} failed with {code}: {message or action}")
+                how = "without having run" if code is None else f"with {code}"
+                self.say(f"engine: pod {i} failed {how}: {message or action}")
                 if action == "FailJob":
                     return self._job_failed("PodFailurePolicy", message)
                 if action == "Count":
@@ -191,7 +231,7 @@ class JobSet:
                         return self._job_failed("BackoffLimitExceeded",
                                                 "Job has reached the specified backoff limit")
                 self._start(i)   # Ignore, or counted within backoffLimit: a new pod
-            if len(succeeded) == len(self.pods):
+            if len(succeeded) == self.job["completions"]:
                 return "Completed"
             time.sleep(0.2)
 
@@ -200,6 +240,7 @@ class JobSet:
         child Job, whose pods end as deleted pods do."""
         for i in self.pods:
             self._signal(i, "its child Job deleted")
+        self.pending.clear()    # deleted with the child Job, never having run
         for i, proc in self.pods.items():
             try:
                 proc.wait(timeout=max(0.1, self.kill_at.get(i, 0) - time.monotonic()))

@@ -1,56 +1,34 @@
-"""The JobSet form of an EKS job (kubernetes-sigs/jobset, API jobset.x-k8s.io/v1alpha2): the
-engine that restarts the whole gang of pods, where the site says the cluster has it
-(`eks.gang: jobset`, the recommended setting).
+"""The one form of an EKS job: a JobSet (kubernetes-sigs/jobset, API jobset.x-k8s.io/v1alpha2),
+the engine that restarts the whole gang of pods (a replaced pod cannot rejoin a running torchrun).
 
-One replicatedJob ("node", one child Job) whose child Job is Indexed: one pod per node, and
-`backoffLimit: 0`, so any pod's failure fails the child Job. JobSet's failure policy then acts on
-the child Job's failure reason (pkg/controllers/failure_policy.go at v0.12.0: the rules are
-evaluated in order, the first whose onJobFailureReasons and onJobFailureMessagePatterns match
-the child Job's Failed condition wins, no match means RestartJobSet). Restarting the JobSet
-deletes every child Job, so every pod gets SIGTERM and its grace period, and creates them again:
-the new gang resumes from the newest step every node holds.
-
-A child Job fails with one of three reasons that matter here, and the pod failure policy below is
-what tells them apart (Kubernetes' Job controller writes the matched rule into the message,
-pkg/controller/job/pod_failure_policy.go):
-  PodFailurePolicy      "Pod NS/POD has condition DisruptionTarget matching FailJob rule at
-                        index 0": the pod was evicted (a drain), preempted or its node shut down.
-                        -> RestartJobSetAndIgnoreMaxRestarts: not the job's failure, not counted.
-  PodFailurePolicy      "Container trainer for pod NS/POD failed with exit code 78 matching
-                        FailJob rule at index 1" (or 75) -> FailJobSet: a configuration error
-                        (78) fails every attempt alike; a bad node (75, the health gate) would
-                        most likely get the replacement pod again, since nothing cordons it: the
-                        job fails at once, naming the node, to be resubmitted once it is
-                        cordoned.
-  BackoffLimitExceeded  any other pod failure -> RestartJobSet, counted: failurePolicy.maxRestarts
-                        is the recipe's job.max_restarts.
-  DeadlineExceeded      the time limit (the child Job's activeDeadlineSeconds) -> FailJobSet.
-                        A restart creates the child Job anew, so the limit counts from the
-                        newest restart.
-
-Pod K's host name is NAME-node-0-K and JobSet's headless Service (network.enableDNSHostnames,
-named after the JobSet) resolves NAME-node-0-K.NAME: the main node is NAME-node-0-0.NAME
-(api/jobset/v1alpha2/jobset_types.go, Network: "<jobSet.name>-<spec.replicatedJob.name>-
-<job-index>-<pod-index>.<subdomain>", the subdomain defaulting to the JobSet's name).
-The semantics above were read in kubernetes-sigs/jobset at v0.12.0 (f22e565): pkg/controllers/
-failure_policy.go, pkg/webhooks/jobset_webhook.go (names, failure reasons), site/content/en/docs/
-tasks/failure_policy.md (its host-maintenance example is this design).
+One replicatedJob ("node") whose child Job is Indexed (one pod per node) with `backoffLimit: 0`:
+any pod's failure fails the child Job, and JobSet's failure policy acts on the child Job's failure
+reason and message (failure_policy.go: the first matching rule wins; no match: RestartJobSet).
+The pod failure policy tells the reasons apart, and every pod learns its attempt from JobSet's own
+label (RESTART_ATTEMPT). The rules, the bound on uncounted restarts and where each was read
+upstream: docs/eks.md.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
+# The release whose CRD the manifests are checked against (tests/k8s/), and how to install it:
+# declared with the site's eks.gang key, whose refusal names it.
+from ...inputs.site_sections import JOBSET_INSTALL as INSTALL  # noqa: F401  (backend.py)
+from ...inputs.site_sections import JOBSET_RELEASE as RELEASE  # noqa: F401  (the tests' CRD)
+
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
-# The release whose CRD the manifests are checked against (tests/k8s/jobset-crd-v0.12.0.yaml).
 # The rules' onJobFailureMessagePatterns came in v0.10.0: an older JobSet's API server drops the
 # field, and its disruption rule would then restart (uncounted, forever) on 75 and 78 too, so
 # `submit` reads the cluster's CRD first (CRD_FIELD) and refuses an older JobSet.
-RELEASE = "v0.12.0"
 OLDEST = "v0.10.0"
 CRD_NAME = "jobsets.jobset.x-k8s.io"
 CRD_FIELD = "onJobFailureMessagePatterns"
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 REPLICATED_JOB = "node"
+# The label JobSet's controller puts on every child Job and pod: JobSet's status.restarts when
+# the child Job was created (pkg/constants/constants.go RestartsKey), counted or not.
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 # The pod failure policy's rule indexes, which the child Job's failure message names.
 DISRUPTION_RULE, NO_RETRY_RULE = 0, 1
 # The longest JobSet name whose pods' names (NAME-node-0-K-xxxxx) stay within 63 characters.

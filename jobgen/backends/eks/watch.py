@@ -1,7 +1,7 @@
 """`jobgen watch` on an EKS job: its pods' logs carry the same JSON events as a run folder's node
 logs. A requeue deletes the job's pods: JobSet restarts every pod (a restart counted against
-job.max_restarts: a deletion is not a disruption), the Indexed Job or the training operator starts
-them again, and they resume from the newest checkpoint on the shared claim."""
+job.max_restarts: a deletion is not a disruption), and they resume from the newest checkpoint on
+the shared claim."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,7 +31,7 @@ class PodLogs:
         ns = site.eks.namespace
         core = kubernetes.client.CoreV1Api(api)
         out: dict[int, list[str]] = {}
-        for pod in cluster.pods(api, ns, cluster.kind_of(self.ref.job_id)[1]):
+        for pod in cluster.pods(api, ns, cluster.name_of(self.ref.job_id)):
             name = pod.metadata.name
             if pod.status.phase == "Pending":
                 continue
@@ -59,7 +59,7 @@ class Controller:
         site, api = cluster.where(self.ref)
         ns = site.eks.namespace
         core = kubernetes.client.CoreV1Api(api)
-        pods = cluster.pods(api, ns, cluster.kind_of(self.job_id)[1])
+        pods = cluster.pods(api, ns, cluster.name_of(self.job_id))
         for pod in pods:
             cluster.call(core.delete_namespaced_pod, pod.metadata.name, ns)
         done = [f"deleted {len(pods)} pods of {self.job_id}; they start again and resume"]

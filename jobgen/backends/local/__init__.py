@@ -8,6 +8,9 @@ DECLARATION = Declaration(
     name="local",
     summary="every node as a process group on this machine (jobgen run)",
     site_section="slurm",
+    job_options="slurm",   # what a Slurm job would ask (jobgen run's own options refuse them)
+    spares="jobgen run's nodes are processes on this machine, none of which is lost apart "
+           "from the machine",
     submits=False,
     checks=False,
     rehearses=True,

@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from ...job.spec import JobSpec
 from ...plumbing.errors import ConfigError, printable
+from ...runs.ledger import CANCELLED  # noqa: F401 (in RUN_DIR/logs/JOB/: Ctrl-C stopped it)
 
-CANCELLED = "cancelled.json"    # in RUN_DIR/logs/JOB/: Ctrl-C stopped the rehearsal
 STATUS_CANCELLED = 130
 
 
@@ -77,7 +77,8 @@ def record(spec: JobSpec, job_id: str, *, site_ref: str, overrides: Sequence[str
     new["rehearsal"] = True     # `resubmit` runs it here again, with `jobgen run`
     old = runrecord.admit(spec, new, here, amend)
     run = runs.Run(name=spec.run_name, backend="local", job_id=job_id, recipe=spec.recipe.name,
-                   nodes=spec.nodes, site=site_ref, run_dir=os.path.abspath(spec.run_dir),
+                   nodes=spec.nodes, site=site_ref,
+                   run_dir=os.path.abspath(run_folder(spec, job_id)),   # where it is here
                    submitted=runs.now(), jobs=(job_id,), smoke=spec.smoke,
                    max_steps=(spec.rehearsal.max_steps if spec.rehearsal
                               else spec.recipe.schedule.max_steps),
@@ -171,14 +172,19 @@ def cancel_lines(found: dict[str, Any]) -> list[str]:
 
 def start(spec: JobSpec, *, site_ref: str, overrides: Sequence[str], recipe_file: Path,
           site_file: Path, resume: str, emit: Callable[[str], None],
-          say: Callable[[str], None], amend: bool = False, resubmit: bool = False) -> int:
-    """Run the rehearsal; returns its status (130: cancelled)."""
+          say: Callable[[str], None], amend: bool = False, resubmit: bool = False,
+          job_id: Optional[str] = None) -> int:
+    """Run the rehearsal (as `job_id`, default a new one); returns its status (130:
+    cancelled)."""
     from ... import backends
     from ...runs import ledger as runs
+    from . import needs
     from . import runner as local_runner
+    # What the nodes' programs import, looked up in their interpreter before anything starts.
+    needs.check(spec, local_runner.node_env(local_runner.commands(spec, "check", False)[0][1]))
     container = backends.declaration(spec.backend).container
     port = master_port(spec, movable=not container)
-    job_id = runs.local_job_id()
+    job_id = job_id or runs.local_job_id()
     for warning in record(spec, job_id, site_ref=site_ref, overrides=overrides,
                           recipe_file=recipe_file, site_file=site_file, amend=amend,
                           resubmit=resubmit):
@@ -188,16 +194,30 @@ def start(spec: JobSpec, *, site_ref: str, overrides: Sequence[str], recipe_file
             f"machine; this rehearsal's nodes meet on port {port} instead (--set "
             f"job.master_port=N picks one)")
     status = local_runner.run(spec, emit=emit, job_id=job_id, master_port=port)
+    here = run_folder(spec, job_id)     # an emulated instance's disk: where the folder is
     if status == STATUS_CANCELLED:
-        for line in cancel_lines(record_cancel(os.path.abspath(spec.run_dir), job_id, resume)):
+        for line in cancel_lines(record_cancel(os.path.abspath(here), job_id, resume)):
             say(line)
-    elif status == 75 and not spec.smoke and _no_devices(spec.run_dir, job_id):
+    elif status in (75, 78) and not spec.smoke and _no_devices(here, job_id):
         say("jobgen: this machine has none of the job's accelerators (the health gate found "
             "no devices; nothing was compiled or trained): add --smoke to rehearse it on CPU")
     elif status == 75:
         say("jobgen: the health gate found a bad node (the lines above name it and the check); "
             "nothing was compiled or trained")
     return status
+
+
+def run_folder(spec: JobSpec, job_id: str) -> str:
+    """The run folder of `job_id` as it lies on this machine: an emulated service keeps it
+    where its backend's rehearsal puts the first node's disk (its `run_folder`), else the
+    spec's own (relative to the current folder, as the site gives it)."""
+    from ... import backends
+    from . import runner as local_runner
+    if backends.declaration(spec.backend).container:
+        where = getattr(backends.module(spec.backend, "rehearsal"), "run_folder", None)
+        if where is not None:
+            return os.path.relpath(where(spec, local_runner.rehearsal_folder(False) / job_id))
+    return spec.run_dir
 
 
 def _no_devices(run_dir: str, job_id: str) -> bool:

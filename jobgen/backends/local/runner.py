@@ -94,7 +94,23 @@ def image_tree(spec: JobSpec) -> Path:
 
 def _image_root() -> Path:
     """Where container rehearsals keep the images they emulate."""
-    return Path.cwd() / ".jobgen-rehearsal" / "image"
+    return rehearsal_folder(False) / "image"
+
+
+REHEARSAL_FOLDER = ".jobgen-rehearsal"
+
+
+def rehearsal_folder(write: bool = True) -> Path:
+    """Where container rehearsals keep their emulated instances and images, in the current
+    folder; with `write`, made and ignored by git (its own .gitignore says `*`, as a venv's
+    does), so that a rehearsal leaves nothing unignored in a checkout."""
+    folder = Path.cwd() / REHEARSAL_FOLDER
+    if write and not (folder / ".gitignore").is_file():
+        from ...plumbing import fsio
+        folder.mkdir(exist_ok=True)
+        fsio.write_file(folder / ".gitignore",
+                        "# made by jobgen run: its emulated instances and images\n*\n")
+    return folder
 
 
 def _pump(stream: TextIO, prefix: str, emit: Callable[[str], None],
@@ -133,24 +149,35 @@ def _tree(pid: int) -> list[int]:
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the node's process group (its flow stops its passes), then SIGKILL what is still
-    there after `grace_s`: the group and every descendant, in whatever session."""
-    if proc.poll() is not None:
-        return
-    tree = _tree(proc.pid)   # before the group goes: its workers outlive it in their sessions
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        tree += _tree(proc.pid)
+    """One node stopped as `_stop_all` stops them."""
+    _stop_all([proc], grace_s)
+
+
+def _stop_all(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM every node's process group at once (each flow stops its pass, and starts no
+    other), then SIGKILL what is still there after `grace_s`: the group and every descendant,
+    in whatever session. (One node after the other, a node still waiting for its SIGTERM
+    went on to its next pass while the first one was given its grace.)"""
+    live = [proc for proc in procs if proc.poll() is None]
+    # Before the groups go: their workers outlive them in their own sessions.
+    trees = {proc.pid: _tree(proc.pid) for proc in live}
+    for proc in live:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        proc.wait()
-    except ProcessLookupError:
-        pass
-    for pid in tree:    # what is left of the node's processes, in whatever session
+    deadline = time.monotonic() + grace_s
+    for proc in live:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            trees[proc.pid] += _tree(proc.pid)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    for pid in (pid for tree in trees.values() for pid in tree):   # what is left, anywhere
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -161,10 +188,10 @@ def commands(spec: JobSpec, job_id: str,
              write: bool = True) -> list[tuple[list[str], dict[str, str]]]:
     """The emulated nodes of `spec`'s backend: jobgen's own nodes, or a service's containers
     (with `write`, the files a service puts on each instance; a dry run writes nothing)."""
-    root = Path.cwd() / ".jobgen-rehearsal" / job_id
     from ... import backends
     if backends.declaration(spec.backend).container:
-        return backends.module(spec.backend, "rehearsal").commands(spec, job_id, root, write)
+        return backends.module(spec.backend, "rehearsal").commands(
+            spec, job_id, rehearsal_folder(write) / job_id, write)
     return node_commands(spec, job_id)
 
 
@@ -176,6 +203,18 @@ def place_payload(spec: JobSpec) -> None:
     from ...images import snapshot
     if not backends.declaration(spec.backend).container:
         snapshot.place(spec.site.snapshot_root, spec.payload_digest)
+
+
+def node_env(env: dict[str, str], master_port: Optional[int] = None) -> dict[str, str]:
+    """A node's whole environment: this one's, the node's own, the moved rendezvous port; the
+    nodes use the interpreter (and torchrun) of the environment jobgen runs in."""
+    full_env = dict(os.environ)
+    full_env.update(env)
+    if master_port is not None and "MASTER_PORT" in full_env:
+        full_env["MASTER_PORT"] = str(master_port)
+    full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
+                                        full_env.get("PATH", "")])
+    return full_env
 
 
 def _first_end(procs: list[subprocess.Popen], any_failure: bool) -> int:
@@ -203,20 +242,14 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
     from ...runs import ledger as runs
     job_id = job_id or runs.local_job_id()
     declared = backends.declaration(spec.backend)
-    place_payload(spec)
-    held = _hold(spec, job_id)
     procs, pumps = [], []
     quiet = threading.Event()
+    held = None
     try:
+        place_payload(spec)
+        held = _hold(spec, job_id)
         for index, (argv, env) in enumerate(commands(spec, job_id)):
-            full_env = dict(os.environ)
-            full_env.update(env)
-            if master_port is not None and "MASTER_PORT" in full_env:
-                full_env["MASTER_PORT"] = str(master_port)
-            # The nodes use the interpreter (and torchrun) of the environment jobgen runs in.
-            full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
-                                                full_env.get("PATH", "")])
-            proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(argv, env=node_env(env, master_port), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
             procs.append(proc)
             assert proc.stdout is not None
@@ -235,8 +268,7 @@ def run(spec: JobSpec, emit: Callable[[str], None] = print, job_id: Optional[str
         quiet.set()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C waits too
         try:
-            for proc in procs:
-                _stop(proc)
+            _stop_all(procs)
         finally:
             signal.signal(signal.SIGINT, previous)
         status = 130

@@ -13,6 +13,9 @@ DECLARATION = Declaration(
     container=True,
     local_cache_step=False,
     shared_fs=False,
+    spares="a training job's instance count is fixed, every instance trains, and they do not "
+           "share the run folder, so a lost instance fails the job and the retry starts a new "
+           "one",
     rehearses=True,
     any_node_failure_ends=True,
     # At MaxRuntimeInSeconds (and on StopTrainingJob) SageMaker sends SIGTERM, then SIGKILL

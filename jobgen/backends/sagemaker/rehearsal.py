@@ -47,3 +47,9 @@ def commands(spec: JobSpec, job_id: str, root: Path,
                 + algorithm["ContainerArguments"]]
         out.append((argv, env))
     return out
+
+
+def run_folder(spec: JobSpec, root: Path) -> str:
+    """The run folder as it lies on this machine: on the first instance's own disk, where the
+    job's /opt/ml is under ROOT/algo-1/opt/ml (the closing line names it, not /opt/ml)."""
+    return relocate(spec.run_dir, [("/opt/ml/", f"{root / 'algo-1' / 'opt' / 'ml'}/")])

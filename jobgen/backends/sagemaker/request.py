@@ -14,6 +14,7 @@ states (botocore does not check those before sending).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from typing import Any
@@ -23,7 +24,6 @@ from ...images import catalog as images
 from ...inputs.recipe import time_limit_seconds
 from ...job.spec import JobSpec
 from ...payloads import node
-from ...plumbing.cache import sha256
 from ...plumbing.errors import ConfigError, RuleError
 from . import DECLARATION
 
@@ -48,8 +48,12 @@ METRICS = (
 def _sdk() -> Any:
     from ...plumbing.extras import require
     require("--backend sagemaker", ("botocore",), "sagemaker")
-    import botocore.session
-    return botocore.session.get_session().get_service_model("sagemaker")
+    import botocore.loaders
+    import botocore.model
+    # The API model shipped with botocore, read without a session (as Batch's, batch/rules.py):
+    # a session reads the user's AWS config, and a malformed one must not break rendering.
+    data = botocore.loaders.create_loader().load_service_model("sagemaker", "service-2")
+    return botocore.model.ServiceModel(data, service_name="sagemaker")
 
 
 def instance_type(spec: JobSpec) -> str:
@@ -249,7 +253,7 @@ def training_job(spec: JobSpec) -> dict[str, Any]:
     elif sm.fsx is not None:
         raise ConfigError(f"site {site.name}: sagemaker.fsx: FSx for Lustre is reached inside "
                           "a VPC: set sagemaker.subnets and sagemaker.security_group_ids")
-    digest = sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:8]
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:8]
     request["TrainingJobName"] = f"{request['TrainingJobName'][:54]}-{digest}"
     validate(request, where)
     return request

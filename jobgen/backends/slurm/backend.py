@@ -15,6 +15,7 @@ from ...plumbing.errors import ConfigError, RemoteError, printable
 from ...plumbing.render import render
 from .. import Echo, JobStatus, SubmitOptions, Submitted, job_status
 from ..protocol import JobRef
+from .options import EXTRA, sbatch_lines
 
 TEMPLATE = "slurm/job.sbatch.j2"
 
@@ -35,7 +36,7 @@ def array_key(spec: JobSpec) -> tuple[object, ...]:
     """What the #SBATCH header is made of: specs with the same key can share a job array."""
     return (spec.job_name, spec.nodes, spare_nodes(spec), spec.site.slurm.cpus_per_task,
             spec.exclusive,
-            tuple(request(spec)), spec.slurm.extra, spec.site.slurm.time_limit_warning_s,
+            tuple(request(spec)), _extra(spec), spec.site.slurm.time_limit_warning_s,
             spec.recipe.name,
             spec.recipe.description, spec.source, spec.site.name, spec.recipe.compile.steps)
 
@@ -51,7 +52,7 @@ def _task(spec: JobSpec, passes: Passes) -> dict[str, Any]:
 
 def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
     spec = specs[0]
-    if len(specs) == 1 and dict(spec.slurm.extra).get("array"):
+    if len(specs) == 1 and dict(_extra(spec)).get("array"):
         raise ConfigError("--sbatch-opt array=%N throttles a sweep's job array, and this job "
                           "is not one (give it with --sweep)")
     if len({array_key(s) for s in specs}) != 1:
@@ -68,8 +69,8 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
         exclusive=spec.exclusive,
         request=request(spec),
         # An array throttle (--sbatch-opt array=%N) goes on the sweep's own --array line.
-        extra=[(k, v) for k, v in spec.slurm.extra if k != "array"],
-        throttle=dict(spec.slurm.extra).get("array", ""),
+        extra=[(k, v) for k, v in _extra(spec) if k != "array"],
+        throttle=dict(_extra(spec)).get("array", ""),
         output="%x-%A_%a.out" if len(specs) > 1 else "%x-%j.out",
         warning_s=site.slurm.time_limit_warning_s,
         title=f"{recipe.name}: {recipe.description}",
@@ -88,12 +89,13 @@ def spare_nodes(spec: JobSpec) -> int:
 
 
 def request(spec: JobSpec) -> list[tuple[str, str]]:
-    """The #SBATCH options of the job's Slurm request (spec.slurm), in sbatch's spelling."""
-    r = spec.slurm
-    pairs = (("partition", r.partition), ("account", r.account), ("qos", r.qos),
-             ("reservation", r.reservation), ("time", r.time_limit), ("exclude", r.exclude),
-             ("nodelist", r.nodelist))
-    return [(option, value) for option, value in pairs if value]
+    """The #SBATCH lines of the Slurm options jobgen owns (options.py), in sbatch's spelling."""
+    return sbatch_lines(spec.options)
+
+
+def _extra(spec: JobSpec) -> tuple[tuple[str, str], ...]:
+    """The #SBATCH options jobgen does not own (options.py): (name, value or "")."""
+    return tuple(spec.options.get(EXTRA, ()))
 
 
 def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> None:

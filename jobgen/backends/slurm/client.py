@@ -6,12 +6,12 @@ import posixpath
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ...job.plan import Plan
 from ...plumbing.errors import ConfigError, RemoteError
-from ...plumbing.record import record
 
 if TYPE_CHECKING:
     from ...job.spec import JobSpec
@@ -70,9 +70,8 @@ def dry_run(plans: Sequence[Plan]) -> str:
     """What `jobgen submit` runs for `plans` (one job, or the two of a chain), as a bash script
     that does exactly that: each sbatch command with its script on stdin, printing the job ids
     as `jobgen submit` does."""
+    import hashlib
     import shlex
-
-    from ...plumbing.cache import sha256
 
     lines = ["#!/bin/bash",
              "# What `jobgen submit` runs (printed by --dry-run; `| bash` submits it).",
@@ -80,7 +79,7 @@ def dry_run(plans: Sequence[Plan]) -> str:
     ids: list[str] = []
     for i, plan in enumerate(plans, 1):
         # A here-document delimiter that the script cannot contain: its own hash.
-        end = "JOBGEN_SCRIPT_" + sha256(plan.text.encode()).hexdigest()[:16]
+        end = "JOBGEN_SCRIPT_" + hashlib.sha256(plan.text.encode()).hexdigest()[:16]
         extra = after("${job_%d%%%%;*}" % (i - 1)) if ids else []
         argv = " ".join(shlex.quote(a) for a in sbatch_argv()) + "".join(
             f' "{a}"' if "$" in a else f" {shlex.quote(a)}" for a in extra)
@@ -93,7 +92,7 @@ def dry_run(plans: Sequence[Plan]) -> str:
 
 # --- what can be checked from the submission host before submitting ----------------------------
 
-@record
+@dataclass(frozen=True, slots=True)
 class Needed:
     """A file (or folder) the job needs on the nodes, as the site names it."""
     path: str    # absolute, or relative to the submission directory (as on the nodes)
@@ -185,7 +184,7 @@ def preflight(spec: "JobSpec", lau: "Launch", cwd: Optional[Path] = None) -> lis
                  f"{', '.join(whats)} (on {top}, not mounted here)"
                  for top, whats in unseen.items()]
     try:
-        partition, size = partition_size(spec.slurm.partition)
+        partition, size = partition_size(spec.options.get("partition"))
     except RemoteError as exc:
         unchecked.append(f"the node count ({exc})")
     except ConfigError as exc:

@@ -9,19 +9,19 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ...plumbing import fsio
 from ...plumbing.errors import JobgenError, RemoteError, printable
-from ...plumbing.record import record
 from .client import _run
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class JobState:
     job_id: str
     state: str

@@ -15,7 +15,9 @@ DECLARATION = Declaration(
     time_limit_requeue=True,
     setup_on_main=True,
     resolves_master=True,
-    options=frozenset({"check", "slurm_request"}),
+    options=frozenset({"check"}),
+    job_options="slurm",
+    spares="submitit starts the job's tasks as one step with no spare; use the slurm backend",
     extra="submitit", sdk_modules=("submitit",),
     default_poll_s=2.0,
     health_on_failure=(

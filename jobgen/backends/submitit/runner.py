@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,14 +16,14 @@ from ... import payloads
 from ...job.spec import JobSpec
 from ...payloads import node
 from ...plumbing.errors import ConfigError
-from ...plumbing.record import record
+from ..slurm.options import EXTRA, sbatch_lines
 
 # What submitit's job gets when the recipe sets no job.time_limit (Slurm's partition default
 # would apply to an sbatch script; submitit always sends one).
 DEFAULT_TIMEOUT_MIN = 60 * 24 * 3
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class NodeTask:
     """Everything a node needs, resolved on the submitting machine (picklable, no jobgen
     objects): the flow, its arguments, and the node's environment from the job."""
@@ -108,17 +109,16 @@ def time_limit_minutes(limit: Optional[str]) -> int:
 def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit's parameters for the spec: the sbatch script's, as submitit names them."""
     site = spec.site
-    request = spec.slurm
+    values = spec.options
     extra: dict[str, Any] = {"requeue": True}
     if spec.exclusive:
         extra["exclusive"] = True
-    # sbatch's own option names, as submitit passes additional parameters through.
-    for option, value in (("account", request.account), ("qos", request.qos),
-                          ("reservation", request.reservation), ("exclude", request.exclude),
-                          ("nodelist", request.nodelist)):
-        if value:
+    # sbatch's own option names, as submitit passes additional parameters through (the
+    # partition and the time limit are submitit's own parameters, below).
+    for option, value in sbatch_lines(values):
+        if option not in ("partition", "time"):
             extra[option] = value
-    for option, value in request.extra:   # --sbatch-opt and the site's slurm.extra_options
+    for option, value in values.get(EXTRA, ()):   # --sbatch-opt, the site's extra_options
         if option == "array":
             raise ConfigError("--sbatch-opt array=%N: submitit submits each job of a sweep on "
                               "its own (no job array to throttle)")
@@ -127,9 +127,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         "name": spec.job_name, "nodes": spec.nodes, "tasks_per_node": 1,
         "cpus_per_task": site.slurm.cpus_per_task, "slurm_additional_parameters": extra,
     }
-    params["timeout_min"] = time_limit_minutes(request.time_limit)
-    if request.partition:
-        params["slurm_partition"] = request.partition
+    params["timeout_min"] = time_limit_minutes(values.get("time_limit"))
+    if values.get("partition"):
+        params["slurm_partition"] = values["partition"]
     return params
 
 

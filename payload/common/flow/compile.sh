@@ -55,6 +55,11 @@ flow_wait_for_nodes() {
       arrived=$((arrived + 1))
     done
     [ "$arrived" -lt "$JOBGEN_NNODES" ] || return 0
+    # Stopped (signals.sh): the others are being stopped too; waiting longer helps nothing.
+    if [ -n "${FLOW_STOPPING:-}" ]; then
+      flow_say "stopped (SIG$FLOW_STOPPING) while waiting for the nodes' $pass pass"
+      return 143
+    fi
     if [ "$waited" -ge "$limit" ]; then
       flow_say "only $arrived of $JOBGEN_NNODES nodes finished the $pass pass within $limit s"
       return 1

@@ -44,6 +44,7 @@ flow_node() {
     flow_node_end "$status" health
     return
   fi
+  flow_stopped "after the health gate" health && return 143
 
   flow_decide_compile
   flow_use_cache "$JOBGEN_COMPILE_CACHE"
@@ -56,13 +57,14 @@ flow_node() {
       flow_node_end "$status" compile
       return
     fi
-    if [ -n "$FLOW_STOPPING" ]; then flow_say "stopped (SIG$FLOW_STOPPING) after the compile pass"; return 143; fi
+    flow_stopped "after the compile pass" compile && return 143
     # The graphs are complete once every node's compile pass has ended (each compiles its own):
     # on a shared filesystem the main node waits for the others before it writes the marker.
     if [ "$is_main" = 1 ]; then
       if [ "$shared" != 1 ] || flow_wait_for_nodes compile; then
         flow_mark_compiled
       else
+        flow_stopped "while the nodes' compile passes ended" compile && return 143
         # Another node's compile pass failed or never ended: training would wait for it.
         flow_say "not every node finished the compile pass; the training pass is skipped"
         flow_node_end 1 compile
@@ -82,6 +84,7 @@ flow_node() {
     # Training reads a node-local copy of the cache: a shared cache read by every worker of a
     # large job is slow and can time out. Every node's graphs must be in it first.
     if [ "$FLOW_RUN_COMPILE" = 1 ] && [ "$shared" = 1 ] && ! flow_wait_for_nodes compile; then
+      flow_stopped "before the compile cache copy" "compile cache copy" && return 143
       flow_node_end 1 "compile cache copy"
       return
     fi
@@ -94,6 +97,7 @@ flow_node() {
     flow_use_cache "$JOBGEN_LOCAL_COMPILE_CACHE"
   fi
 
+  flow_stopped "before the training pass" train && return 143
   flow_say "training pass on $JOBGEN_NNODES nodes"
   flow_node_pass train ${train_args[@]+"${train_args[@]}"}
   status=$?
@@ -109,4 +113,13 @@ flow_node() {
     flow_say "training pass failed with status $status"
   fi
   flow_node_end "$status" train
+}
+
+# flow_stopped WHERE STAGE: whether a SIGTERM/SIGINT came (FLOW_STOPPING); if so, say so, record
+# the node's end (143, STAGE) and let the caller return: no pass starts after a stop.
+flow_stopped() {
+  [ -n "$FLOW_STOPPING" ] || return 1
+  flow_say "stopped (SIG$FLOW_STOPPING) $1; no pass starts after it"
+  flow_node_end 143 "$2"
+  return 0
 }

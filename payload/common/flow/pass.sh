@@ -12,10 +12,17 @@ FLOW_PASS_PID=""
 FLOW_PASS=""
 # shellcheck disable=SC2034
 FLOW_STOPPING=""
+# The pass the signal handler last acted on (signals.sh).
+FLOW_STOPPED_PID=""
 # shellcheck disable=SC2034
 flow_node_pass() {
   local pass=$1 status log before=0 times
   shift
+  # A stop that came before this pass (between passes, in a wait): no pass starts after it.
+  if [ -n "$FLOW_STOPPING" ]; then
+    flow_say "stopped (SIG$FLOW_STOPPING) before the $pass pass; it does not start"
+    return 143
+  fi
   FLOW_PASS=$pass
   log="$JOBGEN_LOG_DIR/node-$JOBGEN_NODE_RANK/$pass.log"
   [ -f "$log" ] && before=$(wc -c <"$log")
@@ -29,6 +36,8 @@ flow_node_pass() {
     bash "$FLOW_LAUNCHER" "$pass" "$@" &
   fi
   FLOW_PASS_PID=$!
+  # A signal trapped after the check above but before the pass had an id stopped nothing yet.
+  [ -z "$FLOW_STOPPING" ] || [ "$FLOW_STOPPED_PID" = "$FLOW_PASS_PID" ] || flow_on_signal "$FLOW_STOPPING"
   wait "$FLOW_PASS_PID"
   status=$?
   # A trapped signal interrupts `wait`; wait again for the pass's own status.

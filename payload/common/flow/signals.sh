@@ -32,7 +32,7 @@ flow_tree() {
 # (JOBGEN_STOP_SIGNAL, which everything else in the pass ignores): they save the step just
 # trained and stop, and the next attempt resumes from it. Otherwise the pass is stopped.
 flow_on_signal() {
-  FLOW_STOPPING=$1
+  FLOW_STOPPING=$1 FLOW_STOPPED_PID=$FLOW_PASS_PID
   if [ "$1" = TERM ] && [ "$FLOW_PASS" = train ] && [ -n "${JOBGEN_STOP_SIGNAL:-}" ] &&
     [ -n "$FLOW_PASS_PID" ]; then
     flow_say "received SIGTERM; asking the trainers to save a checkpoint and stop (SIG$JOBGEN_STOP_SIGNAL)"
