@@ -117,8 +117,14 @@ def finish_distributed(dist: Any) -> None:
     every step and checkpoint was done), and a failed exit would make the job count a failure and
     requeue. The process exits at once instead, its output flushed; the kernel closes its
     sockets. Other backends (HCCL on Gaudi) tear down as usual.
+
+    Under torchrun, node 0's first worker leaves only once every other node's agent is in
+    torchrun's exit barrier (common/agent_exit.py): the agent hosting the store leaves last.
     """
+    from common.agent_exit import wait_for_peer_agents
+
     dist.barrier()
+    wait_for_peer_agents()
     if dist.get_backend() != "gloo":
         dist.destroy_process_group()
         return
