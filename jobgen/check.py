@@ -1,13 +1,9 @@
 """`jobgen check`: render every recipe at every node count from 1 to the site's limit (at most
-`--max-nodes`, 128 by default) for CI: sbatch scripts, or AWS Batch job definitions with
---backend batch. Combinations that the parallelism arithmetic forbids are skipped with the
-reason (summarised per recipe and kind of reason; --verbose and --json list every row); a
-render error, a shellcheck warning or an `sbatch --test-only` refusal is a failure, and so is a
-check that could not run (shellcheck missing, unless --no-shellcheck; no Slurm controller
-answering --test-only): a check that did not happen must not read as passed.
-With --site, the site's paths are looked for on this host first, as `jobgen submit` does, and
-each one missing is named in a line of its own; with --paths (on the cluster's login node) a
-missing one is an error and nothing is rendered (exit 2)."""
+`--max-nodes`) for CI, and report the combinations the arithmetic forbids with their reasons. A
+render error, a shellcheck warning, an `sbatch --test-only` refusal, and a check that could not
+run (shellcheck missing without --no-shellcheck; no controller answering --test-only) are
+failures: a check that did not happen must not read as passed. With --site the site's paths are
+looked for first, as `jobgen submit` does; with --paths a missing one is an error (exit 2)."""
 from __future__ import annotations
 
 import os

@@ -255,6 +255,8 @@ def test_submit_says_what_it_could_not_check(tmp_path: Path, no_slurm: str,
         "not checked from this host: NxD Llama example, NxD example module "
         "(paths.nxd_llama_dir, only on the nodes); the node count (sinfo not found: is this a "
         "Slurm login node?)",
+        "data: not checked from this host (it does not see /home/ubuntu/examples_datasets); "
+        "the nodes check it before the compile pass",
         "error: sbatch not found: is this a Slurm login node?"]
 
 

@@ -496,10 +496,12 @@ def test_a_drain_of_one_pod_restarts_every_pod_from_one_step_uncounted(
                                for p in checkpoints.glob("step_*/COMPLETE")))
             engine_.disrupt(1)
 
-    jobset = engine.JobSet(doc, start, say=lambda line: print(line))
+    # A short grace after the rehearsal's own deadline, so that a rehearsal that does not end
+    # fails with its pods' logs below instead of at pytest's timeout (idle: about 45 s).
+    jobset = engine.JobSet(doc, start, say=lambda line: print(line), grace_s=20.0)
     began = time.monotonic()
     try:
-        outcome = jobset.run(during=drain, timeout_s=600)
+        outcome = jobset.run(during=drain, timeout_s=420)
     finally:
         for proc in jobset.pods.values():
             _signal_pod(proc, signal.SIGKILL)

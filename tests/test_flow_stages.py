@@ -261,6 +261,33 @@ def test_a_controller_that_ran_the_gate_is_not_asked_again(tmp_path: Path) -> No
     assert proc.returncode == 0
 
 
+# --- the data check before the compile pass (contract.sh) --------------------------------------
+
+@pytest.mark.parametrize("is_main, shared, want, status", [
+    ("1", "1", "missing", 78),   # the main node of a shared disk checks
+    ("0", "1", "missing", 0),    # ... and only it
+    ("0", "0", "missing", 78),   # every node checks its own disk
+    ("1", "1", "", 0),           # a job that reads no dataset (a rehearsal's made-up batches)
+])
+def test_the_data_check_before_the_compile_pass(tmp_path: Path, is_main: str, shared: str,
+                                                want: str, status: int) -> None:
+    import json
+    import sys
+    data = json.dumps({"format": "megatron", "recipe": "recipes/neox20b.yaml",
+                       "key": "data.path", "seq_length": 8, "vocab_size": 100,
+                       "global_batch": 1, "planned_samples": 1,
+                       "prefixes": [str(tmp_path / "gpt2" / "my-gpt2_text_document")]})
+    env = {"JOBGEN_DATA": data if want else "", "JOBGEN_PAYLOAD_DIR": str(ROOT / "payload")}
+    proc = stage("contract", "flow_data_check", is_main, shared, env=env,
+                 script=f'FLOW_PYTHON="{sys.executable}" && "$@"')
+    assert proc.returncode == status, proc.stderr
+    if status:
+        assert f"{tmp_path}/gpt2/my-gpt2_text_document.idx: missing" in proc.stderr
+        assert proc.stderr.rstrip().endswith("the data check failed; no pass started")
+    else:
+        assert proc.stderr == ""
+
+
 # --- the contract (contract.sh) -----------------------------------------------------------------
 
 def test_the_contract_names_what_is_missing() -> None:

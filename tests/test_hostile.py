@@ -262,7 +262,8 @@ def render_and_run(jobgen: Callable, write_recipe: Callable, write_site: Callabl
                    recipe_changes: Optional[dict[str, Any]] = None,
                    site_changes: Optional[dict[str, Any]] = None,
                    render_args: tuple[str, ...] = (), **env: str) -> tuple[Any, Job]:
-    recipe_path = write_recipe(recipe, recipe_changes or {})
+    # The stand-in trainers read no dataset, and none is made: the data check is off.
+    recipe_path = write_recipe(recipe, {"job.data_check": False, **(recipe_changes or {})})
     site_path = _edited_site(write_site, site_changes or {}, submit)
     # Rendered where it is submitted from: relative site paths (and the payload snapshot that
     # render places under the work folder) are the submission folder's.

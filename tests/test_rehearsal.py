@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,16 @@ def _left(marker: str) -> list[str]:
         if marker in cmdline and state not in (b"Z", b"X"):
             found.append(f"{pid}: {cmdline}")
     return found
+
+
+def _watch(tmp_path: Path, name: str, status: int = 1) -> dict[str, Any]:
+    """`jobgen watch --run-dir` on the rehearsal's folder: its summary, after its exit status."""
+    proc = subprocess.run([str(JOBGEN), "watch", "--run-dir", f"jobgen-runs/{name}", "--json"],
+                          cwd=tmp_path, text=True, capture_output=True, env=_env(tmp_path),
+                          timeout=120, check=False)
+    assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr
+    summary: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return summary
 
 
 @pytest.mark.slow
@@ -101,6 +112,12 @@ def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path:
     assert f": CANCELLED (Ctrl-C at step {step}; last checkpoint: step {saved}; resume with: " \
         f"{resume})" in status_out.stdout
 
+    # watch on the folder (RUN/logs/JOB/node-K, one allocation per command) reads its steps
+    # from the nodes' logs and says the cancel: the run did not complete (1), it did not fail.
+    watched = _watch(tmp_path, NAME)
+    assert (watched["cancelled"], watched["failed"], watched["last_step"]) == (True, False, step)
+    assert watched["ended"].startswith("the run was cancelled (Ctrl-C) in allocation 0 (job ")
+
     argv = shlex.split(resume)
     assert argv[0] == "jobgen"
     again = subprocess.run([str(JOBGEN), *argv[1:]], cwd=tmp_path, text=True,
@@ -119,9 +136,33 @@ def test_ctrl_c_cancels_and_the_printed_command_resumes_on_a_busy_port(tmp_path:
     assert [r["name"] for r in listed] == [NAME, NAME]
     assert [r["state"] for r in listed] == ["CANCELLED", "COMPLETED"]
     assert len({r["job_id"] for r in listed}) == 2
+    # The resume ended well: quiet, 0, its two commands two allocations.
+    watched = _watch(tmp_path, NAME, status=0)
+    assert (watched["ended"], watched["alerts"], watched["allocations"]) == (None, [], 2)
     record = json.loads((tmp_path / "jobgen-runs" / NAME / "jobgen-run.json").read_text())
     assert [s["job_ids"] for s in record["submissions"]] == [[r["job_id"]] for r in listed]
     assert all(s["rehearsal"] and s["backend"] == "local" for s in record["submissions"])
+
+
+@pytest.mark.slow
+def test_watch_says_where_a_failed_rehearsal_failed(tmp_path: Path) -> None:
+    """Node 1 of a 2-node rehearsal fails at step 5 (the smoke trainer's own fault): watch on
+    its folder reads the steps from the nodes' logs, names the pass, the step and the status,
+    and exits 1."""
+    with socket.socket() as sock:   # rehearsals may run side by side: not the recipe's port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([str(JOBGEN), "run", "llama2-7b", "--nodes", "2", "--smoke",
+                           "--compile", "never", "--set", f"job.master_port={port}"],
+                          cwd=tmp_path, text=True, capture_output=True, timeout=300, check=False,
+                          env=_env(tmp_path, JOBGEN_SMOKE_FAIL_AT_STEP="5",
+                                   JOBGEN_SMOKE_FAIL_NODE="1"))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    watched = _watch(tmp_path, "llama2-7b-2n-smoke")
+    assert (watched["failed"], watched["last_step"], watched["steps_read"]) == (True, 4, 4)
+    assert re.fullmatch(r"the run failed: allocation 0 \(job local-[0-9]+-[0-9]+\), node [01] "
+                        r"\([^)]+\) ended its train pass with status 1, after step 4"
+                        r"( \(2 of 2 nodes failed\))?", watched["ended"]), watched["ended"]
 
 
 @pytest.mark.parametrize("nodes,status", [(1, 75), (2, 78)])

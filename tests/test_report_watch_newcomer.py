@@ -158,11 +158,34 @@ def test_a_ctrl_c_is_a_cancel_not_a_failure(tmp_path: Path) -> None:
     assert "--node-mtbf-hours" not in proc.stdout and "failure:" not in proc.stdout
     first = run / "logs" / "local-2-2"
     os.utime(first, (T0 - 10, T0 - 10))   # the cancelled command the newest: watch says so
-    watched = jobgen(tmp_path, "watch", "--run-dir", str(run))
-    # A cancel is said, and is not the failure's exit status (these hand-made folders carry no
-    # metrics.jsonl, so watch reads no step from them: 3, nothing to judge).
-    assert "the run was cancelled (Ctrl-C) in allocation 0 (job local-1-1)" in watched.stdout
-    assert watched.returncode == 3
+    watched = jobgen(tmp_path, "watch", "--run-dir", str(run), "--json")
+    # A cancel is said as one, not as a failure; the run did not complete: 1.
+    summary = json.loads(watched.stdout.splitlines()[-1])
+    assert summary["ended"] == ("the run was cancelled (Ctrl-C) in allocation 1 (job "
+                                "local-1-1), after step 4")
+    assert (watched.returncode, summary["failed"], summary["cancelled"]) == (1, False, True)
+    assert summary["steps_read"] == 8 and summary["allocations"] == 2
+
+
+def test_watch_reads_each_jobgen_run_command_as_an_allocation(tmp_path: Path) -> None:
+    """A run folder of two `jobgen run` commands (RUN/logs/JOB/node-K, no restart-N): watch
+    reads every step from the nodes' logs (no metrics.jsonl here), stays quiet and exits 0
+    when the newest ended well, and says which command, node, pass, step and status when it
+    failed."""
+    run = two_commands(tmp_path, 5.0, cancel_first=False)
+    assert not (run / "train").exists()
+    good = jobgen(tmp_path, "watch", "--run-dir", str(run))
+    assert good.returncode == 0, good.stdout + good.stderr
+    (summary, *rest) = good.stdout.split("summary: ")[1].splitlines()
+    assert summary == ("job - RECORDED, last step 8, 2 allocation(s), 0 restart(s) in place, "
+                       "0 step(s) trained again after restarts")
+    assert rest == ["  no alerts"]
+    (run / "logs" / "local-2-2" / "node-1" / "job.status").write_text("1 train\n")
+    bad = jobgen(tmp_path, "watch", "--run-dir", str(run))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert bad.stdout.split("summary: ")[1].splitlines()[1:] == [
+        "  the run failed: allocation 1 (job local-2-2), node 1 (h2) ended its train pass "
+        "with status 1, after step 8", "  no alerts before it"]
 
 
 def _record(state: Path, runs: list[dict[str, object]]) -> None:

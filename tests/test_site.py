@@ -80,7 +80,8 @@ def test_unknown_sites(tmp_path: Path) -> None:
     ({"slurm.partiton": "x"}, "{f}: slurm.partiton: unknown key (known keys: cpus_per_task, "
                               "max_nodes, partition, account, qos, reservation, exclusive, "
                               "time_limit_warning_s, master_resolver, "
-                              "lustre_max_dirty_mb, platforms, extra_options)"),
+                              "lustre_max_dirty_mb, platforms, extra_options, "
+                              "prepare_partition)"),
     ({"slurm.lustre_max_dirty_mb": 0},
      "{f}: slurm.lustre_max_dirty_mb: 0 must be at least 1"),
     ({"paths.local_compile_cache": "/"}, "{f}: paths.local_compile_cache: '/' is the root, the "

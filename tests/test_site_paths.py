@@ -206,7 +206,13 @@ def test_submit_and_check_name_every_missing_path_before_anything(
     assert proc.returncode == 0, proc.stderr
     assert ("site paths: 6 found on this host (setup.activate, paths.nemo_dir, paths.data_dir, "
             "paths.work_dir, paths.payload_dir, paths.compile_cache)") in proc.stdout
+    # The data folder is there but holds no dataset yet: the data check refuses (its own tests:
+    # tests/test_data_check.py); --no-check submits without the checks.
     proc = _run(submit_dir, fake_sbatch, "submit", "neox20b", "--nodes", "4", "--site", shown)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.strip().endswith("examples_datasets/gpt2/gpt2-vocab.json: missing")
+    proc = _run(submit_dir, fake_sbatch, "submit", "neox20b", "--nodes", "4", "--site", shown,
+                "--no-check")
     assert (proc.returncode, proc.stdout) == (0, "4242\n"), proc.stderr
     assert f"export JOBGEN_ACTIVATE={activate}" in (fake_sbatch / "queued.sbatch").read_text()
 

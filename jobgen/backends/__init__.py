@@ -1,23 +1,11 @@
 """Backends: where a job spec runs, and the registry that knows them.
 
-Each backend is a subpackage of this one. Its `__init__.py` holds only its `DECLARATION` (cheap
-to import: what it is, what it can do, what it takes); its `backend` module holds what it does
-(`Backend`): `plan(spec)` (pure: the files and the command that would run), `prepare`, `dry_run`,
-`submit`, and, for the job once submitted, `wait`, `status`, `status_lines`, `logs` and
-`cancel`. The CLI, `check`, `run` and `watch` ask this registry about a backend; none of them
-names one. A backend's implementation is imported on first use, so rendering for Slurm never
-loads the AWS SDK or another backend's code.
-
-Beside the registry: protocol.py (what a backend does, as a type, and JobRef), aws.py
-(the AWS layer Batch, SageMaker, EKS and watch share); the table of Slurm options jobgen owns
-(slurm/options.py, with those it passes through: an input the site and the CLI read, which the
-job spec carries as a plain mapping); `jobgen run` (local/runner.py,
-local/rehearsal.py). The registry sits below the job spec and the run record it describes:
-it imports nothing above jobgen/plumbing/ (benchmarks/import_graph.py's layers).
-
-Adding a backend: a subpackage here with its declaration and its backend module, its site
-section (jobgen/inputs/site.py), and its node entrypoint (env/containers/ or payload/common/);
-outside jobgen/, setup.cfg's package list (and an extra for its SDK). No other jobgen module.
+Each backend is a subpackage: its `__init__.py` holds only its `DECLARATION` (cheap to import:
+what it is, what it can do, what it takes), its `backend` module what it does (`Backend`, typed in
+protocol.py: `plan(spec)` pure, then `prepare`, `dry_run`, `submit`, `wait`, `status`, `logs`,
+`cancel`), imported on first use so that rendering for Slurm loads no AWS SDK. The CLI, `check`,
+`run` and `watch` ask this registry and name no backend. The registry imports nothing above
+jobgen/plumbing/ (benchmarks/import_graph.py's layers). Adding a backend: docs/extending.md.
 """
 from __future__ import annotations
 
@@ -142,6 +130,8 @@ class SubmitOptions:
     queue: Optional[str] = None         # Batch: the job queue (default: the site's)
     endpoint_url: Optional[str] = None  # AWS: an endpoint (moto) instead of AWS's own
     say: Optional[Echo] = None          # where to say, as it happens, what was not checked
+    stages: tuple[str, ...] = ("train",)   # the stages, chained (payloads/stages.py)
+    sources: tuple[str, ...] = ()       # the prepare stage's --from inputs
 
 
 @record
@@ -149,6 +139,7 @@ class Submitted:
     job_ids: tuple[str, ...]            # printed on stdout (the last one trains)
     notes: tuple[str, ...] = ()         # said on stderr
     queue: Optional[str] = None
+    stages: tuple[str, ...] = ()        # each job's stage (payloads/stages.py); () all train
 
     @property
     def job_id(self) -> str:

@@ -1,12 +1,10 @@
-"""The AWS layer every AWS-facing backend (Batch, SageMaker, EKS's image checks) and `jobgen watch`
-share: one boto3 client per service with the AWS CLI's precedence for region, profile and
-endpoint, and `call`, the one place where throttling is retried and AWS's exceptions become
-one-line jobgen errors.
+"""The AWS layer every AWS-facing backend and `jobgen watch` share: one boto3 client per service
+with the AWS CLI's precedence for region, profile and endpoint, and `call`, the one place where
+throttling is retried and AWS's exceptions become one-line jobgen errors.
 
-boto3 is imported inside `client()` only, so rendering never loads the AWS SDK. Every other
-function takes its boto3 clients as arguments (tests hand in clients pointed at moto, or stubbed).
-Set-up mistakes (profile, config and credentials files, region, endpoint) are blamed on what
-holds them, and no message shows a URL's password or the environment's secret key (`redact`).
+boto3 is imported inside `client()` only, so rendering never loads the AWS SDK; every other
+function takes its clients as arguments (tests hand in clients pointed at moto). Set-up mistakes
+are blamed on the file or variable that holds them, and no message shows a secret (`redact`).
 """
 from __future__ import annotations
 

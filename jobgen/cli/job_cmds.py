@@ -1,7 +1,7 @@
 """A submitted job and its run: status, logs, cancel, runs."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -19,13 +19,18 @@ def status(job: str, backend: Optional[str], site: Optional[str],
     """The state of JOB (a run name or a job id): Slurm's from the controller, or from
     accounting once it ended; Batch's for the job and each node."""
     impl, ref = _job(job, backend, site, endpoint_url)
+    staged = _each_stage(job, ref)
     if as_json:
         data = impl.status(ref).as_dict()
         data["run"] = ref.run.as_dict() if ref.run else None
+        if len(staged) > 1:
+            data["stages"] = [{"stage": name, **impl.status(one).as_dict()}
+                              for name, one in staged]
         _echo_json(data)
         return
-    for line in impl.status_lines(ref):
-        click.echo(line)
+    for name, one in staged:
+        for line in impl.status_lines(one):
+            click.echo(f"{name}: {line}" if name else line)
 
 
 @click.command()
@@ -39,9 +44,18 @@ def status(job: str, backend: Optional[str], site: Optional[str],
 @_job_options
 def logs(job: str, node: Optional[int], follow: bool, backend: Optional[str],
          site: Optional[str], endpoint_url: Optional[str]) -> None:
-    """The logs of JOB (a run name or a job id)."""
+    """The logs of JOB (a run name or a job id); of a run submitted with --stages, every
+    stage's job in order (with --node, the training job's nodes)."""
     impl, ref = _job(job, backend, site, endpoint_url)
-    impl.logs(ref, node, follow, lambda text: click.echo(text, nl=False))
+    staged = _each_stage(job, ref)
+    if node is not None:
+        staged = [(name, one) for name, one in staged if name in ("", "train")]
+    for index, (name, one) in enumerate(staged):
+        if name:
+            click.echo(f"jobgen: the {name} stage's job {one.job_id}")
+        # Only the last one is followed (the ones before it have ended when it starts).
+        impl.logs(one, node, follow and index == len(staged) - 1,
+                  lambda text: click.echo(text, nl=False))
 
 
 @click.command()
@@ -50,9 +64,22 @@ def logs(job: str, node: Optional[int], follow: bool, backend: Optional[str],
 @_job_options
 def cancel(job: str, backend: Optional[str], site: Optional[str],
            endpoint_url: Optional[str]) -> None:
-    """Cancel JOB (a run name or a job id); a job that already ended is left alone."""
+    """Cancel JOB (a run name or a job id); a job that already ended is left alone. A run
+    submitted with --stages: every stage's job, the last stage first."""
     impl, ref = _job(job, backend, site, endpoint_url)
-    click.echo(impl.cancel(ref))
+    for name, one in reversed(_each_stage(job, ref)):
+        said = impl.cancel(one)
+        click.echo(f"{name}: {said}" if name else said)
+
+
+def _each_stage(job: str, ref: Any) -> list[tuple[str, Any]]:
+    """(stage, job) for every job of the run JOB names when it was submitted with a stage
+    before training (--stages prepare,train); else [("", the job)]."""
+    import dataclasses
+    run = ref.run
+    if run is None or job != run.name or all(name == "train" for name, _ in run.staged()):
+        return [("", ref)]
+    return [(name, dataclasses.replace(ref, job_id=job_id)) for name, job_id in run.staged()]
 
 
 @click.command("runs")
@@ -120,6 +147,9 @@ def _show_record(run: str, as_json: bool) -> None:
     for index, entry in enumerate(data["submissions"]):
         shown = {k: v for k, v in entry.items() if k not in ("recipe_text", "site_text", "spec")}
         _echo_text(f"# submission {index + 1} of {len(data['submissions'])}")
+        if entry.get("job_stages"):   # a --stages submission: each stage's job, in order
+            _echo_text("# jobs: " + ", ".join(f"{name} {job_id}" for name, job_id in
+                                              zip(entry["job_stages"], entry["job_ids"])))
         _echo_text(yaml.safe_dump(shown, sort_keys=False, width=100), nl=False)
     if events:
         _echo_text(f"# the health gate: {len(events)} failed check(s)")

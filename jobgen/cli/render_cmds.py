@@ -86,10 +86,17 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
                            "handed, or the local run's node commands.")
 @click.option("--output-dir", "-o", type=_Folder(),
               help="Write the job's files into this folder (atomically) instead of stdout.")
+@click.option("--stage", default="train", show_default=True, metavar="NAME",
+              help="The stage's job: train (the two passes) or prepare (the dataset the "
+                   "recipe's data: section names; Slurm, Batch).")
+@click.option("--from", "sources", multiple=True, metavar="PATH",
+              help="--stage prepare: its input (text or JSONL, local or s3://); repeatable: "
+                   "one array task and one shard (data.shards) per input.")
 @_targeted
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
-           output_dir: Optional[Path], tokens: Optional[float], samples: Optional[float],
+           output_dir: Optional[Path], stage: str, sources: tuple[str, ...],
+           tokens: Optional[float], samples: Optional[float],
            **slurm: Optional[str]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from .. import api
@@ -97,8 +104,17 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend,
                  _slurm_overrides(slurm))
-    plan = api.plan(spec, backend)
     from ..backends import get as backend_impl
+    from ..payloads.stages import stage as declared_stage
+    if sources and stage != "prepare":
+        raise click.UsageError("--from is the prepare stage's input (--stage prepare)")
+    if declared_stage(stage).work is None:
+        plan = api.plan(spec, backend)
+    elif hasattr(backend_impl(backend), "plan_stage"):
+        plan = backend_impl(backend).plan_stage(spec, stage, sources)
+    else:
+        raise click.UsageError(f"--stage {stage}: --backend {backend} cannot render it yet "
+                               "(slurm and batch can)")
     if output_dir is None:
         click.echo(plan.text, nl=False)
         # Out first, then the payload snapshot the script points at (or the image check of a

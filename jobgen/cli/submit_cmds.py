@@ -33,6 +33,12 @@ from .param_types import _Backends, _Seconds
 @click.option("--chain", is_flag=True,
               help="Slurm: compile and train as two jobs; training depends on the compile job "
                    "(afterok).")
+@click.option("--stages", "stage_list", default="train", show_default=True, metavar="A,B",
+              help="Slurm, Batch: the stages to submit, each job after the one before "
+                   "(afterok; dependsOn): prepare (the dataset), train (the two passes).")
+@click.option("--from", "sources", multiple=True, metavar="PATH",
+              help="The prepare stage's input (text or JSONL, local or s3://); repeatable: one "
+                   "array task and one shard (data.shards) per input.")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
               help="One job per combination of the values (repeatable; a Slurm job array "
                    "where the jobs' #SBATCH lines agree), each with its own run name.")
@@ -47,7 +53,8 @@ def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
            via: Optional[str], chain: bool, sweeps: tuple[str, ...], no_check: bool,
            amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
            endpoint_url: Optional[str], dry_run: bool, tokens: Optional[float],
-           samples: Optional[float], **slurm: Optional[str]) -> None:
+           samples: Optional[float], stage_list: str, sources: tuple[str, ...],
+           **slurm: Optional[str]) -> None:
     """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
     (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
     if via is not None:
@@ -55,7 +62,20 @@ def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
             not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
-            sweeps, amend)
+            sweeps, amend, stages=_stages(stage_list, backend, sources), sources=sources)
+
+
+def _stages(text: str, backend: str, sources: tuple[str, ...]) -> tuple[str, ...]:
+    """--stages checked: known, in order; a backend that cannot chain them says so."""
+    from .. import backends
+    from ..payloads.stages import chain
+    names = chain(text)
+    if names != ("train",) and not backends.declaration(backend).takes("stages"):
+        raise click.UsageError(f"--stages {text}: --backend {backend} cannot run stages "
+                               f"other than train yet ({_who_takes('stages')} can)")
+    if sources and "prepare" not in names:
+        raise click.UsageError("--from is the prepare stage's input: add it to --stages")
+    return names
 
 
 def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
@@ -64,7 +84,8 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             queue: Optional[str], endpoint_url: Optional[str], dry_run: bool,
             slurm: Optional[dict[str, Optional[str]]] = None,
             sweeps: tuple[str, ...] = (), amend: bool = False,
-            pinned: Optional[tuple[Any, Path, Path]] = None) -> None:
+            pinned: Optional[tuple[Any, Path, Path]] = None,
+            stages: tuple[str, ...] = ("train",), sources: tuple[str, ...] = ()) -> None:
     """`pinned`: (spec, recipe file, site file) of `jobgen resubmit`, resolved already."""
     import os
 
@@ -79,6 +100,9 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             raise click.UsageError(f"--{option.replace('_', '-')} is for --backend "
                                    f"{_who_takes(option).replace(' and ', ' or ')} ({backend} "
                                    f"{why})")
+    if stages != ("train",) and sweeps:
+        raise click.UsageError("--stages and --sweep together are not supported: prepare the "
+                               "data once, then submit the sweep")
     if chain and sweeps:
         raise click.UsageError("--chain and --sweep together are not supported: submit the "
                                "sweep as one job per combination (both passes in each)")
@@ -98,7 +122,8 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     impl: Any = backends.get(backend)   # and, where it takes sweep_array, its sweep functions
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,
-                                     say=lambda note: click.echo(note, err=True))
+                                     say=lambda note: click.echo(note, err=True),
+                                     stages=stages, sources=sources)
     # A sweep whose jobs can be one job array (a backend that takes sweep_array says which).
     array = len(specs) > 1 and declared.takes("sweep_array") and impl.sweepable(specs)
     if dry_run:
@@ -148,10 +173,11 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
                           max_steps=(one.rehearsal.max_steps if one.rehearsal
                                      else one.recipe.schedule.max_steps),
                           seq_length=(one.rehearsal.seq_length if one.rehearsal
-                                      else one.recipe.model.seq_length))
+                                      else one.recipe.model.seq_length),
+                          stages=done.stages)
         new, old = entries[len(refs)]
         for warning in (runs.record(record),
-                        runrecord.commit(one, new, old, done.job_ids, here)):
+                        runrecord.commit(one, new, old, done.job_ids, here, done.stages)):
             if warning:
                 click.echo(f"warning: {warning}", err=True)
         refs.append(JobRef(done.job_id, record, site, endpoint_url))
@@ -211,6 +237,16 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
     """`jobgen resubmit` of a rehearsal: `jobgen run` again with what it recorded."""
     from .. import backends
     from ..backends.local import rehearsal
+    stage = (last.get("job_stages") or ["train"])[0]
+    if stage != "train":       # a stage's job (`jobgen run --stage`): that stage again
+        from ..backends.local import stage as local_stage
+        sources = tuple(last.get("sources") or ())
+        if dry_run:
+            raise SystemExit(0)
+        raise SystemExit(local_stage.run(
+            spec, stage, sources, site_ref=last["site"], overrides=last["overrides"],
+            recipe_file=recipe_file, site_file=site_file, emit=click.echo,
+            say=lambda line: click.echo(line, err=True)))
     if dry_run:
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
         raise SystemExit(0)
@@ -233,9 +269,16 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
 @click.option("--amend", is_flag=True,
               help="Run into an existing run although its training values or payload differ; "
                    "the run's record keeps every run.")
+@click.option("--stage", default="train", show_default=True, metavar="NAME",
+              help="The stage's job: train (the two passes) or, with --smoke, prepare (the "
+                   "rehearsal-sized dataset at the recipe's paths, which train then reads).")
+@click.option("--from", "sources", multiple=True, metavar="FILE",
+              help="--stage prepare: the text or JSONL to make the dataset of (repeatable); "
+                   "default: a corpus generated from the recipe's seed.")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
         compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
-        run_backend: str, amend: bool, **slurm: Optional[str]) -> None:
+        run_backend: str, amend: bool, stage: str, sources: tuple[str, ...],
+        **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from ..backends.local import runner as local_runner
@@ -244,8 +287,15 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     if given:
         raise click.UsageError(f"--{given[0]} is a Slurm setting; `jobgen run` uses no "
                                "scheduler")
+    if sources and stage != "prepare":
+        raise click.UsageError("--from is the prepare stage's input (--stage prepare)")
+    if stage != "train" and run_backend != "local":
+        raise click.UsageError(f"--stage {stage}: `jobgen run` runs it with --backend local")
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
     from .. import backends
+    if stage != "train":
+        _run_stage(spec, stage, sources, recipe, nodes, overrides, site, run_name, dry_run,
+                   amend)
     if dry_run and backends.declaration(run_backend).container:
         import json
         for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run",
@@ -281,6 +331,40 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
                              amend=amend, job_id=job_id)
     # The folder as it lies here (an emulated SageMaker instance's disk, not /opt/ml).
     click.echo(closing_line(rehearsal.run_folder(spec, job_id), status, again))
+    raise SystemExit(status)
+
+
+def _run_stage(spec: Any, stage: str, sources: tuple[str, ...], recipe: str,
+               nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
+               run_name: Optional[str], dry_run: bool, amend: bool) -> None:
+    """`jobgen run --stage NAME`: the stage's job on this machine (jobgen/backends/local/
+    stage.py); exits with its status."""
+    from ..backends.local import stage as local_stage
+    from ..inputs.recipe import locate as locate_recipe
+    from ..inputs.site import locate as locate_site
+    from ..inputs.userconfig import site as default_site
+    from ..payloads.stages import stage as declared
+    from ..plumbing.render import shell_quote
+    work = declared(stage).work
+    if dry_run and work is not None:   # what it would run, one line per task
+        made = work(spec, sources)
+        for task in made.tasks:
+            click.echo(shell_quote(["python3", f"{spec.payload_dir}/{made.program}", *task]))
+        raise SystemExit(0)
+    train = ["jobgen", "run", recipe, "--nodes", str(spec.nodes),
+             *[word for item in overrides for word in ("--set", item)],
+             *(["--site", site] if site else []), *(["--run-name", run_name] if run_name else []),
+             "--smoke"]
+    again = train[:3] + ["--stage", stage, *[w for s in sources for w in ("--from", s)],
+                         *train[3:]]
+    site_ref = site if site is not None else default_site(None)[0]
+    if "/" in site_ref or site_ref.endswith((".yaml", ".yml")):
+        site_ref = os.path.abspath(site_ref)
+    status = local_stage.run(spec, stage, sources, site_ref=site_ref, overrides=overrides,
+                             recipe_file=locate_recipe(recipe)[0],
+                             site_file=locate_site(site_ref)[0], emit=click.echo,
+                             say=lambda line: click.echo(line, err=True), amend=amend)
+    click.echo(local_stage.closing_line(spec, stage, status, again, train))
     raise SystemExit(status)
 
 

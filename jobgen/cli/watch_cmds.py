@@ -84,6 +84,7 @@ def watch_cmd(job: Optional[str], run_dir: Optional[Path], on_hang: Optional[str
     Exit status:
       0  the job completed; offline: no divergence or hang found, the run did not fail
       1  the job did not complete; offline: a divergence or hang found, or the run failed
+         or was cancelled
       2  a usage error or an input refused
       3  nothing to judge: not one training step was read
     130  interrupted (Ctrl-C)"""

@@ -1,13 +1,10 @@
 """Payload snapshots: a job runs the payload it was rendered with, never the live copy.
 
 The digest of a payload folder is the SHA-256 of its files (relative path, executable bit and
-content, in path order; caches such as __pycache__ left out). Rendering or submitting a job on a
-shared file system places a copy of jobgen's payload under the site's snapshot folder, named by the
-digest's first 16 hex digits, written once and atomically (a temporary folder renamed into place),
-its files read-only, with the full digest in `.jobgen-digest`. The job's script points at that
-copy; requeues and restarts run it again. Container images carry the same file (`jobgen
-image-context` builds their context), and every node's flow compares it with the digest the job
-was rendered with before it runs anything.
+content, in path order; __pycache__ and the like left out). A shared file system gets a copy under
+the site's snapshot folder, named by the digest's first 16 hex digits, written once and
+atomically, read-only, with the full digest in `.jobgen-digest`; the job's script points at it.
+Images carry the same file, and every node's flow compares it with the rendered digest first.
 """
 from __future__ import annotations
 

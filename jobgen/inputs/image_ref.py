@@ -1,17 +1,13 @@
 """A site's `repository:` (batch, sagemaker, eks) as Docker reads an image reference: the grammar
-of distribution/reference (the package Docker, containerd and the registries parse references
-with), declared here once. limits.py gives the same pattern to the site schema; site.py refuses
-a value that does not match, in one line, before any service tries to pull it.
-
-What a site writes is a name only, `[REGISTRY[:PORT]/]PATH`: jobgen appends the tag of each image
-(`:PLATFORM-TRAINER-PAYLOADID`, jobgen/images/catalog.py), so a tag or a digest in the site is
-refused.
+of distribution/reference, declared here once (limits.py gives the same pattern to the site
+schema; site.py refuses a value that does not match, before any service tries to pull it). A site
+writes a name only, `[REGISTRY[:PORT]/]PATH`: jobgen appends each image's tag
+(jobgen/images/catalog.py), so a tag or a digest in the site is refused.
 
     name       := [domain '/'] component ('/' component)*
     domain     := host [':' port]          host: DNS labels joined by '.', or [IPv6]
     component  := [a-z0-9]+ (separator [a-z0-9]+)*
-    separator  := '.' | '_' | '__' | '-'+
-    at most 255 characters in all (distribution/reference's NameTotalLengthMax)
+    separator  := '.' | '_' | '__' | '-'+      at most 255 characters in all
 """
 from __future__ import annotations
 

@@ -64,6 +64,7 @@ RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "schedule.constant_fraction": {"minimum": 0, "maximum": 1},
     "schedule.min_lr": {"minimum": 0},
     "data.num_workers": {"minimum": 0},
+    "data.shards": {"minimum": 1, "maximum": 10000},
     "data.path": {"minLength": 1},
     "description": {"minLength": 1},
     "data.splits": {"pattern": r"^\s*(\d+(\.\d*)?|\.\d+)\s*([,/]\s*(\d+(\.\d*)?|\.\d+)\s*){2}$"},

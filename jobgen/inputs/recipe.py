@@ -110,6 +110,9 @@ class Data:
     merge_file: Optional[str] = None
     num_workers: int = 1
     splits: Optional[str] = None
+    # Megatron datasets: how many prefixes the prepare stage writes (one per --from input) and
+    # training blends: 1 is `path` itself, N are path_part0 ... path_part{N-1}.
+    shards: int = 1
 
 
 @record
@@ -146,6 +149,7 @@ class Job:
     time_limit: Optional[str] = None
     log_every_steps: int = 1
     health_gate: bool = True       # check every node before the compile pass (jobgen/job/health.py)
+    data_check: bool = True        # read the dataset's headers first (payload/common/data_check.py)
 
 
 @record
@@ -248,13 +252,6 @@ def check_names(recipe: Recipe, where: str) -> None:
     if limit is not None and not time_limit_ok(limit):
         raise ConfigError(f"{where}: job.time_limit: {schema.describe(limit)} is not a Slurm "
                           "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
-
-
-def overlay_of(ref: str, backend: str) -> dict[str, Any]:
-    """The recipe's overlay for `backend` as written (for `jobgen show`), or {}."""
-    path, shown = locate(ref)
-    found = load_yaml(path, shown).get("backends") or {}
-    return dict(found.get(backend) or {}) if isinstance(found, dict) else {}
 
 
 def load(ref: str, overrides: Optional[list[str]] = None,

@@ -31,6 +31,9 @@ class SlurmSite:
     # More #SBATCH options every job of this site needs and jobgen does not own (constraint,
     # gres, mem, mail-type, comment, ...): name -> value ("" for a flag). --sbatch-opt adds more.
     extra_options: Optional[dict[str, str]] = None
+    # The partition whose one node runs the prepare stage (a CPU partition where the cluster
+    # has one). Left out: slurm.partition, where training runs.
+    prepare_partition: Optional[str] = None
 
 
 if not TYPE_CHECKING:   # and the site keys of the Slurm options jobgen owns (partition, ...)

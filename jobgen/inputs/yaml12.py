@@ -1,12 +1,10 @@
 """The one YAML reader for recipes, site profiles and `--set` values: YAML 1.2 core-schema
 scalars, duplicate keys refused, and bounds on what a hostile file can make the loader do.
 
-PyYAML implements YAML 1.1, where `041000` is octal (16896), `yes`/`on` are booleans and `1e5`
-is a string. Users write YAML 1.2 (and JSON) meaning: decimal integers, `true`/`false` only,
-numbers with exponents. A second `lr:` in the same mapping silently replaced the first; here it
-is an error naming the key and the line. Aliases are expanded by sharing, which makes a
-"billion laughs" file cheap to parse and exponential to walk: their number, the nesting depth
-and the input size are bounded while the document is composed, before anything walks it.
+PyYAML implements YAML 1.1 (`041000` octal, `yes`/`on` booleans, `1e5` a string); users mean YAML
+1.2. Aliases are expanded by sharing, which makes a "billion laughs" file cheap to parse and
+exponential to walk: their number, the nesting depth and the input size are bounded while the
+document is composed, before anything walks it.
 """
 from __future__ import annotations
 

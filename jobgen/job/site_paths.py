@@ -1,14 +1,11 @@
 """The site-path preflight: before anything is queued or written, look on the submitting host for
 the paths of the site that a job's nodes open (the virtualenv's activate script, the trainer
-checkout, the data folder) and for the folders jobgen makes there (the runs, the payload
-snapshots, the compile cache), and name, one line each, every one that is not there.
+checkout, the data folder) and for the folders jobgen makes there (runs, payload snapshots,
+compile cache), and name, one line each, every one that is not there.
 
-On Slurm the login node mounts the compute nodes' shared file systems, so a path missing here
-is missing on the nodes too, and the job would fail at its start, after waiting for its nodes.
-Container backends (Batch, SageMaker, EKS) read the site's paths on their instances or in
-their images: nothing is looked for from here. A path that only the nodes have (a mount the
-login node lacks) is listed in the site's `node_only_paths` and skipped; the node-local compile
-cache (`paths.local_compile_cache`) is on each node's own disk, so it is never looked for.
+On Slurm the login node mounts the nodes' shared file systems, so a path missing here is missing
+there too; container backends read the site's paths on their instances: nothing is looked for.
+Paths only the nodes have (the site's `node_only_paths`, `paths.local_compile_cache`) are skipped.
 """
 from __future__ import annotations
 

@@ -155,6 +155,11 @@ class JobSpec:
     def data_path(self, path: str) -> str:
         return posixpath.join(self.site.paths.data_dir, path)
 
+    def data_prefixes(self) -> list[str]:
+        """The dataset's prefixes, as the prepare stage writes them and training reads them."""
+        return [self.data_path(p) for p in shard_names(self.recipe.data.path,
+                                                        self.recipe.data.shards)]
+
     # --- identity ------------------------------------------------------------------------------
     def _options_shown(self) -> dict[str, Any]:
         """The scheduler's options under the backend's site section (`slurm:`), for show."""
@@ -269,3 +274,9 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     # A smoke rehearsal is refused wherever the real job would be.
     _check_arithmetic(dataclasses.replace(spec, smoke=False) if smoke else spec)
     return spec
+
+
+def shard_names(path: str, shards: int) -> list[str]:
+    """The one rule for a dataset's shard names (recipe data.shards): `path` itself for one,
+    path_part0 ... for more."""
+    return [path] if shards <= 1 else [f"{path}_part{k}" for k in range(shards)]

@@ -1,15 +1,10 @@
 """The trainers (payloads), one module each behind one registry, and the node contract.
 
-The node contract (node.py) is every variable a job's nodes receive: it carries a
-payload's launch, so it sits with the payloads, above the job spec.
-
-Adding a payload = one module here (its ``PAYLOAD`` record: honoured keys, launch knobs, the
-builder of its two passes' arguments) + its launcher under payload/ + its recipes. A package of
-one's own adds a payload without editing jobgen: an entry point in the group
-``jobgen.payloads`` whose name is the payload's and whose object is its ``Payload`` record (its
-launcher an absolute path on the nodes, or one under jobgen's payload/). The registry also
-enforces the rule users depend on: a recipe value either reaches the trainer or is refused,
-naming the key and the payload.
+The node contract (node.py) is every variable a job's nodes receive: it carries a payload's
+launch, so it sits with the payloads, above the job spec. The rule users depend on: a recipe
+value either reaches the trainer or is refused, naming the key and the payload. Adding a payload
+(a module here, or an entry point in the group ``jobgen.payloads`` of a package of one's own):
+docs/extending.md.
 """
 from __future__ import annotations
 
@@ -268,7 +263,7 @@ def for_spec(spec: JobSpec, backend: Optional[str] = None) -> Launch:
         if payload is not None and payload.rehearses_itself:
             return payload.build(spec)
         from . import smoke
-        return smoke.build(spec)
+        return smoke.build(spec, payload.data if payload is not None else ())
     if payload is None:
         raise ConfigError(f"{spec.source}: payload: {spec.recipe.payload} cannot run on "
                           f"{backend or spec.backend} yet")

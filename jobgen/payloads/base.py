@@ -105,7 +105,7 @@ COMMON_KEYS = frozenset({
     "checkpoint.async_save",
     "compile.steps", "job.max_restarts", "job.restarts_in_place", "job.spare_nodes",
     "job.collective_timeout_s", "job.master_port",
-    "job.time_limit", "job.health_gate",
+    "job.time_limit", "job.health_gate", "job.data_check",
 })
 
 

@@ -14,43 +14,15 @@ from typing import Any, Optional
 from ..job.spec import JobSpec
 from ..plumbing.errors import ConfigError
 from . import REGISTRY
+from .data_want import wanted
 
 CHECK_PROGRAM = "common/data_check.py"   # under a payload folder
 
 
-def _train_share(splits: Optional[str]) -> float:
-    """The training share of Megatron's splits string ("980,10,10" -> 0.98)."""
-    if not splits:
-        return 1.0
-    parts = [float(p) for p in splits.replace("/", ",").split(",") if p.strip()]
-    return parts[0] / sum(parts) if parts and sum(parts) > 0 else 1.0
-
-
 def expectations(spec: JobSpec) -> Optional[dict[str, Any]]:
-    """The data check's input for this job, or None where its trainer reads no dataset (the
-    rehearsal's made-up batches, a payload that declares none)."""
+    """The data check's input for this job (data_want.py), or None where it reads no dataset."""
     payload = REGISTRY.get(spec.recipe.payload)
-    if spec.smoke or payload is None or not payload.data:
-        return None
-    rec, fmt = spec.recipe, payload.data[0]
-    want: dict[str, Any] = {
-        "format": fmt, "recipe": spec.source, "key": "data.path",
-        "seq_length": rec.model.seq_length, "vocab_size": rec.model.vocab_size,
-        "global_batch": spec.global_batch_size,
-        "planned_samples": spec.global_batch_size * rec.schedule.max_steps,
-    }
-    if fmt == "megatron":
-        want["prefixes"] = [spec.data_path(rec.data.path)]
-        want["train_share"] = _train_share(rec.data.splits)
-        if rec.data.vocab_file:
-            want["vocab_file"] = spec.data_path(rec.data.vocab_file)
-    elif fmt == "hf_blocks":
-        want["path"] = spec.data_path(rec.data.path)
-        want["columns"] = list(payload.data[1:])
-    else:
-        want["path"] = spec.data_path(rec.data.path)
-        want["max_predictions"] = rec.model.max_predictions
-    return want
+    return wanted(spec, payload.data if payload is not None else ())
 
 
 def check_here(specs: list[JobSpec], payload_dir: Path) -> tuple[int, str, str]:

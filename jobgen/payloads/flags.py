@@ -1,13 +1,10 @@
 """The trainer flags jobgen's own training programs share, written from the spec in one place.
 
-``shared(spec, which)`` gives every shared flag's value for a pass: the recipe's for a real job,
-the rehearsal's (spec.rehearsal) for a `--smoke` one. A payload module then lists, in its own
-order, the flags its program takes (``render``), shared ones by name and its own with their
-values. Each program declares the same flags once, in payload/common/args.py;
-tests/test_payload_flags.py holds the two lists equal.
-
-A value is a string (``--flag value``), a tuple (``--flag v1 v2 ...``: --no-decay), True (the
-switch alone) or False/None (the flag left out).
+``shared(spec, which)`` gives every shared flag's value for a pass (the recipe's, or the
+rehearsal's for `--smoke`); a payload module lists, in its own order, the flags its program takes
+(``render``). Each program declares the same flags once, in payload/common/args.py, and
+tests/test_payload_flags.py holds the two lists equal. A value is a string (``--flag value``), a
+tuple (``--flag v1 v2 ...``), True (the switch alone) or False/None (the flag left out).
 """
 from __future__ import annotations
 

@@ -108,7 +108,8 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         "model.use_cpu_initialization": True,
         "model.tokenizer.vocab_file": spec.data_path(d.vocab_file) if d.vocab_file else None,
         "model.tokenizer.merge_file": spec.data_path(d.merge_file) if d.merge_file else None,
-        "model.data.data_prefix": [1.0, spec.data_path(d.path)],
+        # NeMo's weighted list blends the shards (normalised weights; no merge step).
+        "model.data.data_prefix": [x for p in spec.data_prefixes() for x in (1.0, p)],
         "model.data.num_workers": d.num_workers,
         "model.data.seq_length": m.seq_length,
         "model.data.splits_string": d.splits,
@@ -238,7 +239,7 @@ PAYLOAD = Payload(
         "model.rotary_percentage", "model.transformer_block_type",
         "model.activation_checkpointing", "parallelism.sequence_parallel", "parallelism.zero1",
         "optim.eps", "schedule.min_lr", "schedule.decay_steps", "data.vocab_file",
-        "data.merge_file", "data.num_workers", "data.splits",
+        "data.merge_file", "data.num_workers", "data.splits", "data.shards",
     },
     build=build,
     # NeMo's bf16SR accumulates in FP32 inside the compiler; its bf16 runs all in bf16; Hydra

@@ -81,6 +81,7 @@ class NodeContract:
     JOBGEN_FILES_JSON: str            # {path under the run dir: content}, or ""
     JOBGEN_PREPARE_JSON: str          # [script under payload/, args...] run before the passes
     JOBGEN_HEALTH: str                # the health gate's checks as JSON (job/health.py), or ""
+    JOBGEN_DATA: str                  # the data check's expectations as JSON (payloads/data.py)
 
     def variables(self) -> dict[str, str]:
         """Name -> value, empty values left out (the flow treats unset and empty alike)."""
@@ -181,6 +182,7 @@ def contract(spec: JobSpec, lau: Launch, executor: Executor, *,
         JOBGEN_FILES_JSON=json.dumps(dict(lau.files), sort_keys=True) if lau.files else "",
         JOBGEN_PREPARE_JSON=json.dumps(list(lau.prepare)) if lau.prepare else "",
         JOBGEN_HEALTH=_health(spec),
+        JOBGEN_DATA=_data(spec),
     )
 
 
@@ -207,6 +209,12 @@ def _health(spec: JobSpec) -> str:
     from ..job import health
     checks = health.settings(spec)
     return json.dumps(checks, sort_keys=True, separators=(",", ":")) if checks else ""
+
+
+def _data(spec: JobSpec) -> str:
+    from . import data
+    want = data.expectations(spec) if spec.recipe.job.data_check else None
+    return json.dumps(want, sort_keys=True, separators=(",", ":")) if want is not None else ""
 
 
 def environment(spec: JobSpec, lau: Launch, node: NodeContract) -> dict[str, str]:

@@ -1,15 +1,11 @@
 """Failures, restarts and checkpoints: the expected wall time of a job of `work` seconds of
 training that saves a checkpoint every `interval` seconds of training.
 
-The process: failures arrive at random, at a constant rate 1/mtbf (also during a restart and
-during a checkpoint write). Training runs in segments of `interval` seconds followed by a write of
-`write` seconds; the last segment is what is left, and ends with a write too. A failure loses the
-segment in progress; the job then spends `restart` seconds (detection, requeue, rendezvous,
-checkpoint load) before it trains again, and a failure during those seconds starts them over.
-
-For that process the expected time to finish one segment of w seconds (training plus write) is
-exactly M e^(R/M) (e^(w/M) - 1) (Daly, 2006), so the expected wall time is a sum over the
-segments. `simulate` draws the same process at random to check it.
+Failures arrive at a constant rate 1/mtbf (also during restarts and writes). Training runs in
+segments of `interval` seconds, each followed by a write of `write` seconds; a failure loses the
+segment in progress and costs `restart` seconds, which a failure starts over. One segment of w
+seconds then takes exactly M e^(R/M) (e^(w/M) - 1) on average (Daly, 2006), so the expected wall
+time is a sum over the segments; `simulate` draws the same process to check it.
 """
 from __future__ import annotations
 

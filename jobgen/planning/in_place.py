@@ -1,24 +1,11 @@
 """Which failures `jobgen plan` restarts inside the allocation and which it requeues.
 
-Failures are of two kinds: a node lost, or a process failing on healthy nodes (a worker's crash,
-a hang its peers' collective timeout ends, an error in user code). The second kind is the site's
-`plan.process_failure_share` of all failures (`--process-failure-share`; default 0, every
-failure a node's, as before it existed). Two budgets keep a failure inside the allocation:
-
-- torchrun's restarts (job.restarts_in_place: K): a process failure restarts every node's workers
-  in place while the current torchrun has restarts left; the next one is requeued. Only where the
-  nodes share the run folder (jobgen/payloads/node.py's contract; elsewhere K counts as 0).
-- spare nodes (job.spare_nodes: S): a node lost while a spare remains in the allocation runs the
-  step again on a spare, with a fresh torchrun (and so a fresh budget of K); the next is requeued.
-
-A requeue brings a new allocation, with both budgets whole. Failures arrive at random, each a
-process failure with probability p, so the failures from one requeue to the next form a renewal
-cycle: a torchrun launch lasts T = min(G, K + 1) failures (G: the first node failure), with
-E[T] = 1 + p + ... + p^K, and ends in a requeue with probability a = p^(K+1); an allocation lasts
-N = min(first such launch, S + 1) launches, E[N] = 1 + (1 - a) + ... + (1 - a)^S. By Wald's
-identity an allocation sees E[T] x E[N] failures, one of them requeued: that is the requeued share
-in the long run (a job that starts in a fresh allocation is a little luckier; the simulation draws
-the budgets themselves). With p = 0 it is 1 / (S + 1): the spares' share plan used before.
+A failure is a node lost or, with the site's `plan.process_failure_share` p, a process failing on
+healthy nodes. torchrun's restarts (job.restarts_in_place: K, only where the nodes share the run
+folder) keep process failures in place; spare nodes (job.spare_nodes: S) keep node losses in
+place; a requeue brings both budgets back whole. The requeued share of all failures is then
+1 / (E[T] E[N]), with E[T] = 1 + p + ... + p^K and E[N] = 1 + (1 - a) + ... + (1 - a)^S,
+a = p^(K+1): the derivation and its limits are in docs/planning.md.
 """
 from __future__ import annotations
 
@@ -89,7 +76,7 @@ def restarts_that_apply(spec: JobSpec, backend: str) -> int:
 
 def notes(found: InPlace, wanted: int, backend: str, basis: str, detect_s: float,
           rendezvous_s: float) -> list[str]:
-    """What the plan says about restarts in place: the spares' line (as before), and where a
+    """What the plan says about restarts in place: the spares' line, and where a
     process-failure share is declared, what becomes of those failures."""
     out: list[str] = []
     spares = found.spares

@@ -1,14 +1,10 @@
 """The one reader and the one writer for what jobgen reads from and writes to disk.
 
-Reading: regular files only, opened without blocking (a FIFO or a device where a log or record
-should be answers at once instead of hanging), bounded in size and line length; JSON-line
-records parsed strictly (strict_json.py: no NaN/Infinity, no recursion past the stack, no
-4,300-digit numbers), checked against their schema by the caller's check, bad lines skipped and
-counted.
-
-Writing: creates or atomically replaces a regular file in the folder it is given; the target is
-looked at without following a symlink, and anything that is not a regular file (a device, a
-FIFO, a folder, a symlink, wherever it points) is refused before anything is written.
+Reading: regular files only, opened without blocking (a FIFO or a device answers at once instead
+of hanging), bounded in size and line length; JSON-line records parsed strictly (strict_json.py),
+checked against their schema by the caller, bad lines skipped and counted. Writing: creates or
+atomically replaces a regular file in the folder it is given; a target that is not a regular file
+(a device, a FIFO, a folder, a symlink, wherever it points) is refused before anything is written.
 """
 from __future__ import annotations
 

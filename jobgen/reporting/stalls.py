@@ -1,14 +1,11 @@
 """A background save's stall on the timeline, where the training loop waited for it.
 
-A save written in the background (checkpoint.async_save) stops training twice: right after the
-step it saves, while the loop copies the state into memory and hands it to the writer; and at
-the step boundary where it is sealed (a poll, or a wait for the write when the next save comes
-before the write ends). The trainer logs one event, at the seal, carrying ``stall_s`` (both
-waits together) apart from ``write_s`` (the write, which goes on beside training). The seal's
-part is the checkpoint segment before that event already; the copy lies inside the next step's
-segment, since no event marks its end. Here that copy is cut out of the step and labelled
-``checkpoint``: the stall shows as the save's, and the write stays training time (it is neither
-lost nor a stall). A synchronous save (``stall_s`` equal to ``write_s``) is one segment already.
+A background save (checkpoint.async_save) stops training twice: after the step it saves, while
+the loop copies the state to memory, and at the step boundary where it is sealed. The trainer's
+one event, at the seal, carries ``stall_s`` (both waits) apart from ``write_s`` (the write, which
+runs beside training). The copy lies inside the next step's segment; here it is cut out and
+labelled ``checkpoint``, so the stall shows as the save's and the write stays training time. A
+synchronous save (``stall_s`` equal to ``write_s``) is one segment already.
 """
 from __future__ import annotations
 

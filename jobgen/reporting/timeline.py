@@ -17,12 +17,11 @@ from ..plumbing.errors import ConfigError
 from ..runs.ledger import CANCELLED
 from ..watching.events import parse_lines
 from ..watching.observations import Observation
-from ..watching.readers import ALLOCATION
+from ..watching.runfolder import NODE, allocation_folders
 from . import bounds, held, sacct, saves
 from .spans import KINDS, Allocation, NodeInfo, Segment, Timeline  # noqa: F401 (re-exported)
 
 SMALL = 1 << 16          # a host, a job.status, a health.json: far below this
-NODE = re.compile(r"node-([0-9]{1,6})")      # ASCII digits only (not node-²)
 STATUS = re.compile(r"[0-9]{1,3}")
 
 
@@ -98,15 +97,7 @@ def _folders(run_dir: Path) -> list[tuple[str, int, Path]]:
     if not root.is_dir():
         return []
     jobs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    out = []
-    for job in jobs:
-        found = [(int(m.group(2)), e) for e in job.iterdir()
-                 if (m := ALLOCATION.match(e.name)) and m.group(2).isascii()
-                 and len(m.group(2)) <= 9 and e.is_dir()]
-        if not found and any(NODE.fullmatch(e.name) and e.is_dir() for e in job.iterdir()):
-            found = [(0, job)]   # `jobgen run`: one allocation, its nodes' folders in the job's
-        out += [(job.name, k, e) for k, e in sorted(found)]
-    return out
+    return [(job.name, k, e) for job in jobs for k, e in allocation_folders(job)]
 
 
 class _Builder:

@@ -39,11 +39,20 @@ class Run:
     queue: Optional[str] = None          # Batch: the job queue
     max_steps: Optional[int] = None      # the training pass's last step (jobgen watch: eta)
     seq_length: Optional[int] = None     # tokens per sample (jobgen watch: tokens/s)
+    # The stage of each of `jobs` (prepare, train: jobgen/payloads/stages.py); () in records
+    # written before stages, whose jobs all train.
+    stages: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["jobs"] = list(self.jobs)
+        data["stages"] = list(self.stages)
         return data
+
+    def staged(self) -> list[tuple[str, str]]:
+        """(stage, job id) of every job of the submission, in order."""
+        jobs = self.jobs or (self.job_id,)
+        return list(zip(self.stages if self.stages else ("train",) * len(jobs), jobs))
 
 
 def state_dir() -> Path:
@@ -84,6 +93,11 @@ def _run(data: dict[str, Any]) -> Run:
     if not isinstance(jobs, (list, tuple)) or not all(isinstance(j, str) for j in jobs):
         raise ValueError("jobs")
     data["jobs"] = tuple(jobs)
+    stages = data.get("stages") or ()
+    if not isinstance(stages, (list, tuple)) or not all(isinstance(s, str) for s in stages) \
+            or (stages and len(stages) != len(jobs)):
+        raise ValueError("stages")
+    data["stages"] = tuple(stages)
     for key in ("name", "backend", "job_id", "recipe", "site", "run_dir", "submitted"):
         if not isinstance(data.get(key), str):
             raise ValueError(key)

@@ -126,6 +126,10 @@ def _malformed(data: Any) -> Optional[str]:
                 return f"submission {index + 1}: {key} is missing or not a {kind.__name__}"
         if not all(isinstance(item, str) for item in sub["overrides"]):
             return f"submission {index + 1}: overrides holds a value that is not text"
+        staged = sub.get("job_stages", sub["job_ids"])   # optional: each job's stage
+        if not isinstance(staged, list) or len(staged) != len(sub["job_ids"]) or \
+                not all(isinstance(item, str) for item in staged):
+            return f"submission {index + 1}: job_stages is not one stage name per job id"
     return None
 
 
@@ -210,10 +214,13 @@ def admit(spec: JobSpec, new: dict[str, Any], here: bool, amend: bool) -> Option
 
 
 def commit(spec: JobSpec, new: dict[str, Any], old: Optional[dict], job_ids: Sequence[str],
-           here: bool) -> Optional[str]:
-    """Add the submission to the run's record (the run folder's and the state copy); a
-    warning instead of an error: the job is already submitted."""
+           here: bool, stages: Sequence[str] = ()) -> Optional[str]:
+    """Add the submission to the run's record (the run folder's and the state copy), with
+    each job's stage where they are given (`job_stages`; older records have none: all train);
+    a warning instead of an error: the job is already submitted."""
     new = dict(new, job_ids=list(job_ids))
+    if stages:
+        new["job_stages"] = list(stages)
     data: dict[str, Any] = dict(old) if old else {"format": FORMAT, "run": spec.run_name,
                                                    "submissions": []}
     data["submissions"] = list(data["submissions"]) + [new]

@@ -1,35 +1,7 @@
 """Detectors: the observations of a run in, alerts out. Pure (the clock is passed in), so that a
 recorded stream is judged exactly as a live one. Every rule is relative to the run's own
-numbers (watching/rules.py), so that a healthy run of any scale raises nothing
-(benchmarks/watch_alarms.py measures that on real CPU rehearsals).
-
-- gradient-norm spike: a norm above `spike_factor` (4) x the median of the last `spike_window`
-  (20) norms, and by more than `spike_mads` (6) robust spreads of their logs (MAD x 1.4826:
-  norms vary by ratios), judged once `MIN_HISTORY` (5) norms are known. HLAT (arXiv
-  2404.10630) used "above the running mean + 0.1", an absolute margin that suits norms near 1
-  and fires on every wobble of a run whose norms are near 4 or 6; and a CPU rehearsal's norms
-  jump up to 3.1 x when its tiny model starts to learn (benchmarks/watch_alarms.py). A spike
-  that has not come back after `spike_patience` steps is reported as sustained (HLAT saw those
-  precede divergence). It is not acted on: a norm that settles higher (the end of warmup does
-  that) looks the same, and a rollback on that signal would throw good steps away.
-- divergence: `growth_steps` consecutive norms above `growth_factor` (3) x the lowest running
-  median (HLAT: growth above 3x the lowest value precedes divergence).
-- a non-finite loss or gradient norm: divergence, at once.
-- loss spike: a loss above (1 + `loss_spike`) x the median of the last `spike_window` losses
-  (one alert until it is back below (1 + `loss_spike` / 2) x the median; none once divergence
-  is known).
-- hang: no training step and no node starting one for max(`hang_factor` x the median step time,
-  `hang_min_s`) while the job runs; the nodes that did not start the newest step (or whose logs
-  went quiet while others grew) are named. While torchrun has restarts left in place (the
-  newest start event says its budget and the collective timeout), at least that timeout plus
-  `hang_min_s`: the hung rank's peers fail by then and torchrun restarts them itself.
-- throughput drop: the median rate of the last `drop_steps` steps more than `drop` (30 %) below
-  the median of the steps before them in this allocation (at least 2 x `drop_steps` of them),
-  and by more than `drop_mads` (4) x the robust spread of those steps' log rates; the first 2
-  steps after each start and every step whose time holds a save or a resume are left out.
-- a node that repeatedly causes restarts: the same host (node index where no host is recorded)
-  failing first (the earliest exit status 1-127 recorded; the others then lose their peer) in
-  `restarts_per_node` allocations.
+numbers (watching/rules.py), so that a healthy run of any scale raises nothing. The rules, their
+defaults and how benchmarks/watch_alarms.py measured them: docs/watching.md.
 
 One module per family: divergence.py (gradient norm, divergence, loss), pace.py (throughput,
 hang), restarts.py (the node behind repeated restarts); `Detectors` below combines them over one

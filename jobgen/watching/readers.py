@@ -1,19 +1,15 @@
 """Readers: what a run writes, turned into `Observation`s, read incrementally while it runs.
 
 - the payloads' JSON-line events (payload/common/events.py): rank 0's in node 0's log of each
-  allocation (``RUN_DIR/logs/JOB/restart-N/node-K/train.log``, ``attempt-N`` on Batch), every
-  node's ``beat`` (the node starts a step) in its own log; ``RUN_DIR/train/metrics.jsonl`` (the
-  same events, the NxD and BERT programs' metrics file) where there are no node logs;
-- TensorBoard event files, through the tensorboard package's own reader (jobgen/watching/
-  tbevents.py), only where the run writes no JSON events (a run jobgen did not start);
+  allocation, every node's ``beat`` in its own log, or ``RUN_DIR/train/metrics.jsonl`` where
+  there are no node logs (the log folders: docs/watching.md);
+- TensorBoard event files, through the tensorboard package's own reader (tbevents.py), only
+  where the run writes no JSON events (a run jobgen did not start);
 - the per-node logs themselves: when each last grew, and how each node's pass ended.
-
-An event line becomes an Observation in events.py.
 """
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 from collections import defaultdict
@@ -25,11 +21,10 @@ from ..plumbing import fsio
 from ..plumbing.errors import JobgenError
 from .events import parse_lines, same_allocation
 from .observations import Observation
-from .runfolder import event_files
+from .runfolder import allocation_folders, event_files
 from .runfolder import mtime as _mtime
 from .tbevents import EventFile
 
-ALLOCATION = re.compile(r"^(restart|attempt)-([0-9]{1,9})$")   # ASCII digits (not -²)
 MAX_LINE = fsio.MAX_LINE
 CHUNK = 16 << 20   # read of a growing file per call: memory stays bounded, the rest comes next
 # TensorBoard tags, first match wins: NeMo's (neuronx-nemo-megatron logs these names), then the
@@ -98,7 +93,8 @@ class NodeEnd:
 
 @dataclass
 class Allocation:
-    """One allocation of the job (a restart-N or attempt-N folder)."""
+    """One allocation of the job (a restart-N or attempt-N folder, or the job folder of a
+    `jobgen run` command)."""
     index: int
     job: str
     folder: Path
@@ -177,14 +173,10 @@ class RunReader:
     def _discover(self) -> None:
         known = {a.folder for a in self.allocations}
         for job_folder in self._job_folders():
-            found = []
-            for entry in job_folder.iterdir():
-                match = ALLOCATION.match(entry.name)
-                if match and entry.is_dir() and entry not in known:
-                    found.append((int(match.group(2)), entry))
-            for _, folder in sorted(found):
-                self.allocations.append(Allocation(len(self.allocations), job_folder.name,
-                                                   folder))
+            for _, folder in allocation_folders(job_folder):
+                if folder not in known:
+                    self.allocations.append(Allocation(len(self.allocations), job_folder.name,
+                                                       folder))
 
     # --- reading --------------------------------------------------------------------------------
 

@@ -3,15 +3,32 @@ folder that is not a run, like / or /proc, is refused or walked only so far)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 RUN_MARKERS = ("logs", "train", "nemo", "jobgen-run.json")
 MAX_ENTRIES = 200_000    # a run folder's walk for event files stops here (not a run: / or /proc)
+ALLOCATION = re.compile(r"^(restart|attempt)-([0-9]{1,9})$")   # ASCII digits (not -²)
+NODE = re.compile(r"node-([0-9]{1,6})")      # ASCII digits only (not node-²)
 
 
 def is_run(folder: Path) -> bool:
     """Whether `folder` holds what a run writes (its logs, train or nemo folder, its record)."""
     return any((folder / m).exists() for m in RUN_MARKERS)
+
+
+def allocation_folders(job: Path) -> list[tuple[int, Path]]:
+    """A job's allocations in `RUN/logs/JOB/`, oldest first: its ``restart-N`` (Slurm) or
+    ``attempt-N`` (Batch) folders, else the job folder itself where its nodes' folders lie
+    directly in it (`jobgen run`: one allocation per command)."""
+    try:
+        entries = [e for e in job.iterdir() if e.is_dir()]
+    except OSError:
+        return []
+    found = [(int(m.group(2)), e) for e in entries if (m := ALLOCATION.match(e.name))]
+    if not found and any(NODE.fullmatch(e.name) for e in entries):
+        found = [(0, job)]
+    return sorted(found)
 
 
 def event_files(run_dir: Path) -> list[Path]:

@@ -8,9 +8,9 @@ from typing import Any, Optional
 from .observations import Action, Alert
 
 # Exit statuses: 0 healthy (offline) or completed (a job), 1 a divergence or hang found or the
-# run failed (offline) or the job did not complete, 2 a usage or input error (errors.py),
-# 3 nothing to judge: not one training step was read, so "no alerts" would mean nothing;
-# 130 Ctrl-C.
+# run failed or was cancelled (offline) or the job did not complete, 2 a usage or input error
+# (errors.py), 3 nothing to judge: not one training step was read, so "no alerts" would mean
+# nothing; 130 Ctrl-C.
 NOTHING_TO_JUDGE = 3
 
 
@@ -42,9 +42,11 @@ class Summary:
     last_step: Optional[int] = None
     steps_read: int = 0               # training steps read: none, and there was nothing to judge
     notes: list[str] = field(default_factory=list)
-    # Offline: how the run ended where it did not end well (ending.py), and whether it failed.
+    # Offline: how the run ended where it did not end well (ending.py): a failure (a node's
+    # status other than 0) or a cancel (Ctrl-C); either way it did not complete.
     ended: str = ""
     failed: bool = False
+    cancelled: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -56,15 +58,17 @@ class Summary:
                 "steps_read": self.steps_read,
                 "alert_counts": counts, "alerts": [a.as_dict() for a in self.alerts],
                 "actions": [a.as_dict() for a in self.actions], "notes": self.notes,
-                "ended": self.ended or None, "failed": self.failed}
+                "ended": self.ended or None, "failed": self.failed,
+                "cancelled": self.cancelled}
 
 
 def exit_status(summary: Summary, completed: Optional[bool] = None) -> int:
     """`jobgen watch`'s exit status. Offline (`completed` None): 1 when a divergence or hang was
-    found, or the run failed; a job: 1 when it did not complete. Otherwise 3
+    found, or the run failed or was cancelled; a job: 1 when it did not complete. Otherwise 3
     (NOTHING_TO_JUDGE) when not one training step was read, else 0."""
     if completed is None:
-        if summary.failed or any(a.category != "report" for a in summary.alerts):
+        if summary.failed or summary.cancelled or \
+                any(a.category != "report" for a in summary.alerts):
             return 1
     elif not completed:
         return 1

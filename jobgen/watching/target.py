@@ -76,8 +76,3 @@ def lines_after(text: str, seen: int) -> tuple[list[str], int]:
     lines = text.split("\n")
     complete = lines[:-1]          # the last piece is a line still being written
     return complete[seen:], max(seen, len(complete))
-
-
-def remote_only(backend: str, detail: Optional[str] = None) -> str:
-    return (f"a {backend} job's run folder is not on this machine"
-            + (f" ({detail})" if detail else ""))

@@ -48,8 +48,9 @@ def summary_lines(summary: Any) -> list[str]:
     if ended:
         lines.append(f"  {ended}")
     if not summary.alerts:
-        lines.append(("  no alerts" if not getattr(summary, "failed", False) else
-                      "  no alerts before it") if summary.steps_read else
+        ended_badly = getattr(summary, "failed", False) or getattr(summary, "cancelled", False)
+        lines.append(("  no alerts before it" if ended_badly else "  no alerts")
+                     if summary.steps_read else
                      "  nothing to judge: not one training step was read")
     kinds: dict[str, list[Alert]] = {}
     for alert in summary.alerts:

@@ -11,12 +11,10 @@ from typing import Any, Callable, Optional
 from ..plumbing.errors import JobgenError
 from . import actions
 from .detectors import Detectors
-from .observations import Action, Alert, Observation, iso
+from .observations import Action, Alert, Observation
 from .readers import RunReader
 from .summary import Status, Summary
 
-ACTIONS = {"hang": ("requeue", "stop", "notify"),
-           "diverge": ("requeue", "stop", "rollback", "notify")}
 WATCH_LOG = "watch.jsonl"     # in the run folder: every alert and action, one JSON object each
 
 
@@ -121,8 +119,8 @@ class Watch:
         s.notes = list(self.reader.notes) + self.reader.skipped_notes()
         if self.controller is None:   # a recording: how it ended is in its nodes' files
             from .ending import ended
-            line, s.failed = ended(self.reader, s.last_step)
-            s.ended = line or ""
+            line, how = ended(self.reader, s.last_step)
+            s.ended, s.failed, s.cancelled = line or "", how == "failed", how == "cancelled"
         self.view.summary(s)
         return s
 
@@ -248,7 +246,3 @@ class Watch:
         if not ok:
             self.view.note(text)
         return ok, text
-
-
-def now_iso() -> str:
-    return iso(time.time())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # jobgen's job lifecycle on the nodes: the one two-pass flow that every executor runs.
 #
-#   health gate -> compile marker -> compile pass -> marker -> node-local cache copy -> training pass
+#   health gate -> data check -> compile marker -> compile pass -> marker -> node-local cache copy -> training pass
 #   -> the job's status (a configuration error, 78, wins) -> restart accounting
 #
 # Who calls it (each only wires its scheduler's facts into the node contract):
@@ -18,7 +18,7 @@
 # JOBGEN_CACHE_VAR JOBGEN_CACHE_SUFFIX JOBGEN_NODES JOBGEN_MAX_RESTARTS JOBGEN_RESTARTS_IN_PLACE
 # JOBGEN_RDZV_TIMEOUT
 # JOBGEN_SHARED_FS JOBGEN_SETUP_ON JOBGEN_FILES_JSON JOBGEN_PREPARE_JSON JOBGEN_ACTIVATE
-# JOBGEN_HEALTH (and JOBGEN_HEALTH_DONE, set by a controller that ran the gate itself).
+# JOBGEN_HEALTH JOBGEN_DATA (and JOBGEN_HEALTH_DONE, set by a controller that ran the gate itself).
 # Per node (the executor's facts): MASTER_ADDR JOBGEN_NODE_RANK JOBGEN_NNODES JOBGEN_IS_MAIN
 # JOBGEN_LOG_DIR, and JOBGEN_RUN_COMPILE where a controller has decided the compile pass.
 #
@@ -30,7 +30,8 @@
 # The flow is split by stage, one file each under flow/ next to this script; this file loads
 # them and runs the node command. Each stage file can be sourced with base.sh alone and tested:
 #   base.sh      exit statuses, messages, small helpers
-#   contract.sh  the node contract checked (flow_init), payload digest, setup, prepare, FSx client
+#   contract.sh  the node contract checked (flow_init), payload digest, setup, prepare, data check,
+#                FSx client
 #   gate.sh      the health gate (per node; once per allocation under the Slurm controller)
 #   compile.sh   the compile decision, the cache marker, the wait for every node's compile pass
 #   pass.sh      one pass: the launcher in its own session, its times, the rendezvous hint

@@ -1,5 +1,6 @@
 """The stand-in trainer's (train.py's) flags and their checks: the shared trainer flags with a
-tiny model's defaults, the decay shape under both programs' names, and the index folder."""
+tiny model's defaults, the decay shape under both programs' names, the index folder, and the
+prepared dataset to read instead of made-up batches."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,13 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="build (global rank 0) and read (every rank) a sample index file here "
                         "first, as NeMo's GPT dataset does (indexed_data.py); on nodes with "
                         "disks of their own, each node builds its own (common/node_indices.py)")
+    p.add_argument("--data-format", choices=("megatron", "hf_blocks"), default=None,
+                   help="train on a prepared dataset (prepared_data.py) instead of made-up "
+                        "batches: megatron with --data-prefix, hf_blocks with --data-dir")
+    p.add_argument("--data-prefix", nargs="+", default=None,
+                   help="megatron: the .bin/.idx prefixes (the recipe's data.path, or its "
+                        "shards), read one after another")
+    shared.add(p, ("data-dir",))    # hf_blocks: the folder saved with save_to_disk
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -52,3 +60,11 @@ def validate(args: argparse.Namespace) -> None:
         raise PayloadError("--warmup-steps must lie in [0, --max-steps]")
     if args.steps < -1:
         raise PayloadError("--steps must be -1 (no bound) or >= 0")
+    need = {"megatron": "data_prefix", "hf_blocks": "data_dir"}.get(args.data_format or "")
+    for name in ("data_prefix", "data_dir"):
+        flag = "--" + name.replace("_", "-")
+        if getattr(args, name) is not None and name != need:
+            raise PayloadError(f"{flag} goes with --data-format "
+                               f"{'megatron' if name == 'data_prefix' else 'hf_blocks'}")
+        if name == need and not getattr(args, name):
+            raise PayloadError(f"--data-format {args.data_format} needs {flag}")

@@ -31,6 +31,7 @@ from common.loop import run_invocation
 from common.models import OUTPUT_PROJECTIONS, build_model, synthetic_tokens
 from common.optim import parameter_groups
 from common.runtime import (
+    PayloadError,
     batch_positions,
     dist_coords,
     ensure_process_env,
@@ -109,6 +110,12 @@ class SmokeTrainer(Checkpoints):
         self.index: list[int] | None = None
         if args.index_dir is not None:
             self._load_index(args.index_dir)
+        self.rows = None        # a prepared dataset's samples (prepared_data.py), else made up
+        if args.data_format is not None:
+            import prepared_data
+            self.rows = prepared_data.open_rows(args.data_format,
+                                                args.data_prefix or [str(args.data_dir)],
+                                                args.seq_length)
         self.ckpt_root = args.output_dir / "checkpoints"
         self.training = args.phase == "train"
         if self.training:  # every rank, before anyone opens a file in it
@@ -118,6 +125,7 @@ class SmokeTrainer(Checkpoints):
         self.log.emit("start", phase=args.phase, family=args.family, accelerator="cpu",
                       backend="gloo", optimizer="torch.AdamW", world_size=self.world,
                       ranks_from=ranks_from, global_batch_size=self.global_batch,
+                      data=args.data_format or "made-up",
                       parameters=sum(p.numel() for p in self.model.parameters()))
         self.tensorboard = (open_tensorboard(args.output_dir / "tensorboard", self.log)
                             if self.training else None)
@@ -181,8 +189,15 @@ class SmokeTrainer(Checkpoints):
         if self.index is not None:   # read through the index, as NeMo's samples are
             n = len(self.index)
             positions = [self.index[p % n] + p // n * n for p in positions]
-        rows = [synthetic_tokens(p, args.seq_length, args.vocab_size, args.seed)
-                for p in positions]
+        if self.rows is not None:
+            rows = [self.rows.row(p) for p in positions]
+            top = max(max(row) for row in rows)
+            if top >= args.vocab_size:
+                raise PayloadError(f"the dataset holds token {top}, outside --vocab-size "
+                                   f"{args.vocab_size}")
+        else:
+            rows = [synthetic_tokens(p, args.seq_length, args.vocab_size, args.seed)
+                    for p in positions]
         return self.torch.tensor(rows, dtype=self.torch.long)
 
     def train_step(self) -> dict[str, Any]:

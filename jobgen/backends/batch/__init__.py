@@ -26,7 +26,7 @@ DECLARATION = Declaration(
     watch=True,
     command=True,
     logs_per_node=True,
-    options=frozenset({"queue", "endpoint_url", "region", "profile"}),
+    options=frozenset({"queue", "endpoint_url", "region", "profile", "stages"}),
     extra="batch", sdk_modules=("botocore",), renders_with_sdk=True,
     job_id_pattern=r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}(#\d+)?",
     default_poll_s=15.0,

@@ -4,7 +4,7 @@ calls to AWS)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ...images import catalog as images
 from ...inputs.site import Site
@@ -14,6 +14,7 @@ from ...plumbing.errors import ConfigError
 from .. import Echo, JobStatus, SubmitOptions, Submitted, aws, job_status
 from ..protocol import JobRef
 from . import client as batch_client
+from . import stage as stage_job
 from .definition import (  # noqa: F401  (re-exported: the health gate asks the backend, tests)
     NODE_LOST_STATUS,
     NODE_SILENCE_S,
@@ -57,27 +58,81 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
     """The image must carry the payload the job is rendered with (its nodes check it)."""
     images.prepare(spec, "batch")
 
+def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = ()) -> Plan:
+    """The job definition of a stage other than training (jobgen/payloads/stages.py): a
+    single-node container job in the training image; one SubmitJob per task."""
+    if name == "train":
+        return plan(spec)
+    argv = stage_job.argvs(spec, name, sources)
+    jd = stage_job.job_definition(spec, name, argv[0])
+    file = f"{spec.run_name}-{name}.job-definition.json"
+    return Plan(backend="batch", files=(PlannedFile(file, json.dumps(jd, indent=2) + "\n"),),
+                primary=file, submit_argv=("aws", "batch", "register-job-definition",
+                                           "--cli-input-json", "file://{primary}"))
+
+
+def _jobs(spec: JobSpec, options: SubmitOptions) -> list[tuple[str, dict[str, Any], list]]:
+    """The submission's jobs in order, each (stage, its definition, one command per job: None
+    for the definition's own); rendered whole before anything is submitted."""
+    jobs: list[tuple[str, dict[str, Any], list]] = []
+    for name in options.stages:
+        if name == "train":
+            jobs.append(("train", job_definition(spec), [None]))
+            continue
+        argv = stage_job.argvs(spec, name, options.sources)
+        jobs.append((name, stage_job.job_definition(spec, name, argv[0]),
+                     [None] if len(argv) == 1 else argv))
+    for _, _, commands in jobs[:-1]:   # too many for the next job: refused before any submit
+        stage_job.depends_on([""] * len(commands))
+    return jobs
+
+
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
-    """The RegisterJobDefinition and SubmitJob requests `submit` makes, as JSON."""
-    request = batch_client.dry_run(job_definition(spec), queue=_queue(spec, options),
-                                   nodes=spec.nodes, run_name=spec.run_name)
-    name, origin = aws.region(spec.site, "batch")
-    return json.dumps({"region": {"name": name, "from": origin}, **request}, indent=2) + "\n"
+    """The RegisterJobDefinition and SubmitJob requests `submit` makes, as JSON (a job after
+    another depends on `<job id of STAGE job N>`)."""
+    queue, calls = _queue(spec, options), []
+    before: list[str] = []
+    for name, jd, commands in _jobs(spec, options):
+        calls += batch_client.dry_run(
+            jd, queue=queue, nodes=spec.nodes if name == "train" else 0, run_name=_job_name(
+                spec, name), depends_on=stage_job.depends_on(before), commands=commands)
+        before = [f"<job id of the {name} job {k + 1}>" for k in range(len(commands))]
+    region, origin = aws.region(spec.site, "batch")
+    return json.dumps({"region": {"name": region, "from": origin}, "calls": calls},
+                      indent=2) + "\n"
+
+
+def _job_name(spec: JobSpec, stage: str) -> str:
+    return spec.run_name if stage == "train" else f"{spec.run_name}-{stage}"
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
-    """Register the definition `jobgen render --backend batch` prints (only if no ACTIVE
-    revision has its content) and submit it."""
+    """Register the definitions `jobgen render --backend batch [--stage ...]` prints (only if
+    no ACTIVE revision has their content) and submit them, each stage's jobs after the one
+    before (dependsOn)."""
     if options.chain:
         raise ConfigError("--chain is for Slurm (a Batch job runs both passes on its nodes)")
     prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
     queue = _queue(spec, options)
+    jobs = _jobs(spec, options)
     batch = aws.client(spec.site, options.endpoint_url)
-    job = batch_client.submit(batch, job_definition(spec), queue=queue, nodes=spec.nodes,
-                              run_name=spec.run_name)
-    how = "registered" if job.definition.registered else "reusing unchanged"
-    return Submitted((job.job_id,), (f"{how} {job.definition.arn}; submitted {job.job_name} "
-                                     f"to {queue}",), queue)
+    ids: list[str] = []
+    stages: list[str] = []
+    notes: list[str] = []
+    before: list[str] = []
+    for name, jd, commands in jobs:
+        done = batch_client.submit(batch, jd, queue=queue,
+                                   nodes=spec.nodes if name == "train" else 0,
+                                   run_name=_job_name(spec, name),
+                                   depends_on=stage_job.depends_on(before), commands=commands)
+        before = [job.job_id for job in done]
+        ids += before
+        stages += [name] * len(done)
+        how = "registered" if done[0].definition.registered else "reusing unchanged"
+        count = f" ({len(done)} jobs)" if len(done) > 1 else ""
+        notes.append(f"{how} {done[0].definition.arn}; submitted {done[0].job_name}{count} "
+                     f"to {queue}")
+    return Submitted(tuple(ids), tuple(notes), queue, stages=tuple(stages))
 
 
 def _site(ref: JobRef) -> Any:

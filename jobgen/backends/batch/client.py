@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ...plumbing.errors import ConfigError, RemoteError
 from ...plumbing.record import record
@@ -64,33 +64,52 @@ class Submitted:
 
 
 def submit_request(jd: dict[str, Any], definition_arn: str, *, queue: str, nodes: int,
-                   run_name: str) -> dict[str, Any]:
-    """The SubmitJob request for a registered revision of `jd`."""
-    return {"jobName": job_name(run_name), "jobQueue": queue, "jobDefinition": definition_arn,
-            "nodeOverrides": {"numNodes": nodes}, "tags": dict(jd.get("tags", {})),
-            "propagateTags": True}
+                   run_name: str, depends_on: Sequence[dict[str, str]] = (),
+                   command: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """The SubmitJob request for a registered revision of `jd`: a multi-node job on `nodes`
+    nodes, or (nodes 0) a container job running `command` where given; after the jobs of
+    `depends_on`."""
+    request: dict[str, Any] = {"jobName": job_name(run_name), "jobQueue": queue,
+                               "jobDefinition": definition_arn}
+    if depends_on:
+        request["dependsOn"] = [dict(d) for d in depends_on]
+    if nodes:
+        request["nodeOverrides"] = {"numNodes": nodes}
+    if command is not None:
+        request["containerOverrides"] = {"command": list(command)}
+    return {**request, "tags": dict(jd.get("tags", {})), "propagateTags": True}
 
 
-def submit(batch: Any, jd: dict[str, Any], *, queue: str, nodes: int,
-           run_name: str) -> Submitted:
-    """Register `jd` if its content is new, then submit it on `nodes` nodes to `queue`."""
+def submit(batch: Any, jd: dict[str, Any], *, queue: str, nodes: int, run_name: str,
+           depends_on: Sequence[dict[str, str]] = (),
+           commands: Sequence[Optional[Sequence[str]]] = (None,)) -> list[Submitted]:
+    """Register `jd` if its content is new, then submit it to `queue`: one job per entry of
+    `commands` (None: the definition's own command)."""
     definition = ensure_definition(batch, jd)
-    request = submit_request(jd, definition.arn, queue=queue, nodes=nodes, run_name=run_name)
-    response = call(batch.submit_job, **request)
-    return Submitted(response["jobId"], request["jobName"], definition)
+    done = []
+    for command in commands:
+        request = submit_request(jd, definition.arn, queue=queue, nodes=nodes,
+                                 run_name=run_name, depends_on=depends_on, command=command)
+        response = call(batch.submit_job, **request)
+        done.append(Submitted(response["jobId"], request["jobName"], definition))
+    return done
 
 
-def dry_run(jd: dict[str, Any], *, queue: str, nodes: int, run_name: str) -> dict[str, Any]:
+def dry_run(jd: dict[str, Any], *, queue: str, nodes: int, run_name: str,
+            depends_on: Sequence[dict[str, str]] = (),
+            commands: Sequence[Optional[Sequence[str]]] = (None,)) -> list[dict[str, Any]]:
     """The requests `submit` makes, offline: which revision SubmitJob names is only known
     once Batch answers, so it is written as `<the ACTIVE revision of NAME tagged HASH>`."""
     name, digest = jd["jobDefinitionName"], jd.get("tags", {}).get("jobgen:hash", "")
     arn = f"<the ACTIVE revision of {name} tagged jobgen:hash={digest}>"
-    return {"calls": [
+    return [
         {"operation": "RegisterJobDefinition",
          "when": f"no ACTIVE revision of {name} carries the tag jobgen:hash={digest}",
          "request": jd},
-        {"operation": "SubmitJob",
-         "request": submit_request(jd, arn, queue=queue, nodes=nodes, run_name=run_name)}]}
+        *({"operation": "SubmitJob",
+           "request": submit_request(jd, arn, queue=queue, nodes=nodes, run_name=run_name,
+                                     depends_on=depends_on, command=command)}
+          for command in commands)]
 
 
 # --- following jobs ------------------------------------------------------------------------------

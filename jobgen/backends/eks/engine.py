@@ -1,27 +1,8 @@
 """JobSet's engine, emulated for the EKS rehearsal: what Kubernetes' Job controller and JobSet's
 controller decide when a pod of a rendered JobSet ends, read off the manifest itself (the child
 Job's backoffLimit and podFailurePolicy, the JobSet's failurePolicy), with the pods run as
-processes here (rehearsal.py gives each pod's command and environment).
-
-The decisions follow the sources (written here from their documented behaviour):
-  - a failed pod against the child Job's podFailurePolicy (kubernetes pkg/controller/job/
-    pod_failure_policy.go): rules in order, the first match wins; onExitCodes never matches exit
-    code 0; onPodConditions matches a condition of that type and status; FailJob fails the Job
-    with reason PodFailurePolicy and the message "Pod NS/POD has condition TYPE matching FailJob
-    rule at index I" or "Container C for pod NS/POD failed with exit code X matching FailJob
-    rule at index I"; Ignore replaces the pod without counting; otherwise the failure counts,
-    and more than backoffLimit counted fail the Job with reason BackoffLimitExceeded;
-  - a failed child Job against the JobSet's failurePolicy (jobset pkg/controllers/
-    failure_policy.go, v0.12.0): the first rule whose onJobFailureReasons and
-    onJobFailureMessagePatterns (regular expressions, searched) match acts; no match means
-    RestartJobSet; RestartJobSet fails the JobSet once the counted restarts reached maxRestarts
-    (reason ReachedMaxRestarts), RestartJobSetAndIgnoreMaxRestarts does not count;
-  - a restart deletes the child Job: every pod still running gets SIGTERM (its PID 1, as the
-    kubelet sends it) and, after terminationGracePeriodSeconds, SIGKILL; a pod still Pending is
-    deleted without having run; then all pods start again, each labelled with JobSet's restart
-    attempt (status.restarts, counted or not). A drain (`disrupt`) is the Eviction API: the pod
-    gets the DisruptionTarget condition, then the same termination, that pod alone. A deletion
-    (`delete`) is a plain one: no condition, a Pending pod fails without having run.
+processes here (rehearsal.py gives each pod's command and environment). Its rules follow the
+upstream controllers, as docs/eks.md cites them; change them only against those sources.
 """
 from __future__ import annotations
 

@@ -92,8 +92,34 @@ def status_lines(ref: JobRef) -> list[str]:
     return [f"{s.job_id}: {s.native}" + (f" ({s.reason})" if s.reason else "")]
 
 
+# How much of each log `jobgen logs` prints of a `jobgen run` job: its tail.
+LOG_TAIL = 1 << 20
+
+
 def logs(ref: JobRef, node: Optional[int], follow: bool, echo: Echo) -> None:
-    _foreground("logs")
+    """What a `jobgen run` job's node wrote (RUN_DIR/logs/JOB/node-K/*.log: a stage's log, or
+    the compile and training passes'), each file's tail under its name. It ran in the
+    foreground, so `--follow` has nothing more to wait for."""
+    from pathlib import Path
+
+    from ...plumbing import fsio
+    from ...plumbing.errors import JobgenError
+    if ref.run is None:
+        _foreground("logs")
+    folder = Path(ref.run.run_dir, "logs", ref.job_id, f"node-{node or 0}")
+    files = sorted(folder.glob("*.log"), key=lambda p: (p.stat().st_mtime, p.name))
+    if not files:
+        raise ConfigError(printable(f"{folder}: no logs of job {ref.job_id} node {node or 0} "
+                                    "(`jobgen runs` lists the runs and their folders)"))
+    for path in files:
+        try:
+            size = path.stat().st_size
+            data = fsio.read_bytes(path, LOG_TAIL, offset=max(0, size - LOG_TAIL), partial=True)
+        except (OSError, JobgenError) as exc:
+            echo(printable(f"==> {path}: unreadable: {exc} <==") + "\n")
+            continue
+        text = data.decode("utf-8", "replace")
+        echo(printable(f"==> {path} <==") + "\n" + text + ("" if text.endswith("\n") else "\n"))
 
 
 def cancel(ref: JobRef) -> str:

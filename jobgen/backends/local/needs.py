@@ -43,9 +43,13 @@ def _local(name: str, roots: Iterable[Path]) -> Optional[Path]:
     return None
 
 
-def imported(files: Iterable[Path], roots: Iterable[Path]) -> set[str]:
+def imported(files: Iterable[Path], roots: Iterable[Path],
+             lazily: Optional[dict[str, str]] = None) -> set[str]:
     """The top-level names of every module that `files` import, the payload's own modules
-    under `roots` followed (and not counted), relative imports skipped."""
+    under `roots` followed (and not counted), relative imports skipped. With `lazily`, the
+    modules a program imports only where it needs them, through its own
+    `_need(MODULE, PACKAGE)` (the dataset writers and readers), count too, and `lazily` gets
+    module -> package (as `installers` names packages) for each."""
     roots = list(roots)
     todo, seen, found = [p for p in files if p.is_file()], set(), set()
     while todo:
@@ -64,6 +68,10 @@ def imported(files: Iterable[Path], roots: Iterable[Path]) -> set[str]:
             elif isinstance(item, ast.ImportFrom) and item.level == 0 and item.module:
                 names.append(item.module)
                 names += [f"{item.module}.{alias.name}" for alias in item.names]
+            elif lazily is not None and _lazy(item) is not None:
+                module, package = _lazy(item) or ("", "")
+                names.append(module)
+                lazily[module.split(".")[0]] = package.lower().replace("-", "_")
         for name in names:
             own = _local(name, roots)
             if own is not None:
@@ -72,6 +80,17 @@ def imported(files: Iterable[Path], roots: Iterable[Path]) -> set[str]:
                 found.add(name.split(".")[0])
     found.discard("__future__")
     return found
+
+
+def _lazy(item: ast.AST) -> Optional[tuple[str, str]]:
+    """(module, package) of a call `_need("module", "package")`, else None."""
+    if not (isinstance(item, ast.Call) and isinstance(item.func, ast.Name)
+            and item.func.id == "_need" and len(item.args) >= 2):
+        return None
+    words = [a.value for a in item.args[:2] if isinstance(a, ast.Constant)]
+    if len(words) != 2 or not all(isinstance(w, str) for w in words):
+        return None
+    return str(words[0]), str(words[1])
 
 
 def installers(requirements: Optional[Iterable[str]] = None) -> dict[str, str]:
@@ -136,8 +155,9 @@ def command(python: str, lacking: Iterable[str], extras: Mapping[str, str]) -> s
     """The one command line that installs `lacking` into `python` (torch's CPU wheel first)."""
     pip, lacking = _pip(python), set(lacking)
     steps = [f"{pip} {CPU_TORCH}"] if "torch" in lacking else []
-    for extra in dict.fromkeys(extras[m] for m in sorted(lacking) if m in extras):
-        steps.append(f"{pip} install {_target(extra)}")
+    named = list(dict.fromkeys(extras[m] for m in sorted(lacking) if m in extras))
+    if named:     # one install of every extra that holds one
+        steps.append(f"{pip} install {_target(','.join(named))}")
     return " && ".join(steps)
 
 
@@ -156,14 +176,24 @@ def program_files(spec: JobSpec, payload_root: Path) -> list[Path]:
     return files
 
 
-def check(spec: JobSpec, env: Mapping[str, str]) -> None:
-    """Refuse (one line) a rehearsal whose nodes' interpreter lacks what its programs import."""
+def check(spec: JobSpec, env: Mapping[str, str],
+          programs: Optional[Iterable[str]] = None) -> None:
+    """Refuse (one line) a rehearsal whose nodes' interpreter lacks what its programs import
+    (its nodes', or `programs`: a stage's, under the payload folder). A stage's program and a
+    rehearsal that reads a prepared dataset need their dataset libraries too (`imported`'s
+    `lazily`); the README's rehearsal on made-up batches does not."""
+    from ...payloads.data import expectations
     from ...plumbing import resources
     root = resources.folder("payload")
-    files = program_files(spec, root)
+    files = program_files(spec, root) if programs is None else [root / p for p in programs]
     extras = installers()
-    wanted = {m for m in imported(files, [root, *{f.parent for f in files}])
-              if m in extras or m == "torch"}
+    lazily: Optional[dict[str, str]] = \
+        {} if programs is not None or (spec.smoke and expectations(spec)) else None
+    found = imported(files, [root, *{f.parent for f in files}], lazily)
+    for module, package in (lazily or {}).items():
+        if package in extras:
+            extras.setdefault(module, extras[package])
+    wanted = {m for m in found if m in extras or m == "torch"}
     python = node_python(env)
     if python is None:
         raise ConfigError("the rehearsal's nodes find no python3 on their PATH (nor "

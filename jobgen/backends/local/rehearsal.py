@@ -62,10 +62,13 @@ def master_port(spec: JobSpec, movable: bool = True) -> Optional[int]:
 
 def record(spec: JobSpec, job_id: str, *, site_ref: str, overrides: Sequence[str],
            recipe_file: Path, site_file: Path, amend: bool = False,
-           resubmit: bool = False) -> list[str]:
+           resubmit: bool = False, stage: Optional[str] = None,
+           sources: Sequence[str] = ()) -> list[str]:
     """Record the rehearsal as `submit` records a job: a line of `jobgen runs` and the run's
     record in its folder (refused, as for submit, where the run was trained with other values
-    and not `amend`). Returns warnings (the run goes on without its record)."""
+    and not `amend`). Returns warnings (the run goes on without its record). `stage`: a
+    stage's job before training, on one node (jobgen/backends/local/stage.py), with its --from
+    `sources` (`resubmit` runs it again)."""
     from ... import backends
     from ...runs import ledger as runs
     from ...runs import runrecord
@@ -75,16 +78,20 @@ def record(spec: JobSpec, job_id: str, *, site_ref: str, overrides: Sequence[str
                                site_ref=site_ref, recipe_file=recipe_file, site_file=site_file,
                                amend=amend, resubmit=resubmit)
     new["rehearsal"] = True     # `resubmit` runs it here again, with `jobgen run`
+    if stage is not None:
+        new["sources"] = list(sources)       # its stage: commit's job_stages
     old = runrecord.admit(spec, new, here, amend)
     run = runs.Run(name=spec.run_name, backend="local", job_id=job_id, recipe=spec.recipe.name,
-                   nodes=spec.nodes, site=site_ref,
+                   nodes=1 if stage is not None else spec.nodes, site=site_ref,
+                   stages=(stage,) if stage is not None else (),
                    run_dir=os.path.abspath(run_folder(spec, job_id)),   # where it is here
                    submitted=runs.now(), jobs=(job_id,), smoke=spec.smoke,
                    max_steps=(spec.rehearsal.max_steps if spec.rehearsal
                               else spec.recipe.schedule.max_steps),
                    seq_length=(spec.rehearsal.seq_length if spec.rehearsal
                                else spec.recipe.model.seq_length))
-    return [w for w in (runs.record(run), runrecord.commit(spec, new, old, [job_id], here)) if w]
+    return [w for w in (runs.record(run), runrecord.commit(
+        spec, new, old, [job_id], here, stages=[stage] if stage is not None else [])) if w]
 
 
 # --- Ctrl-C ---------------------------------------------------------------------------------

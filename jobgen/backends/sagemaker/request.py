@@ -1,15 +1,11 @@
 """The SageMaker backend: one CreateTrainingJob request per job spec.
 
 Every instance runs the image's SageMaker entrypoint (env/containers/sagemaker-entrypoint.sh) with
-the payload launcher and the two passes' arguments, as on Batch; the node contract travels in the
-request's Environment. The run folder is the instance's checkpoint folder, which SageMaker syncs
-to the site's S3 URI and restores on every instance of a retried or resubmitted job, so training
-resumes from the newest checkpoint. The SMP v2 configuration of the smp_fsdp payload is the
-`mp_parameters` hyperparameter, where SageMaker's own launchers put it.
-
-The request is checked offline against botocore's model of the SageMaker API: types and required
-members (botocore's validator), then every length, count, range, pattern and enum the model
-states (botocore does not check those before sending).
+the payload launcher and the two passes' arguments; the node contract travels in the request's
+Environment. The run folder is the instance's checkpoint folder, synced to the site's S3 URI and
+restored on every instance of a retry, so training resumes. SMP v2's configuration is the
+`mp_parameters` hyperparameter. The request is checked offline against botocore's model of the
+API: its validator, then the lengths, counts, ranges, patterns and enums botocore does not check.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from ... import payloads
 from ...job.plan import Plan, PlannedFile
 from ...job.spec import JobSpec
 from ...payloads import node
+from ...payloads.base import say_once
 from ...payloads.node import Passes
 from ...plumbing.errors import ConfigError, RemoteError, printable
 from ...plumbing.render import render
@@ -18,6 +19,7 @@ from ..protocol import JobRef
 from .options import EXTRA, sbatch_lines
 
 TEMPLATE = "slurm/job.sbatch.j2"
+STAGE_TEMPLATE = "slurm/stage.sbatch.j2"
 
 
 def plan(spec: JobSpec, passes: Passes = "both") -> Plan:
@@ -83,6 +85,31 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
                 primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))
 
 
+def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = ()) -> Plan:
+    """The sbatch script of a stage other than training (jobgen/payloads/stages.py): its
+    program on one node, a job array of one task per input where it has several."""
+    from ...payloads import stages
+    declared = stages.stage(name)
+    if declared.work is None:
+        return plan(spec)
+    work = declared.work(spec, tuple(sources))
+    site = spec.site
+    for note in work.notes:
+        say_once(note)
+    file = f"{spec.run_name}-{name}.sbatch"
+    text = render(
+        STAGE_TEMPLATE, job_name=f"{spec.job_name}-{name}", stage=name,
+        summary=declared.summary, cpus_per_task=site.slurm.cpus_per_task,
+        partition=(site.slurm.prepare_partition or spec.options.get("partition") or "")
+        if declared.one_node else spec.options.get("partition") or "",
+        output="%x-%A_%a.out" if len(work.tasks) > 1 else "%x-%j.out",
+        title=f"{spec.recipe.name}: {spec.recipe.description}", source=spec.source,
+        site=site.name, payload_dir=spec.payload_dir, payload_digest=spec.payload_digest,
+        activate=site.setup.activate or "", program=work.program, tasks=list(work.tasks))
+    return Plan(backend="slurm", files=(PlannedFile(file, text, executable=True),),
+                primary=file, submit_argv=("sbatch", "--parsable", "{primary}"))
+
+
 def spare_nodes(spec: JobSpec) -> int:
     """Nodes allocated beyond the ones that train (recipe job.spare_nodes)."""
     return spec.recipe.job.spare_nodes
@@ -111,8 +138,17 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """A bash script of the sbatch commands `submit` runs (the scripts as here-documents)."""
     from . import client as slurm_client
-    plans = [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
-    return _guarded(slurm_client.dry_run(plans), spec)
+    return _guarded(slurm_client.dry_run(_plans(spec, options)), spec)
+
+
+def _plans(spec: JobSpec, options: SubmitOptions) -> list[Plan]:
+    """The jobs of a submission, in order, each after the one before: the stages before
+    training (--stages), then the training job (two with --chain)."""
+    plans = [plan_stage(spec, name, options.sources) for name in options.stages
+             if name != "train"]
+    if "train" in options.stages:
+        plans += [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
+    return plans
 
 
 def _guarded(script: str, spec: JobSpec) -> str:
@@ -164,9 +200,10 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     from . import client as slurm_client
     prepare(spec, strict=True, say=options.say)   # the payload snapshot the script points at
     check(spec, options)
-    if options.chain:
-        return Submitted(slurm_client.submit_chain(plan(spec, "compile"), plan(spec, "train")))
-    return Submitted((slurm_client.submit(plan(spec)),))
+    plans = _plans(spec, options)
+    ids = slurm_client.submit_chain(*plans)
+    stages = [name for name in options.stages if name != "train"]
+    return Submitted(ids, stages=tuple(stages + ["train"] * (len(ids) - len(stages))))
 
 
 def check(spec: JobSpec, options: SubmitOptions) -> None:
@@ -174,6 +211,26 @@ def check(spec: JobSpec, options: SubmitOptions) -> None:
     if options.check:
         for note in preflight(spec):
             (options.say or print)(note)
+        if "train" in options.stages and "prepare" not in options.stages:
+            _check_data(spec, options.say or print)
+
+
+def _check_data(spec: JobSpec, say: Echo) -> None:
+    """The data check from this host where it sees the site's data folder (exit 2 on a
+    problem); else one line: the nodes check it before the compile pass."""
+    from ...payloads import data
+    if not spec.recipe.job.data_check or data.expectations(spec) is None:
+        return
+    if not Path(spec.site.paths.data_dir).is_dir():
+        say(f"data: not checked from this host (it does not see {spec.site.paths.data_dir}); "
+            "the nodes check it before the compile pass")
+        return
+    status, out, err = data.check_here([spec], Path(spec.payload_dir))
+    if status == 2:
+        raise ConfigError("; ".join(line.removeprefix("error: ") for line in err.splitlines()
+                                    if line.strip()) or "the data check failed")
+    for line in (out + err).splitlines():
+        say(line)
 
 
 def wait(ref: JobRef, echo: Echo, poll_s: float = 2.0) -> int:

@@ -60,10 +60,13 @@ def submit(plan: Plan, extra: Sequence[str] = ()) -> str:
     return parse_job_id(_run(sbatch_argv(extra), stdin=plan.text))
 
 
-def submit_chain(compile_plan: Plan, train_plan: Plan) -> tuple[str, str]:
-    """Compile and training as two jobs (see `after`)."""
-    first = submit(compile_plan)
-    return first, submit(train_plan, after(first))
+def submit_chain(*plans: Plan) -> tuple[str, ...]:
+    """Jobs that each start once the one before succeeded (see `after`): compile and training,
+    a stage before them."""
+    ids: list[str] = []
+    for plan in plans:
+        ids.append(submit(plan, after(ids[-1]) if ids else ()))
+    return tuple(ids)
 
 
 def dry_run(plans: Sequence[Plan]) -> str:

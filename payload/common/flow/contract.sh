@@ -98,6 +98,21 @@ flow_setup() {
   return "$status"
 }
 
+# flow_data_check IS_MAIN SHARED: the dataset judged by its headers before any compile step
+# (common/data_check.py reads what to expect from JOBGEN_DATA): on the main node where the nodes
+# share a disk, else on every node (each reads its own copy). A dataset that cannot be trained on
+# is a configuration error (78): no retry cures it.
+flow_data_check() {
+  [ -n "${JOBGEN_DATA:-}" ] || return 0
+  [ "$2" != 1 ] || [ "$1" = 1 ] || return 0
+  "$FLOW_PYTHON" "$JOBGEN_PAYLOAD_DIR/common/data_check.py" node
+  case $? in
+    0) return 0 ;;
+    "$FLOW_CONFIG_ERROR") flow_say "the data check failed; no pass started"; return "$FLOW_CONFIG_ERROR" ;;
+    *) flow_say "the data check could not run; no pass started"; return 1 ;;
+  esac
+}
+
 # flow_lustre_client: the FSx for Lustre client's dirty-data cap the site asks for
 # (slurm.lustre_max_dirty_mb; upstream neuronx-nemo-megatron train_setup.sh sets 64 "to avoid
 # OODs"), on this node, where lctl exists. Best effort: the passes run either way.

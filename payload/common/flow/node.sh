@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The flow on one node, stage by stage: setup, health gate, compile decision and pass, marker,
+# The flow on one node, stage by stage: setup, health gate, data check, compile decision and pass, marker,
 # node-local cache copy, training pass, and the record of how it ended. Needs every stage file.
 
 # flow_node COMPILE_ARGC COMPILE_ARG... TRAIN_ARG...: the two passes on this node.
@@ -45,6 +45,12 @@ flow_node() {
     return
   fi
   flow_stopped "after the health gate" health && return 143
+  flow_data_check "$is_main" "$shared"
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    flow_node_end "$status" data
+    return
+  fi
 
   flow_decide_compile
   flow_use_cache "$JOBGEN_COMPILE_CACHE"

@@ -1,0 +1,180 @@
+"""What every export program shares: the sealed step it converts, a strict load of its weights,
+the tokenizer, the held-out batch and the proof, and a folder published only when complete.
+
+An export of step N writes ``EXPORT_ROOT/step-N/``: a Hugging Face model folder
+(``save_pretrained``: config.json, model.safetensors; the tokenizer's own files), the held-out
+micro-batches it was proven on, and ``jobgen-export.json`` (what was exported, from where, and
+the proof: export_check.py). It is written under a temporary name beside it and renamed when
+complete; a failed proof or any error removes it, so a reader sees the whole folder or none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import checkpoints, export_check
+from common.runtime import PayloadError, batch_positions
+
+PERMANENT_ON_NODE = 78
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The flags an export adds to its trainer's own (the trainer's describe the model)."""
+    group = p.add_argument_group("export")
+    group.add_argument("--step", type=int, default=None,
+                       help="the sealed step to export (default: the newest complete one)")
+    group.add_argument("--tokenizer", type=Path, required=True,
+                       help="the tokenizer's folder (what AutoTokenizer.from_pretrained reads)")
+    group.add_argument("--export-root", type=Path, required=True,
+                       help="writes EXPORT_ROOT/step-N/")
+    group.add_argument("--micro-batches", type=int, default=None,
+                       help="prove on the first M micro-batches of the next step only "
+                            "(default: all of them, as the trainer logged)")
+    group.add_argument("--on-node", action="store_true",
+                       help="a permanent failure exits 78 (a node's code: no retry cures it)")
+
+
+def sealed_step(root: Path, step: int | None) -> checkpoints.Checkpoint:
+    """The complete checkpoint to export: ``step``, or the newest; refused in one line."""
+    complete, _ = checkpoints.list_checkpoints(root)
+    if not complete:
+        raise PayloadError(f"{root}: no complete checkpoint (none sealed with "
+                           f"{checkpoints.MARKER} and every node's part)")
+    if step is None:
+        return complete[-1]
+    for ckpt in complete:
+        if ckpt.step == step:
+            return ckpt
+    steps = ", ".join(str(c.step) for c in complete)
+    raise PayloadError(f"{root / checkpoints.tag_for(step)}: step {step} is not complete "
+                       f"(not sealed: being written, or its save failed); complete: {steps}")
+
+
+def tokenizer(path: Path, vocab_size: int) -> Any:
+    """The run's tokenizer, as transformers loads it; its ids must fit the model's vocabulary."""
+    import transformers
+
+    if not path.is_dir():
+        raise PayloadError(f"--tokenizer {path}: no such folder")
+    try:
+        loaded = transformers.AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PayloadError(f"--tokenizer {path}: not a tokenizer transformers loads "
+                           f"({first})") from None
+    if len(loaded) > vocab_size:
+        raise PayloadError(f"--tokenizer {path}: {len(loaded)} tokens, more than the model's "
+                           f"vocabulary of {vocab_size}: another model's tokenizer")
+    return loaded
+
+
+def load_weights(model: Any, state: dict[str, Any], source: Path) -> None:
+    """Load ``state`` into ``model``: every parameter present at its shape, nothing left over
+    (tied weights the model shares may be absent); else the checkpoint is another model's."""
+    own = model.state_dict()
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    missing = sorted(set(own) - set(state) - tied)
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(k for k in set(own) & set(state)
+                    if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or shapes:
+        parts = [f"{label} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+                 for label, names in (("missing", missing), ("unexpected", unexpected),
+                                      ("of another shape", shapes)) if names]
+        raise PayloadError(f"{source}: holds another model than the flags describe "
+                           f"({'; '.join(parts)})")
+    model.load_state_dict(state, strict=False)
+
+
+def next_step_batches(info: dict[str, Any], micro: int, accumulation: int,
+                      rows: Callable[[list[int]], dict[str, Any]],
+                      limit: int | None) -> tuple[list[dict[str, Any]], int]:
+    """The micro-batches of the step after the checkpoint's, every rank's (rank order), as the
+    trainer read them; the first ``limit`` only where given. Returns them and the step's count."""
+    world = int(info["world_size"])
+    consumed = int(info["consumed_samples"])
+    if micro * accumulation * world != info.get("global_batch_size"):
+        raise PayloadError(f"--micro-batch-size {micro} x --gradient-accumulation {accumulation} "
+                           f"x {world} ranks is not the checkpoint's global batch of "
+                           f"{info.get('global_batch_size')}: the flags are not the run's")
+    micro_batches = [m for rank in range(world)
+                     for m in batch_positions(consumed, micro, accumulation, world, rank)]
+    total = len(micro_batches)
+    if limit is not None and not 2 <= limit <= total:
+        raise PayloadError(f"--micro-batches must lie in [2, {total}] (the step's micro-batches)")
+    return [rows(m) for m in micro_batches[:limit or total]], total
+
+
+def publish(model: Any, tok: Any, export_root: Path, ckpt: checkpoints.Checkpoint,
+            batches: list[dict[str, Any]], total: int, logged: float | None, precision: str,
+            record: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Write, prove and rename into place; returns the folder and its record. A failed proof
+    (export_check.Mismatch) leaves nothing behind; an unprovable step is published as such."""
+    final = export_root / f"step-{ckpt.step}"
+    if final.exists():
+        raise PayloadError(f"{final}: already exists (an earlier export of step {ckpt.step})")
+    export_root.mkdir(parents=True, exist_ok=True)
+    tmp = export_root / f".step-{ckpt.step}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        export_check.write_batches(tmp / export_check.BATCH_FILE, batches)
+        if logged is None:
+            proof: dict[str, Any] = {"ok": None, "precision": precision,
+                                     "micro_batches_in_step": total,
+                                     "reason": f"the trainer logged no step {ckpt.step + 1}, "
+                                               "the step trained from these weights"}
+        else:
+            proof = export_check.prove(tmp, logged, precision, total, shown=final)
+        record = dict(record, step=ckpt.step, checkpoint=str(ckpt.path.resolve()),
+                      consumed_samples=ckpt.info.get("consumed_samples"), proof=proof)
+        (tmp / export_check.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True)
+                                               + "\n", encoding="utf-8")
+        _readable_as_umask_says(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:   # another export of this step finished first
+            raise PayloadError(f"{final}: already exists (an earlier export of step "
+                               f"{ckpt.step})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final, record
+
+
+def _readable_as_umask_says(folder: Path) -> None:
+    """safetensors writes its files 0600; the folder is for others to load (an evaluation
+    team's), so its files get the modes the user's umask gives any new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~umask)
+
+
+def run(main: Callable[[], tuple[Path, dict[str, Any]]], prog: str, on_node: bool) -> int:
+    """Run an export and say in one line what came of it: 0 proven, 3 published but unproven
+    (no logged step to compare with), 2 (78 on a node) refused or failed its proof."""
+    failed = PERMANENT_ON_NODE if on_node else 2
+    try:
+        folder, record = main()
+    except (PayloadError, export_check.Mismatch) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return failed
+    proof = record["proof"]
+    if proof["ok"] is None:
+        print(f"{prog}: {folder}: exported, unproven: {proof['reason']}")
+        return 3
+    print(f"{prog}: {folder}: exported and proven: loss {proof['measured_loss']:.6g} against "
+          f"the trainer's {proof['logged_loss']:.6g} ({proof['precision']})")
+    return 0
