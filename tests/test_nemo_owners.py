@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "stand_ins"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nemo_layout  # noqa: E402
-from test_nemo_start import _job_env, _port  # noqa: E402
+from test_nemo_start import _job_env, _port, run_instances  # noqa: E402
 
 from jobgen import api  # noqa: E402
 from jobgen.images import catalog as images  # noqa: E402
@@ -34,7 +34,7 @@ NUMELS = 6                       # the stand-in model's tensors (tensor_0.pt ...
 # 2 kept.
 SETTINGS = ("parallelism.tensor=1", "parallelism.sequence_parallel=false",
             "parallelism.pipeline=1", "schedule.max_steps=200", "checkpoint.every_steps=50",
-            "checkpoint.keep=2", "job.health_gate=false")
+            "checkpoint.keep=2", "job.health_gate=false", "job.data_check=false")
 
 
 @pytest.fixture(scope="module")
@@ -147,22 +147,7 @@ def test_sagemaker_prefix_holds_the_kept_checkpoints_of_every_data_parallel_rank
     folder = local_runner.image_tree(spec) / image.checkout.path.lstrip("/") \
         / nemo_layout.FACTS["directory"]
     nemo_layout.write_folder(folder)           # over the rehearsal's stub of the program
-    procs, logs = [], []
-    for index, (argv, env) in enumerate(commands):
-        logs.append(tmp_path / f"instance-{index}.log")
-        with open(logs[-1], "w", encoding="utf-8") as out:
-            procs.append(subprocess.Popen(
-                argv, env=_job_env(image_python, **{**env, "JOBGEN_WORKERS_PER_NODE": "1"}),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    try:
-        statuses = [proc.wait(timeout=300) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-    texts = [log.read_text(encoding="utf-8", errors="replace") for log in logs]
-    assert statuses == [0, 0], "\n".join(t[-3000:] for t in texts)
+    texts = run_instances(commands, image_python, tmp_path)
     saved = []
     for index, text in enumerate(texts):
         train = nemo_layout.reports(text)[-1]

@@ -30,6 +30,29 @@ PAYLOAD = ROOT / "payload"
 FACTS = nemo_layout.FACTS
 
 
+def run_instances(commands: list[tuple[list[str], dict[str, str]]], image_python: Path,
+                  tmp_path: Path) -> list[str]:
+    """Start each emulated instance's entrypoint (one worker each) as the container would, wait
+    for all of them, and return their logs; every one must end with status 0."""
+    procs, logs = [], []
+    for index, (argv, env) in enumerate(commands):
+        logs.append(tmp_path / f"instance-{index}.log")
+        with open(logs[-1], "w", encoding="utf-8") as out:
+            procs.append(subprocess.Popen(
+                argv, env=_job_env(image_python, **{**env, "JOBGEN_WORKERS_PER_NODE": "1"}),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        statuses = [proc.wait(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    texts = [log.read_text(encoding="utf-8", errors="replace") for log in logs]
+    assert statuses == [0] * len(procs), "\n".join(t[-3000:] for t in texts)
+    return texts
+
+
 def _port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -183,7 +206,8 @@ def test_nemo_starts_both_passes_on_two_sagemaker_instances(
     monkeypatch.chdir(tmp_path)
     spec = api.job_spec("neox20b", 2, site="sagemaker", backend="sagemaker",
                         run_name=f"start-{uuid.uuid4().hex[:8]}",
-                        overrides=("job.health_gate=false", f"job.master_port={_port()}"))
+                        overrides=("job.health_gate=false", "job.data_check=false",
+                                   f"job.master_port={_port()}"))
     local_runner.place_payload(spec)
     commands = local_runner.commands(spec, "attempt-1")
     tree = local_runner.image_tree(spec)
@@ -192,23 +216,8 @@ def test_nemo_starts_both_passes_on_two_sagemaker_instances(
     folder = tree / image.checkout.path.lstrip("/") / FACTS["directory"]
     shutil.rmtree(folder / "checkpoint_conversion", ignore_errors=True)
     nemo_layout.write_folder(folder)           # over the rehearsal's stub of the program
-    procs, logs = [], []
-    for index, (argv, env) in enumerate(commands):
-        assert env["JOBGEN_WORKDIR"] == str(folder)
-        logs.append(tmp_path / f"instance-{index}.log")
-        with open(logs[-1], "w", encoding="utf-8") as out:
-            procs.append(subprocess.Popen(
-                argv, env=_job_env(image_python, **{**env, "JOBGEN_WORKERS_PER_NODE": "1"}),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    try:
-        statuses = [proc.wait(timeout=300) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-    texts = [log.read_text(encoding="utf-8", errors="replace") for log in logs]
-    assert statuses == [0, 0], "\n".join(t[-3000:] for t in texts)
+    assert all(env["JOBGEN_WORKDIR"] == str(folder) for _, env in commands)
+    texts = run_instances(commands, image_python, tmp_path)
     for index, (text, (_, env)) in enumerate(zip(texts, commands)):
         reports = nemo_layout.reports(text)
         assert len(reports) == 2, text[-3000:]             # the compile pass, then training

@@ -35,6 +35,7 @@ sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 
 import corpus
 from common.runtime import PayloadError, run_main
+from prepared_data import _need
 
 PROG = "prepare-data"
 EOD = "<|endoftext|>"                 # GPT-2's end-of-text token, the document separator
@@ -43,17 +44,6 @@ BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")   # [PAD] is 0, a
 UINT16_LIMIT = 65_500                 # NeMo's (and Megatron's) cut-off for uint16 tokens
 GROUP_BATCH = 1000                    # datasets' map batch: get_dataset.py cuts blocks per batch
 
-
-def _need(module: str, package: str) -> Any:
-    import importlib
-    import warnings
-    try:
-        with warnings.catch_warnings():     # megatron-core warns of optional GPU libraries
-            warnings.simplefilter("ignore")
-            return importlib.import_module(module)
-    except ImportError:
-        raise PayloadError(f"this format needs the {package} package: pip install "
-                           f"{package}") from None
 
 
 def _temporary(final: Path) -> Path:

@@ -30,7 +30,7 @@ def _need(module: str, package: str) -> Any:
             warnings.simplefilter("ignore")
             return importlib.import_module(module)
     except ImportError:
-        raise PayloadError(f"reading this dataset needs the {package} package: pip install "
+        raise PayloadError(f"this dataset format needs the {package} package: pip install "
                            f"{package}") from None
 
 
