@@ -13,7 +13,7 @@ from .payloads import resolved as resolve
 
 
 def job_spec(ref: str, nodes: Optional[int] = None, *, overrides: Sequence[str] = (),
-             site: Optional[str] = None, backend: Backend = "slurm",
+             site: Optional[str] = None, backend: Backend = backends.DEFAULT,
              compile_mode: CompileMode = "auto", smoke: bool = False,
              run_name: Optional[str] = None,
              options: Optional[Mapping[str, Any]] = None) -> JobSpec:

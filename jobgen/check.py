@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import api, payloads
+from . import api, backends, payloads
 from .inputs import recipe as recipe_module
 from .inputs import schema
 from .job.spec import Backend
@@ -207,7 +207,6 @@ def _site_paths(site: Optional[str], names: list[str], backend: Backend,
     (MissingPaths names every one); with a --site and no --paths each missing one is named in a
     note of its own, and the check goes on (a CI machine is not the cluster's login node).
     Returns the notes the report carries."""
-    from . import backends
     from .inputs import site as sites
     from .job import site_paths
     if not backends.declaration(backend).run_dir_here:
@@ -237,22 +236,20 @@ def _site_paths(site: Optional[str], names: list[str], backend: Backend,
 
 
 def run(site: Optional[str] = None, recipes: Optional[list[str]] = None, *,
-        test_only: bool = False, shellcheck: bool = True, backend: Backend = "slurm",
+        test_only: bool = False, shellcheck: bool = True, backend: Backend = backends.DEFAULT,
         max_nodes: int = MAX_NODES, paths: bool = False) -> Report:
-    from . import backends
     from .inputs import site as sites
     profile = sites.load(site)   # an unknown site or recipe is one error, not a table of them
     declared = backends.declaration(backend)
     if not declared.checks:
         raise ConfigError(f"--backend {backend}: jobgen check checks "
                           f"{', '.join(backends.having(lambda d: d.checks))}")
-    if declared.site_section == "slurm" and profile.slurm.max_nodes == 0:
-        raise ConfigError(f"site {profile.name} has no Slurm cluster (slurm.max_nodes: 0): "
-                          "check its AWS Batch job definitions with --backend batch")
     section = getattr(profile, declared.site_section)
     if section is None:
         raise ConfigError(f"site {profile.name} has no {declared.site_section} section: "
                           f"nothing to check with --backend {backend}")
+    if section.max_nodes == 0 and declared.site_empty:
+        raise ConfigError(f"site {profile.name} {declared.site_empty}")
     names = recipes or recipe_module.recipe_names()
     for name in names:
         recipe_module.locate(name)

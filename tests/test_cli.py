@@ -125,7 +125,7 @@ def test_check_unknown_recipe_or_site_is_one_error(jobgen: Callable) -> None:
     result = jobgen("check", "--site", "dl1-batch", "--no-shellcheck")
     assert result.exit_code == 2
     assert result.stderr == ("error: site dl1-batch has no Slurm cluster (slurm.max_nodes: 0): "
-                             "check its AWS Batch job definitions with --backend batch\n")
+                             "use it with --backend batch (AWS Batch)\n")
 
 
 # --- `jobgen submit` checks what it can before submitting -----------------------------------------

@@ -45,7 +45,7 @@ CASES: dict[str, Callable[[Callable, Callable], Case]] = {
         ["show", str(r("neox20b", {"optimizer": {"lr": 1}}))],
         "{recipe}: optimizer: unknown key (known keys: name, description, payload, platform, "
         "nodes, model, parallelism, precision, optim, schedule, data, checkpoint, compile, job, "
-        "seed, env, launch)"),
+        "eval, seed, env, launch)"),
     "wrong type, nested": lambda r, s: Case(
         ["render", str(r("neox20b", {"parallelism.tensor": "eight"}))],
         "{recipe}: parallelism.tensor: expected an integer, got 'eight'"),
@@ -108,7 +108,8 @@ CASES: dict[str, Callable[[Callable, Callable], Case]] = {
     "unknown key in a site": lambda r, s: Case(
         ["render", "neox20b", "--site", str(s("local", {"paths.workdir": "x"}))],
         "{site}: paths.workdir: unknown key (known keys: work_dir, data_dir, compile_cache, "
-        "local_compile_cache, payload_dir, nemo_dir, nxd_llama_dir, data_read_only)"),
+        "local_compile_cache, payload_dir, nemo_dir, nxd_llama_dir, data_read_only, hf_home, "
+        "eval_tasks_dir, hub_access)"),
     "site without the trainer checkout": lambda r, s: Case(
         ["render", "neox20b", "--site", str(s("local", {"name": "bare"},
                                               delete=["paths.nemo_dir"]))],

@@ -120,6 +120,7 @@ RESOLVED = sorted(name for name, image in images.declared().images.items()
                   if any(_from_index(p) for p in image.packages))
 
 
+@pytest.mark.slow   # pip's resolver against the index: 2-15 s an image
 @pytest.mark.parametrize("name", RESOLVED)
 def test_the_images_packages_resolve_with_its_bases_torch_and_python(
         index: None, tmp_path: Path, name: str) -> None:
@@ -137,6 +138,7 @@ def test_the_images_packages_resolve_with_its_bases_torch_and_python(
     assert needs_another_torch(report, image.python, image.torch) == []
 
 
+@pytest.mark.slow
 def test_the_smp_images_transformers_keeps_pytorch_on(index: None, tmp_path: Path) -> None:
     """What the issue found: an unpinned transformers on the SMP image's Python is a release
     that turns PyTorch off on its torch 2.4.1. The check names it from the release's metadata;

@@ -67,6 +67,8 @@ BAD_RECIPE_VALUES = [
     ("schedule.max_steps", 0), ("schedule.warmup_fraction", 1.5), ("checkpoint.keep", 0),
     ("model.num_layers", 0), ("unknown_key", 1), ("model.unknown", 1), ("env.1BAD", "x"),
     ("name", "a b"), ("data.path", ""), ("description", ""),
+    ("eval.tasks.mmlu", 65), ("eval.tasks.mmlu", -1), ("eval.tasks.mmlu", "five"),
+    ("eval.tasks.a b", 0), ("eval.shots", 5),
 ]
 
 

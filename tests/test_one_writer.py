@@ -25,10 +25,8 @@ ALLOWED = {
         "the same staged files, written through the descriptor mkstemp returned",
     ("job/plan.py", "os.replace"):
         "the same staged files, renamed over their targets together",
-    ("reporting/png.py", "savefig"):
-        "renders into a BytesIO; the bytes then go through fsio.write_or_refuse",
-    ("planning/report.py", "savefig"):
-        "renders into a BytesIO-like stream handed in by its caller, which writes through fsio",
+    ("plumbing/extras.py", "savefig"):
+        "write_png renders into a BytesIO; the bytes then go through fsio.write_or_refuse",
     ("cli/render_cmds.py", "shutil.copytree"):
         "image-context copies jobgen's own env/containers tree into a folder it just created "
         "(refused if it exists); a tree, not one file",
@@ -44,8 +42,6 @@ ALLOWED = {
         "publishes the rehearsal's stand-in image tree by renaming the folder it built",
     ("backends/local/runner.py", "write_text"):
         "stand-in files inside the rehearsal's private temporary tree, before its rename",
-    ("backends/local/runner.py", "write_bytes"):
-        "jobgen's scripts copied into the rehearsal's private temporary tree, before its rename",
     ("watching/actions.py", "os.rename"):
         "a rollback moves checkpoint folders aside within the run's checkpoint folder "
         "(a folder, kept whole; a symlink moves as itself)",

@@ -265,7 +265,15 @@ def test_a_simulation_too_large_to_finish_is_refused(jobgen: Callable) -> None:
 
 @pytest.mark.parametrize("recipe", recipe_names())
 def test_every_recipe_plans_at_its_own_node_count(jobgen: Callable, recipe: str) -> None:
+    """A recipe with published throughput (its own or transferred) is planned; a new one
+    without is refused in one line that says how to give it some."""
+    from jobgen.planning import measurements
+    table = measurements.published()
+    measured = {g.recipe for g in table.measurements} | {t.recipe for t in table.transfers}
     result = jobgen("plan", recipe)
+    if recipe not in measured:
+        assert result.exit_code == 2 and "--measurements FILE" in result.stderr, result.stderr
+        return
     assert result.exit_code == 0, result.stderr
     nodes = api.job_spec(recipe).nodes
     assert f"  nodes: {nodes}\n" in result.stdout

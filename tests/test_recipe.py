@@ -3,6 +3,7 @@ typed by the schema (a number is a number, a string stays verbatim) and checked 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -40,6 +41,20 @@ def test_every_builtin_recipe_loads_under_its_own_name(name: str) -> None:
     assert rec.name == name
     assert shown == f"recipes/{name}.yaml"
     assert rec.compile.steps == 3      # the compile pass is exactly 3 steps
+
+
+@pytest.mark.parametrize("name", recipes.recipe_names())
+def test_a_description_states_the_parallelism_as_the_file_does(name: str) -> None:
+    """`jobgen list` (and the recipes page, its sample) shows the description: a TP, PP, global
+    batch or samples per accelerator it names is the recipe's own."""
+    rec, _ = recipes.load(name)
+    par, said = rec.parallelism, rec.description
+    checks = {r"\bTP (\d+)": par.tensor, r"\bPP (\d+)": par.pipeline,
+              r"global batch (\d+)": par.global_batch_size,
+              r"(\d+) samples/HPU/step": par.micro_batch_size * (par.gradient_accumulation or 0)}
+    for pattern, value in checks.items():
+        for number in re.findall(pattern, said):
+            assert int(number) == value, f"{name}: description {said!r}"
 
 
 def test_neox20b_values() -> None:
@@ -208,7 +223,7 @@ def test_set_creates_an_optional_section() -> None:
 
 
 KNOWN_TOP = ("name, description, payload, platform, nodes, model, parallelism, precision, optim, "
-             "schedule, data, checkpoint, compile, job, seed, env, launch")
+             "schedule, data, checkpoint, compile, job, eval, seed, env, launch")
 
 
 @pytest.mark.parametrize("override,message", [

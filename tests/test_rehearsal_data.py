@@ -77,7 +77,11 @@ def test_the_stage_runs_the_rehearsals_sizes_from_the_snapshot(tmp_path: Path) -
      "--from is the prepare stage's input (--stage prepare)"),
     (["run", "neox20b", "--smoke", "--stage", "prepare", "--set", "data.shards=2"],
      "data.shards=2: a rehearsal's prepare stage makes one shard (--set data.shards=1)"),
-    (["run", "neox20b", "--smoke", "--stage", "eval"], "unknown stage 'eval'"),
+    (["run", "neox20b", "--smoke", "--stage", "eval"],
+     "error: jobgen-runs/neox20b-4n-smoke/export: no complete export to evaluate (export "
+     "first: jobgen run neox20b --smoke --stage export)"),
+    (["run", "neox20b", "--smoke", "--stage", "score"],
+     "unknown stage 'score' (one of prepare, train, export, eval)"),
 ])
 def test_a_stage_that_cannot_run_here_is_one_line(tmp_path: Path, args: list[str],
                                                   said: str) -> None:

@@ -84,6 +84,10 @@ def test_unknown_sites(tmp_path: Path) -> None:
                               "prepare_partition)"),
     ({"slurm.lustre_max_dirty_mb": 0},
      "{f}: slurm.lustre_max_dirty_mb: 0 must be at least 1"),
+    # each number's least value is declared on its field (site_sections.least)
+    ({"slurm.max_nodes": -1}, "{f}: slurm.max_nodes: -1 must be at least 0"),
+    ({"slurm.time_limit_warning_s": 0}, "{f}: slurm.time_limit_warning_s: 0 must be at least 1"),
+    ({"eks.max_disruptions": -1}, "{f}: eks.max_disruptions: -1 must be at least 0"),
     ({"paths.local_compile_cache": "/"}, "{f}: paths.local_compile_cache: '/' is the root, the "
                                          "home folder or the submission folder itself: give a "
                                          "folder of its own"),

@@ -67,7 +67,7 @@ def test_stages_chain_with_afterok_and_other_backends_say_they_cannot() -> None:
         "other than train yet (slurm and batch can) (see 'jobgen submit --help')\n")
     wrong = jobgen("submit", "neox20b", "--stages", "train,prepare", "--dry-run")
     assert wrong.returncode == 2
-    assert "stages in pipeline order, each once (prepare,train)" in wrong.stderr
+    assert "stages in pipeline order, each once (prepare,train,export" in wrong.stderr
 
 
 def test_a_from_that_is_not_text_is_refused_with_78_and_nothing_written(tmp_path: Path) -> None:

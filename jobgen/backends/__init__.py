@@ -21,6 +21,11 @@ from ..plumbing.record import record
 
 Echo = Callable[[str], None]
 
+# The backend a command uses when none is named (--backend).
+DEFAULT = "slurm"
+# `jobgen submit --via` (the old spelling of --backend): how the job reaches Slurm.
+VIA = {"sbatch": "slurm", "submitit": "submitit"}
+
 
 class State(enum.Enum):
     """A job's state, whoever runs it (each backend maps its scheduler's words onto these)."""
@@ -73,6 +78,8 @@ class Declaration:
     site_section: str
     site_section_holds: str = ""
     site_example: str = ""
+    site_empty: str = ""                  # the error where its section has max_nodes 0 (what the
+    #                                       site lacks, and where to go instead)
     spec_backend: str = ""                # whose spec it runs ("" = its own; submitit: slurm)
     scheduler: str = ""                   # who answers for its jobs ("" = itself)
     container: bool = False               # the nodes run the site's image (not a snapshot)
@@ -132,6 +139,7 @@ class SubmitOptions:
     say: Optional[Echo] = None          # where to say, as it happens, what was not checked
     stages: tuple[str, ...] = ("train",)   # the stages, chained (payloads/stages.py)
     sources: tuple[str, ...] = ()       # the prepare stage's --from inputs
+    step: Optional[int] = None          # the export stage's --step (None: the newest sealed)
 
 
 @record

@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import click
 
+from .. import backends
 from ..backends import option_tables, spec_backend
 from ..plumbing.errors import ConfigError
 from .param_types import TEXT, _Amount, _Backends, _Seconds
@@ -70,7 +71,7 @@ def _slurm_overrides(kwargs: dict[str, Any]) -> dict[str, Optional[str]]:
 
 
 def _spec(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = "slurm",
+          compile_mode: str, run_name: Optional[str], smoke: bool, backend: str = backends.DEFAULT,
           slurm: Optional[dict[str, Optional[str]]] = None) -> Any:
     from .. import api
     return api.job_spec(recipe, nodes, overrides=overrides, site=site,
@@ -114,7 +115,7 @@ def _with_target(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
 
 def _backend_option(test: Callable[[Any], bool], help: str) -> Callable[[F], F]:
     """--backend, its choices the backends whose declaration passes `test`."""
-    return click.option("--backend", type=_Backends(test), default="slurm",
+    return click.option("--backend", type=_Backends(test), default=backends.DEFAULT,
                         show_default=True, help=help)
 
 

@@ -87,16 +87,22 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
 @click.option("--output-dir", "-o", type=_Folder(),
               help="Write the job's files into this folder (atomically) instead of stdout.")
 @click.option("--stage", default="train", show_default=True, metavar="NAME",
-              help="The stage's job: train (the two passes) or prepare (the dataset the "
-                   "recipe's data: section names; Slurm, Batch).")
+              help="The stage's job: train (the two passes), prepare (the dataset the "
+                   "recipe's data: section names), export (a sealed step as a Hugging Face "
+                   "folder in RUN/export, proven; --smoke rehearsals) or eval (an exported "
+                   "step scored by lm-eval into RUN/eval); Slurm, Batch.")
 @click.option("--from", "sources", multiple=True, metavar="PATH",
               help="--stage prepare: its input (text or JSONL, local or s3://); repeatable: "
                    "one array task and one shard (data.shards) per input.")
+@click.option("--step", type=click.IntRange(min=0), metavar="N",
+              help="--stage export: the sealed step to export (default: the newest sealed "
+                   "one the trainer logged a step after, when the job starts); --stage eval: "
+                   "the exported step to score (default: the newest).")
 @_targeted
 def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
            compile_mode: str, run_name: Optional[str], smoke: bool, backend: str,
            output_dir: Optional[Path], stage: str, sources: tuple[str, ...],
-           tokens: Optional[float], samples: Optional[float],
+           step: Optional[int], tokens: Optional[float], samples: Optional[float],
            **slurm: Optional[str]) -> None:
     """Render RECIPE (a built-in name or a YAML file) into a job: stdout, or files in a folder."""
     from .. import api
@@ -108,10 +114,12 @@ def render(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     from ..payloads.stages import stage as declared_stage
     if sources and stage != "prepare":
         raise click.UsageError("--from is the prepare stage's input (--stage prepare)")
+    if step is not None and not declared_stage(stage).takes_step:
+        raise click.UsageError("--step is the export and eval stages' (--stage export|eval)")
     if declared_stage(stage).work is None:
         plan = api.plan(spec, backend)
     elif hasattr(backend_impl(backend), "plan_stage"):
-        plan = backend_impl(backend).plan_stage(spec, stage, sources)
+        plan = backend_impl(backend).plan_stage(spec, stage, sources, step)
     else:
         raise click.UsageError(f"--stage {stage}: --backend {backend} cannot render it yet "
                                "(slurm and batch can)")

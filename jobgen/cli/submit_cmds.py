@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import click
 
+from .. import backends
 from ..plumbing.errors import ConfigError
 from .options import (
     _backend_option,
@@ -28,17 +29,23 @@ from .param_types import _Backends, _Seconds
 @_spec_options
 @_backend_option(lambda d: d.submits, "Where the job goes: sbatch, an AWS Batch multi-node job, or "
                             "Slurm through submitit.")
-@click.option("--via", type=click.Choice(["sbatch", "submitit"]), hidden=True,
+@click.option("--via", type=click.Choice(sorted(backends.VIA)), hidden=True,
               help="Old spelling of --backend slurm|submitit.")
 @click.option("--chain", is_flag=True,
               help="Slurm: compile and train as two jobs; training depends on the compile job "
                    "(afterok).")
 @click.option("--stages", "stage_list", default="train", show_default=True, metavar="A,B",
               help="Slurm, Batch: the stages to submit, each job after the one before "
-                   "(afterok; dependsOn): prepare (the dataset), train (the two passes).")
+                   "(afterok; dependsOn): prepare (the dataset), train (the two passes), "
+                   "export (a sealed step as a Hugging Face folder; --smoke rehearsals), "
+                   "eval (an exported step scored by lm-eval).")
 @click.option("--from", "sources", multiple=True, metavar="PATH",
               help="The prepare stage's input (text or JSONL, local or s3://); repeatable: one "
                    "array task and one shard (data.shards) per input.")
+@click.option("--step", type=click.IntRange(min=0), metavar="N",
+              help="The step the export stage exports and the eval stage scores (default: "
+                   "when each job starts, the newest sealed step the trainer logged a step "
+                   "after; the newest export).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
               help="One job per combination of the values (repeatable; a Slurm job array "
                    "where the jobs' #SBATCH lines agree), each with its own run name.")
@@ -54,20 +61,21 @@ def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
            amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
            endpoint_url: Optional[str], dry_run: bool, tokens: Optional[float],
            samples: Optional[float], stage_list: str, sources: tuple[str, ...],
-           **slurm: Optional[str]) -> None:
+           step: Optional[int], **slurm: Optional[str]) -> None:
     """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
     (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
     if via is not None:
-        backend = "submitit" if via == "submitit" else "slurm"
+        backend = backends.VIA[via]
     overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
             not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
-            sweeps, amend, stages=_stages(stage_list, backend, sources), sources=sources)
+            sweeps, amend, stages=_stages(stage_list, backend, sources, step), sources=sources,
+            step=step)
 
 
-def _stages(text: str, backend: str, sources: tuple[str, ...]) -> tuple[str, ...]:
+def _stages(text: str, backend: str, sources: tuple[str, ...],
+            step: Optional[int] = None) -> tuple[str, ...]:
     """--stages checked: known, in order; a backend that cannot chain them says so."""
-    from .. import backends
     from ..payloads.stages import chain
     names = chain(text)
     if names != ("train",) and not backends.declaration(backend).takes("stages"):
@@ -75,6 +83,8 @@ def _stages(text: str, backend: str, sources: tuple[str, ...]) -> tuple[str, ...
                                f"other than train yet ({_who_takes('stages')} can)")
     if sources and "prepare" not in names:
         raise click.UsageError("--from is the prepare stage's input: add it to --stages")
+    if step is not None and not {"export", "eval"} & set(names):
+        raise click.UsageError("--step is the export and eval stages': add one to --stages")
     return names
 
 
@@ -85,11 +95,11 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             slurm: Optional[dict[str, Optional[str]]] = None,
             sweeps: tuple[str, ...] = (), amend: bool = False,
             pinned: Optional[tuple[Any, Path, Path]] = None,
-            stages: tuple[str, ...] = ("train",), sources: tuple[str, ...] = ()) -> None:
+            stages: tuple[str, ...] = ("train",), sources: tuple[str, ...] = (),
+            step: Optional[int] = None) -> None:
     """`pinned`: (spec, recipe file, site file) of `jobgen resubmit`, resolved already."""
     import os
 
-    from .. import backends
     from ..backends.protocol import JobRef
     from ..runs import ledger as runs
     declared = backends.declaration(backend)
@@ -123,7 +133,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,
                                      say=lambda note: click.echo(note, err=True),
-                                     stages=stages, sources=sources)
+                                     stages=stages, sources=sources, step=step)
     # A sweep whose jobs can be one job array (a backend that takes sweep_array says which).
     array = len(specs) > 1 and declared.takes("sweep_array") and impl.sweepable(specs)
     if dry_run:
@@ -235,7 +245,6 @@ def resubmit(run: str, no_check: bool, wait: bool, poll: Optional[float],
 def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
                     last: dict[str, Any], dry_run: bool) -> None:
     """`jobgen resubmit` of a rehearsal: `jobgen run` again with what it recorded."""
-    from .. import backends
     from ..backends.local import rehearsal
     stage = (last.get("job_stages") or ["train"])[0]
     if stage != "train":       # a stage's job (`jobgen run --stage`): that stage again
@@ -246,7 +255,8 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
         raise SystemExit(local_stage.run(
             spec, stage, sources, site_ref=last["site"], overrides=last["overrides"],
             recipe_file=recipe_file, site_file=site_file, emit=click.echo,
-            say=lambda line: click.echo(line, err=True)))
+            say=lambda line: click.echo(line, err=True),
+            step=(last.get(stage) or {}).get("step")))
     if dry_run:
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
         raise SystemExit(0)
@@ -271,14 +281,21 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
                    "the run's record keeps every run.")
 @click.option("--stage", default="train", show_default=True, metavar="NAME",
               help="The stage's job: train (the two passes) or, with --smoke, prepare (the "
-                   "rehearsal-sized dataset at the recipe's paths, which train then reads).")
+                   "rehearsal-sized dataset at the recipe's paths, which train then reads) or "
+                   "export (a sealed step of the rehearsal as a Hugging Face model folder in "
+                   "RUN/export/step-N, proven against the trainer's logged loss) or eval (an "
+                   "exported step scored by lm-eval on a task made here, RUN/eval/step-N.json).")
 @click.option("--from", "sources", multiple=True, metavar="FILE",
               help="--stage prepare: the text or JSONL to make the dataset of (repeatable); "
                    "default: a corpus generated from the recipe's seed.")
+@click.option("--step", type=click.IntRange(min=0), metavar="N",
+              help="--stage export: the sealed step to export (default: the newest one the "
+                   "trainer logged a step after); --stage eval: the exported step to score "
+                   "(default: the newest).")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
         compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
         run_backend: str, amend: bool, stage: str, sources: tuple[str, ...],
-        **slurm: Optional[str]) -> None:
+        step: Optional[int], **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from ..backends.local import runner as local_runner
@@ -291,11 +308,13 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
         raise click.UsageError("--from is the prepare stage's input (--stage prepare)")
     if stage != "train" and run_backend != "local":
         raise click.UsageError(f"--stage {stage}: `jobgen run` runs it with --backend local")
+    from ..payloads.stages import stage as declared_stage
+    if step is not None and not declared_stage(stage).takes_step:
+        raise click.UsageError("--step is the export and eval stages' (--stage export|eval)")
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
-    from .. import backends
     if stage != "train":
         _run_stage(spec, stage, sources, recipe, nodes, overrides, site, run_name, dry_run,
-                   amend)
+                   amend, step)
     if dry_run and backends.declaration(run_backend).container:
         import json
         for index, (argv, env) in enumerate(local_runner.commands(spec, "dry-run",
@@ -336,18 +355,18 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
 
 def _run_stage(spec: Any, stage: str, sources: tuple[str, ...], recipe: str,
                nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
-               run_name: Optional[str], dry_run: bool, amend: bool) -> None:
+               run_name: Optional[str], dry_run: bool, amend: bool,
+               step: Optional[int] = None) -> None:
     """`jobgen run --stage NAME`: the stage's job on this machine (jobgen/backends/local/
     stage.py); exits with its status."""
     from ..backends.local import stage as local_stage
     from ..inputs.recipe import locate as locate_recipe
     from ..inputs.site import locate as locate_site
     from ..inputs.userconfig import site as default_site
-    from ..payloads.stages import stage as declared
+    from ..payloads import stages
     from ..plumbing.render import shell_quote
-    work = declared(stage).work
-    if dry_run and work is not None:   # what it would run, one line per task
-        made = work(spec, sources)
+    if dry_run and stages.stage(stage).work is not None:   # what it would run, one per task
+        made = stages.work(stage, spec, sources, step)
         for task in made.tasks:
             click.echo(shell_quote(["python3", f"{spec.payload_dir}/{made.program}", *task]))
         raise SystemExit(0)
@@ -356,14 +375,15 @@ def _run_stage(spec: Any, stage: str, sources: tuple[str, ...], recipe: str,
              *(["--site", site] if site else []), *(["--run-name", run_name] if run_name else []),
              "--smoke"]
     again = train[:3] + ["--stage", stage, *[w for s in sources for w in ("--from", s)],
-                         *train[3:]]
+                         *(["--step", str(step)] if step is not None else []), *train[3:]]
     site_ref = site if site is not None else default_site(None)[0]
     if "/" in site_ref or site_ref.endswith((".yaml", ".yml")):
         site_ref = os.path.abspath(site_ref)
     status = local_stage.run(spec, stage, sources, site_ref=site_ref, overrides=overrides,
                              recipe_file=locate_recipe(recipe)[0],
                              site_file=locate_site(site_ref)[0], emit=click.echo,
-                             say=lambda line: click.echo(line, err=True), amend=amend)
+                             say=lambda line: click.echo(line, err=True), amend=amend,
+                             step=step)
     click.echo(local_stage.closing_line(spec, stage, status, again, train))
     raise SystemExit(status)
 

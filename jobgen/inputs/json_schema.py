@@ -66,6 +66,7 @@ def _of(tp: Any, path: str, limits: dict[str, dict[str, Any]]) -> dict[str, Any]
                                    "additionalProperties": _of(val_tp, f"{path}.*", limits)}
         if path.endswith("env"):
             mapping["propertyNames"] = {"pattern": schema.ENV_NAME_RE.pattern}
+        mapping.update(limits.get(path, {}))   # a rule on the keys (eval.tasks)
         return mapping
     if dataclasses.is_dataclass(tp):
         return record(typing.cast(type, tp), limits, path)

@@ -4,6 +4,7 @@ loaders apply them (rules.check_limits), so both refuse the same values. Data on
 it without importing the schema generator, which imports the recipe and site records."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..backends.slurm import options as slurm_options
@@ -34,6 +35,10 @@ PLAN_DOMAINS: dict[str, tuple[float, float, str]] = {
     "checkpoint_gb": (1e-6, 1e7, "GB"),
     "process_failure_share": (0.0, 1.0, ""),     # of all failures
 }
+# The recipe's eval: section (recipe.check_eval applies both; payload/common/eval_lm.py the
+# shots too): lm-eval's task, group and tag names, in an alphabet safe on a command line.
+EVAL_TASK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+EVAL_MAX_SHOTS = 64
 RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "name": {"pattern": schema.NAME_RE.pattern},
     "nodes": {"minimum": 1},
@@ -79,6 +84,8 @@ RECIPE_LIMITS: dict[str, dict[str, Any]] = {
     "job.master_port": {"minimum": PORT_MIN, "maximum": MASTER_PORT_MAX},
     "job.log_every_steps": {"minimum": 1},
     "seed": {"minimum": 0, "maximum": SEED_MAX},
+    "eval.tasks": {"propertyNames": {"pattern": EVAL_TASK_RE.pattern}},
+    "eval.tasks.*": {"minimum": 0, "maximum": EVAL_MAX_SHOTS},
 }
 SITE_LIMITS: dict[str, dict[str, Any]] = {
     "name": {"pattern": schema.NAME_RE.pattern},

@@ -108,6 +108,7 @@ class Data:
     path: str  # relative paths are under the site's data_dir
     vocab_file: Optional[str] = None
     merge_file: Optional[str] = None
+    tokenizer: Optional[str] = None  # the prepare stage's tokenizer (a hub name or a folder)
     num_workers: int = 1
     splits: Optional[str] = None
     # Megatron datasets: how many prefixes the prepare stage writes (one per --from input) and
@@ -153,6 +154,12 @@ class Job:
 
 
 @record
+class Eval:
+    """What `--stage eval` scores an exported step on (payload/common/eval_lm.py: lm-eval)."""
+    tasks: Mapping[str, int] = dataclasses.field(default_factory=dict)  # lm-eval task: shots
+
+
+@record
 class Recipe:
     name: str
     description: str
@@ -168,6 +175,7 @@ class Recipe:
     checkpoint: Checkpoint
     compile: Compile = Compile()
     job: Job = Job()
+    eval: Eval = Eval()            # what `--stage eval` scores an export on (lm-eval)
     seed: int = 1234
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Payload-specific launch knobs that are not part of the model (e.g. NeMo's config name).
@@ -254,6 +262,23 @@ def check_names(recipe: Recipe, where: str) -> None:
                           "time limit (MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
 
 
+def check_eval(recipe: Recipe, where: str) -> None:
+    """The eval: section's task names (they reach a job's command line) and shot counts; an
+    encoder has no lm-eval tasks to run."""
+    from .limits import EVAL_MAX_SHOTS, EVAL_TASK_RE
+    for task, shots in recipe.eval.tasks.items():
+        if not EVAL_TASK_RE.fullmatch(task):
+            raise ConfigError(f"{where}: eval.tasks.{task}: not an lm-eval task name "
+                              f"(must match {EVAL_TASK_RE.pattern})")
+        if not 0 <= shots <= EVAL_MAX_SHOTS:
+            raise ConfigError(f"{where}: eval.tasks.{task}: {shots} few-shot examples; must lie "
+                              f"in [0, {EVAL_MAX_SHOTS}]")
+    if recipe.eval.tasks and recipe.model.family == "bert":
+        raise ConfigError(f"{where}: eval.tasks: model.family bert is an encoder, and lm-eval's "
+                          "tasks score a causal language model's log-likelihoods: leave eval: "
+                          "out")
+
+
 def load(ref: str, overrides: Optional[list[str]] = None,
          backend: Optional[str] = None) -> tuple[Recipe, str]:
     """Load and strictly validate a recipe, with its overlay for `backend` applied, then the
@@ -270,6 +295,7 @@ def load_file(path: Path, shown: str, overrides: Optional[list[str]] = None,
         data = apply_overrides(data, overrides, shown)
     recipe = schema.build(Recipe, data, shown)
     check_names(recipe, shown)
+    check_eval(recipe, shown)
     from .platforms import get as platform
     platform(recipe.platform, shown)
     return recipe, shown

@@ -6,10 +6,11 @@ This module holds the profile as a whole, its loading and its checks across sect
 section's own fields are in site_sections.py."""
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..backends.slurm import options as slurm_options
 from ..plumbing import resources
@@ -118,35 +119,14 @@ def load_file(path: Path, shown: str) -> Site:
         raise ConfigError(f"{shown}: name: {schema.describe(site.name)} must match "
                           f"{schema.NAME_RE.pattern}")
     slurm_options.check_site(site.slurm, shown)
-    numbers: list[tuple[str, int, int]] = [("slurm.cpus_per_task", site.slurm.cpus_per_task, 1),
-               ("slurm.max_nodes", site.slurm.max_nodes, 0),
-               ("slurm.time_limit_warning_s", site.slurm.time_limit_warning_s, 1)]
-    if site.slurm.lustre_max_dirty_mb is not None:
-        numbers += [("slurm.lustre_max_dirty_mb", site.slurm.lustre_max_dirty_mb, 1)]
-    if site.batch is not None:
-        numbers += [("batch.timeout_hours", site.batch.timeout_hours, 1),
-                    ("batch.max_nodes", site.batch.max_nodes, 0),
-                    ("batch.rendezvous_timeout_s", site.batch.rendezvous_timeout_s, 1)]
-        if site.batch.smoke is not None:
-            numbers += [("batch.smoke.vcpus", site.batch.smoke.vcpus, 1),
-                        ("batch.smoke.memory_mib", site.batch.smoke.memory_mib, 512)]
-    if site.sagemaker is not None:
-        numbers += [("sagemaker.max_nodes", site.sagemaker.max_nodes, 0),
-                    ("sagemaker.volume_size_gb", site.sagemaker.volume_size_gb, 1),
-                    ("sagemaker.max_runtime_hours", site.sagemaker.max_runtime_hours, 1),
-                    ("sagemaker.rendezvous_timeout_s", site.sagemaker.rendezvous_timeout_s, 1),
-                    ("sagemaker.keep_alive_s", site.sagemaker.keep_alive_s, 0)]
-        if site.sagemaker.max_runtime_hours > 28 * 24:
-            raise ConfigError(f"{shown}: sagemaker.max_runtime_hours: "
-                              f"{site.sagemaker.max_runtime_hours} is more than SageMaker's "
-                              "28 days (672)")
+    if site.sagemaker is not None and site.sagemaker.max_runtime_hours > 28 * 24:
+        raise ConfigError(f"{shown}: sagemaker.max_runtime_hours: "
+                          f"{site.sagemaker.max_runtime_hours} is more than SageMaker's "
+                          "28 days (672)")
     if site.eks is not None:
-        numbers += [("eks.max_nodes", site.eks.max_nodes, 0),
-                    ("eks.rendezvous_timeout_s", site.eks.rendezvous_timeout_s, 1)]
         if not K8S_NAME_RE.fullmatch(site.eks.namespace):
             raise ConfigError(f"{shown}: eks.namespace: {schema.describe(site.eks.namespace)} "
                               "is not a Kubernetes name (lower case letters, digits, '-')")
-        numbers += [("eks.max_disruptions", site.eks.max_disruptions, 0)]
         for key, value in schema.to_plain(site.eks).items():
             said = unseen(value) if isinstance(value, str) else None
             if said is not None:   # names and quantities that reach the manifests
@@ -160,9 +140,7 @@ def load_file(path: Path, shown: str) -> Site:
                 # Mounted over the container's / (or a host's /): the pod would see no system.
                 raise ConfigError(f"{shown}: {key}: {schema.describe(value)} must be a folder "
                                   "below / (a mount over / hides the container's own files)")
-    for key, number, least in numbers:
-        if number < least:
-            raise ConfigError(f"{shown}: {key}: {number} must be at least {least}")
+    _check_least(site, "", shown)
     check_plan(site.plan, shown)
     check_health(site.health, shown)
     if site.slurm.time_limit_warning_s > 65535:   # sbatch --signal's limit
@@ -203,6 +181,17 @@ def load_file(path: Path, shown: str) -> Site:
                           "not an Amazon ECR repository: push jobgen's images to one and write "
                           "ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME")
     return site
+
+
+def _check_least(section: Any, key: str, shown: str) -> None:
+    """Each number field's least value (`least` in site_sections.py), section by section."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_least(value, f"{key}{f.name}.", shown)
+        elif "least" in f.metadata and value is not None and value < f.metadata["least"]:
+            raise ConfigError(f"{shown}: {key}{f.name}: {value} must be at least "
+                              f"{f.metadata['least']}")
 
 
 def _paths(site: Site) -> list[tuple[str, str]]:

@@ -3,28 +3,34 @@ container backend's (Batch, SageMaker, EKS). The comment beside a field is its d
 env/sites/site.schema.json; the profile as a whole, its loading and its checks are in site.py."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from ..backends.slurm import options as slurm_options
 from ..plumbing.record import record
 
 
+def least(n: int, default: Any = dataclasses.MISSING) -> Any:
+    """A number field whose value must be at least `n` (site.py checks each on load)."""
+    return dataclasses.field(default=default, metadata={"least": n})
+
+
 @record
 class SlurmSite:
-    cpus_per_task: int
-    max_nodes: int
+    cpus_per_task: int = least(1)
+    max_nodes: int = least(0)
     exclusive: bool = True
     # Seconds before the time limit at which Slurm warns the job (sbatch --signal): the trainers
     # that can save a checkpoint then, and the job is requeued without counting a failure.
     # Slurm may send it up to 60 s earlier than asked; keep it above a checkpoint write's time.
-    time_limit_warning_s: int = 600
+    time_limit_warning_s: int = least(1, 600)
     # How the first node's name becomes an IP: `nslookup` asks DNS and so avoids the trn1
     # /etc/hosts mis-mapping (REFERENCE §1.9); `getent` also reads /etc/hosts (emulated nodes).
     master_resolver: Literal["nslookup", "getent"] = "nslookup"
     # The FSx for Lustre client's cap on dirty data per connection, in MiB, set on each node
     # before the passes (`lctl set_param osc.*.max_dirty_mb=N`, where lctl exists; upstream
     # neuronx-nemo-megatron train_setup.sh sets 64 "to avoid OODs"). Left out: not touched.
-    lustre_max_dirty_mb: Optional[int] = None
+    lustre_max_dirty_mb: Optional[int] = least(1, None)
     # The instance types of the cluster's compute nodes: a recipe for another platform is
     # refused here. Left out: any (a site whose nodes emulate every platform, like `local`).
     platforms: Optional[tuple[str, ...]] = None
@@ -56,6 +62,11 @@ class Paths:
     # The nodes cannot write beside the data (a read-only mount, like SageMaker's FSx channel in
     # ro mode): trainers write what they derive from it (NeMo's index files) into the run.
     data_read_only: bool = False
+    # The eval stage (lm-eval, offline): HF_HOME on the nodes, whose datasets cache holds the
+    # tasks' data; a folder of the site's own task YAMLs; whether the nodes may reach the hub.
+    hf_home: Optional[str] = None            # HF_HOME for the eval stage (its datasets cache)
+    eval_tasks_dir: Optional[str] = None     # the site's own lm-eval task YAMLs (include path)
+    hub_access: bool = False                 # the eval stage may download from the hub
 
 
 @record
@@ -75,8 +86,8 @@ class CpuInstance:
     """The CPU instance type that runs `--smoke` rehearsals on Batch (a site fact: it must be
     in one of the queue's compute environments), and what a container may take of it."""
     instance_type: str
-    vcpus: int
-    memory_mib: int
+    vcpus: int = least(1)
+    memory_mib: int = least(512)
 
 
 @record
@@ -92,9 +103,9 @@ class BatchSite:
     log_group: str = "/aws/batch/job"
     region: Optional[str] = None
     shared_volume: Optional[str] = None  # host path mounted at the same path in the container
-    timeout_hours: int = 72
-    max_nodes: int = 16
-    rendezvous_timeout_s: int = 900      # how long nodes wait for each other before failing
+    timeout_hours: int = least(1, 72)
+    max_nodes: int = least(0, 16)
+    rendezvous_timeout_s: int = least(1, 900)  # how long nodes wait for each other before failing
     smoke: Optional[CpuInstance] = None  # where `--smoke` jobs run (no accelerators needed)
 
 
@@ -120,13 +131,13 @@ class SageMakerSite:
     fsx: Optional[FsxInput] = None              # or from FSx for Lustre (needs subnets)
     subnets: Optional[tuple[str, ...]] = None
     security_group_ids: Optional[tuple[str, ...]] = None
-    volume_size_gb: int = 500                   # each instance's EBS volume
-    max_runtime_hours: int = 120                # the stopping condition (at most 28 days)
-    max_nodes: int = 16
-    rendezvous_timeout_s: int = 900
+    volume_size_gb: int = least(1, 500)         # each instance's EBS volume
+    max_runtime_hours: int = least(1, 120)      # the stopping condition (at most 28 days)
+    max_nodes: int = least(0, 16)
+    rendezvous_timeout_s: int = least(1, 900)
     compile_cache: str = "/opt/ml/checkpoints/compile-cache"  # kept in S3 with checkpoints
     smoke_instance_type: Optional[str] = None   # a CPU instance for --smoke (ml.c5.4xlarge)
-    keep_alive_s: int = 0                       # warm pool: seconds instances stay for the next
+    keep_alive_s: int = least(0, 0)             # warm pool: seconds instances stay for the next
 
 
 # The JobSet release the EKS manifests are checked against, and how a cluster gets it.
@@ -151,11 +162,11 @@ class EksSite:
     # Restarts after a drain, preemption or eviction, which JobSet does not count, beyond
     # job.max_restarts: a pod of a later restart attempt ends the job (the kubelet's own
     # node-pressure evictions are such disruptions too, and could otherwise repeat forever).
-    max_disruptions: int = 10
+    max_disruptions: int = least(0, 10)
     service_account: Optional[str] = None
     efa_interfaces: Optional[dict[str, int]] = None  # per platform (default: all it has)
-    max_nodes: int = 16
-    rendezvous_timeout_s: int = 900
+    max_nodes: int = least(0, 16)
+    rendezvous_timeout_s: int = least(1, 900)
     context: Optional[str] = None               # the kubeconfig context (default: current)
     smoke_cpu: str = "4"                        # what a --smoke pod asks for
     smoke_memory: str = "8Gi"

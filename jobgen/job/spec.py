@@ -10,6 +10,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
+from .. import backends
 from ..inputs import schema
 from ..inputs.platforms import PLATFORMS, Platform
 from ..inputs.recipe import Recipe
@@ -30,7 +31,7 @@ class JobSpec:
     source: str          # the recipe file as named in messages
     site: Site
     nodes: int
-    backend: Backend = "slurm"
+    backend: Backend = backends.DEFAULT
     compile_mode: CompileMode = "auto"
     smoke: bool = False
     run_name: str = ""
@@ -144,7 +145,6 @@ class JobSpec:
     def payload_dir(self) -> str:
         """Where the job's payload is on the nodes: its snapshot on the site's shared storage
         (Slurm, submitit, jobgen run), the image's copy in a container."""
-        from .. import backends
         declared = backends.declaration(self.backend)
         if declared.container:
             from ..images.catalog import declared as image_declaration
@@ -163,7 +163,6 @@ class JobSpec:
     # --- identity ------------------------------------------------------------------------------
     def _options_shown(self) -> dict[str, Any]:
         """The scheduler's options under the backend's site section (`slurm:`), for show."""
-        from .. import backends
         table = backends.job_options(self.backend)
         if table is None:
             return {}
@@ -202,8 +201,8 @@ class JobSpec:
 
 
 def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None, *,
-            backend: Backend = "slurm", compile_mode: CompileMode = "auto", smoke: bool = False,
-            run_name: Optional[str] = None,
+            backend: Backend = backends.DEFAULT, compile_mode: CompileMode = "auto",
+            smoke: bool = False, run_name: Optional[str] = None,
             options: Optional[Mapping[str, Any]] = None,
             payload_digest: Optional[str] = None, name_suffix: str = "") -> JobSpec:
     """Resolve and validate; raises ConfigError/RuleError naming the file and the key.
@@ -215,39 +214,34 @@ def resolve(recipe: Recipe, source: str, site: Site, nodes: Optional[int] = None
     if n < 1:
         raise ConfigError(f"--nodes {n}: must be at least 1")
     platform = PLATFORMS[recipe.platform]
+    declared = backends.declaration(backend)
     # Spare nodes (job.spare_nodes) are allocated with the job where the backend keeps them
-    # (Slurm; the others train on exactly --nodes): they count against every node limit.
-    spares = recipe.job.spare_nodes if backend == "slurm" else 0
+    # (its declaration's spares is ""; the others train on exactly --nodes): they count
+    # against every node limit.
+    spares = recipe.job.spare_nodes if declared.spares == "" else 0
     asked = f"--nodes {n}" + (f" and job.spare_nodes {spares}" if spares else "")
     if n + spares > platform.max_nodes:
         raise RuleError(f"{asked}: {platform.name} jobs are limited to "
                         f"{platform.max_nodes} nodes")
-    from .. import backends
-    declared = backends.declaration(backend)
-    if declared.site_section == "slurm":
-        if site.slurm.max_nodes == 0:
-            raise ConfigError(f"site {site.name} has no Slurm cluster (slurm.max_nodes: 0): "
-                              "render for AWS Batch with --backend batch, or submit with "
-                              "`jobgen batch submit`")
-        if site.slurm.platforms is not None and recipe.platform not in site.slurm.platforms:
-            # A RuleError: `jobgen check --site` lists the other platform's recipes as skipped.
-            raise RuleError(f"{source}: platform: a {recipe.platform} recipe, but site "
-                              f"{site.name} has {', '.join(site.slurm.platforms)} nodes "
-                              "(slurm.platforms)")
-        limit, key = site.slurm.max_nodes, "slurm.max_nodes"
-    else:
-        section = getattr(site, declared.site_section)
-        if section is None:
-            raise ConfigError(f"site {site.name} has no {declared.site_section} section "
-                              f"({declared.site_section_holds}): use a site with one (like "
-                              f"{declared.site_example}), or the Slurm backend")
-        limit, key = section.max_nodes, f"{declared.site_section}.max_nodes"
-        # Where the backend's nodes keep the run, the data and the compile cache.
+    section, where = getattr(site, declared.site_section), declared.site_section
+    if section is None:
+        raise ConfigError(f"site {site.name} has no {where} section "
+                          f"({declared.site_section_holds}): use a site with one (like "
+                          f"{declared.site_example}), or the {backends.DEFAULT} backend")
+    if section.max_nodes == 0 and declared.site_empty:
+        raise ConfigError(f"site {site.name} {declared.site_empty}")
+    platforms = getattr(section, "platforms", None)
+    if platforms is not None and recipe.platform not in platforms:
+        # A RuleError: `jobgen check --site` lists the other platform's recipes as skipped.
+        raise RuleError(f"{source}: platform: a {recipe.platform} recipe, but site "
+                        f"{site.name} has {', '.join(platforms)} nodes ({where}.platforms)")
+    limit, key = section.max_nodes, f"{where}.max_nodes"
+    if declared.container:
+        # Where its nodes keep the run, the data and the compile cache; its containers run
+        # jobgen's image, so the trainer is where the image holds it.
+        from ..images.catalog import with_image_paths
         site = backends.get(backend).node_site(site)  # type: ignore[attr-defined]
-        if declared.container:
-            # Its containers run jobgen's image: the trainer is where the image holds it.
-            from ..images.catalog import with_image_paths
-            site = with_image_paths(site, recipe.platform, recipe.payload)
+        site = with_image_paths(site, recipe.platform, recipe.payload)
     if n + spares > limit:
         raise RuleError(f"{asked}: site {site.name} allows at most {limit} nodes "
                         f"({key})")

@@ -198,6 +198,11 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# Sections no trainer reads, so no payload declares them: the environment and launch knobs
+# (checked on their own), and the eval stage's tasks (payload/common/eval_lm.py).
+NOT_THE_TRAINERS = ("env", "launch", "eval")
+
+
 def check_recipe(recipe: Recipe, source: str) -> None:
     """Refuse what the recipe's payload cannot do or would silently ignore."""
     payload = REGISTRY.get(recipe.payload)
@@ -226,7 +231,7 @@ def check_recipe(recipe: Recipe, source: str) -> None:
                 raise ConfigError(f"{source}: {path}: payload {name} accepts only "
                                   f"{schema.describe(fixed.value)} ({fixed.why}), got "
                                   f"{schema.describe(value)}")
-        elif path not in payload.honours and path.split(".")[0] not in ("env", "launch"):
+        elif path not in payload.honours and path.split(".")[0] not in NOT_THE_TRAINERS:
             if default is _MISSING or not _same(value, default):
                 shown = "unset" if default in (None, _MISSING) else schema.describe(default)
                 raise ConfigError(f"{source}: {path}: payload {name} does not use this key, so "
@@ -245,7 +250,7 @@ def key_report(recipe: Recipe) -> dict[str, Any]:
     used: list[str] = []
     unused: list[str] = []
     for path, _default in leaf_keys():
-        if path in payload.fixed:
+        if path in payload.fixed or path.split(".")[0] == "eval":
             continue
         (used if path in payload.honours else unused).append(path)
     return {"name": payload.name, "reaches_the_job": used,

@@ -69,6 +69,7 @@ PAYLOAD = Payload(
     accelerator="hpu",
     families=("bert",),
     honours=COMMON_KEYS | {
+        "data.tokenizer",                       # the prepare stage's (prepare_tokenized.py)
         "model.vocab_size", "model.max_predictions", "model.hidden_dropout",
         "model.attention_dropout", "model.layernorm_epsilon", "model.init_method_std",
         "model.layer_norm_large_model", "parallelism.zero1", "optim.eps", "optim.no_decay",

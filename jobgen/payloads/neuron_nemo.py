@@ -134,17 +134,9 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         "exp_manager.explicit_log_dir": posixpath.join(spec.run_dir, "nemo" if train else
                                                        "compile"),
         "exp_manager.create_tensorboard_logger": train,
-        # Resuming goes through model.resume_from_checkpoint, added by the launcher
-        # (payload/neuron_nemo/launch.sh) when a checkpoint exists: the path the upstream
-        # documents, and the one that builds the model as resuming. resume_if_exists is on only
-        # so that NeMo's checkpoint callback counts the checkpoints already in the folder as its
-        # top k (n_resume -> NeMoModelCheckpoint.nemo_topk_check_previous_run) and deletes them
-        # in turn; otherwise each allocation starts an empty top k and keeps `keep` more. The
-        # launcher names the file (explicit_ckpt_path, read only where dirpath is set) and
-        # removes, before the trainer starts, what the callback cannot (resume.py).
-        # Not with ZeRO-1: the restore would count each rank's optimizer file (optim/dp_rank_*)
-        # as a checkpoint of its own and then never delete again; resume.py keeps only the
-        # resumed checkpoint then, and the callback's top k rolls beside it.
+        # Resuming goes through model.resume_from_checkpoint (launch.sh). resume_if_exists only
+        # makes NeMo's callback count the kept checkpoints as its top k; with ZeRO-1 it would
+        # count each rank's optimizer file too, so resume.py prunes then (docs/trainers.md).
         "exp_manager.resume_if_exists": train and not p.zero1,
         "exp_manager.resume_ignore_no_checkpoint": True,
         # No save in the compile pass: NeMo's XLACheckpointIO skips saving while graphs are
@@ -161,14 +153,7 @@ def overrides(spec: JobSpec, which: Pass) -> dict[str, Any]:
         # restore does not count and nothing deletes once the run resumes from it.
         "exp_manager.checkpoint_callback_params.save_last": False,
         "exp_manager.checkpoint_callback_params.save_top_k": c.keep,
-        # Background saves only when the recipe asks (checkpoint.async_save: true), upstream's
-        # default: the config key at d22aabf is False and no upstream script turns it on. It is
-        # read by megatron_gpt_pretraining.py into NLPCheckpointIO(async_save=...), which waits
-        # for the previous save before the next and deletes an old checkpoint only once the new
-        # one is whole on every rank; each rank's share is copied to host memory and pickled
-        # into a child process (the note at render). NeMo writes no seal of its own: resume.py
-        # offers only a checkpoint whose every archive and tensor file is whole, so one cut off
-        # mid-write is never resumed from.
+        # Background saves only when the recipe asks, as upstream has it (docs/trainers.md).
         "async_checkpointing": c.async_save is True,
     }
     if m.activation_checkpointing == "full":
@@ -213,10 +198,8 @@ def build(spec: JobSpec) -> Launch:
 
 
 def _note_background_save(spec: JobSpec) -> None:
-    """What NeMo's background save holds in host memory (NLPCheckpointIOState at d22aabf): each
-    rank's share of the checkpoint copied off the device (``t.cpu()``), then the whole list
-    pickled into a ProcessPoolExecutor child that unpickles its own copy and writes it; the
-    parent's copy goes only when the write is done. So about twice a node's share, per node."""
+    """NeMo's background save holds a node's share twice in host memory while it writes (a
+    copy in the trainers, a pickled one in a child process: docs/trainers.md)."""
     from ..job import sizes
     from .base import say_once
     share = sizes.checkpoint_bytes(spec) / spec.nodes

@@ -21,17 +21,6 @@ from .base import say_once
 Executor = str   # a backend's name (jobgen.backends.names()): what runs the nodes
 Passes = Literal["both", "compile", "train"]
 
-# Every payload's process group: a collective that waits longer than this for a peer fails (the
-# timeout of init_process_group; payload/common/init.py reads it). torch's own default for gloo
-# is the same 30 minutes (DeepSpeed's init_distributed: 10); declared here so that every trainer
-# has it, whatever its framework's default. Long enough for the slowest step a rank may wait
-# through (a peer writing its part of a checkpoint, a first step compiling its graphs). NeMo's
-# process group is made by its Lightning strategy (neuronx-nemo-megatron's NLPDDPStrategy, an XLA
-# one, with no timeout to pass); on Neuron, device collectives (NeMo's and NxD's) are bounded by
-# the Neuron runtime's NEURON_RT_EXEC_TIMEOUT instead (30 s by default). The value is the recipe's
-# job.collective_timeout_s (jobgen/inputs/recipe.py, default 1800 s): a shorter one turns a hung
-# rank into a restart in place (job.restarts_in_place) that much sooner.
-
 # What the executor sets on each node, at run time.
 NODE_FACTS = {
     "MASTER_ADDR": "IPv4 address of the main node (torchrun's node rank 0)",

@@ -122,6 +122,7 @@ PAYLOAD = Payload(
     accelerator="cuda",
     families=("llama", "gpt_neox"),
     honours=COMMON_KEYS | {
+        "data.tokenizer",                       # the prepare stage's (prepare_tokenized.py)
         "job.log_every_steps",
         "model.num_kv_heads", "model.vocab_size", "model.layernorm_epsilon", "model.rope_theta",
         "model.init_method_std", "model.scaled_init", "model.activation_checkpointing",

@@ -1,6 +1,7 @@
 """The stages of a recipe's pipeline on one site and one run folder: prepare, then train (the
-two passes, the default). Each stage is a small declaration: what it runs on the nodes and on
-how many; a backend renders any declared stage the same way (export and eval register here).
+two passes, the default), then export (a sealed step as a Hugging Face folder), then eval (an
+exported step scored by lm-eval). Each stage is a small declaration: what it runs on the nodes
+and on how many; a backend renders any declared stage the same way.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class StageWork:
     notes: tuple[str, ...] = ()
 
 
-Work = Callable[[JobSpec, tuple[str, ...]], StageWork]
+# (spec, the --from inputs, the --step N or None): the stage's job.
+Work = Callable[[JobSpec, tuple[str, ...], Optional[int]], StageWork]
 
 
 @record
@@ -31,6 +33,7 @@ class Stage:
     summary: str
     one_node: bool = False          # one node of slurm.prepare_partition (else the recipe's)
     work: Optional[Work] = None     # None: the training job itself (the two passes)
+    takes_step: bool = False        # --step N: the sealed step it works on
 
 
 def _nemo_checkout(spec: JobSpec) -> str:
@@ -98,12 +101,47 @@ def _rehearsal(spec: JobSpec, fmt: str, sources: tuple[str, ...]) -> StageWork:
     return StageWork(program="smoke/prepare_data.py", tasks=(tuple(args),), notes=notes)
 
 
+def _tokenized(fmt: str, spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
+    """payload/common/prepare_tokenized.py with the recipe's tokenizer (data.tokenizer): the
+    packed blocks, or BERT's hdf5 shards (jobgen/payloads/upstream/prepare_tokenized.json)."""
+    data, model = spec.recipe.data, spec.recipe.model
+    if not data.tokenizer:
+        raise ConfigError(f"{spec.source}: data.tokenizer is needed to prepare this dataset "
+                          "(a Hugging Face hub name or a folder under the data folder)")
+    if data.shards > 1:
+        raise ConfigError(f"{spec.source}: data.shards={data.shards} is for Megatron datasets "
+                          "(--set data.shards=1)")
+    if fmt == "bert_hdf5" and not sources:
+        raise ConfigError(f"{spec.source}: --stage prepare needs --from for BERT: Model-"
+                          "References makes its text from a Wikipedia dump with WikiExtractor, "
+                          "which the stage does not run (give that text, or your own)")
+    args = ["--format", fmt, "--data-dir", spec.site.paths.data_dir, "--path", data.path,
+            "--tokenizer", data.tokenizer, "--seq-length", str(model.seq_length),
+            "--workers", str(spec.site.slurm.cpus_per_task)]
+    if fmt == "bert_hdf5":
+        args += ["--max-predictions", str(model.max_predictions)]
+    if sources:
+        args += ["--from", *sources]
+    notes = [] if sources else [
+        f"prepare: no --from: the job fetches the tutorial's corpus (wikicorpus raw_en) and "
+        f"reads its raw text into {spec.data_path(data.path)} (datasets >= 4 no longer runs "
+        "the wikicorpus loading script)"]
+    if not posixpath.isabs(data.tokenizer) and "/" in data.tokenizer:
+        notes.append(f"prepare: tokenizer {data.tokenizer} comes from the Hugging Face hub; a "
+                     "gated one reads HF_TOKEN from the job's environment on the node (export "
+                     "it before submitting; it is never written into the job)")
+    return StageWork(program="common/prepare_tokenized.py", tasks=(tuple(args),),
+                     notes=tuple(notes))
+
+
 # What the prepare stage runs, by the dataset format the payload declares (payloads/data.py).
-PREPARE = {"megatron": _megatron}
+PREPARE = {"megatron": _megatron,
+           "hf_blocks": lambda spec, sources: _tokenized("hf_blocks", spec, sources),
+           "bert_hdf5": lambda spec, sources: _tokenized("bert_hdf5", spec, sources)}
 REHEARSED = ("megatron", "hf_blocks", "bert_hdf5")   # what prepare_data.py writes
 
 
-def _prepare(spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
+def _prepare(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> StageWork:
     payload = REGISTRY.get(spec.recipe.payload)
     fmt = payload.data[0] if payload is not None and payload.data else ""
     if spec.smoke and fmt in REHEARSED:
@@ -114,10 +152,97 @@ def _prepare(spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
     return PREPARE[fmt](spec, sources)
 
 
+# --- export: payload/smoke/export_smoke.py, payload/habana_deepspeed/export_bert.py -----------
+
+EXPORT_ROOT = "export"              # RUN/export/step-N/ (docs/model-out.md)
+
+
+def _tokenizer_args(spec: JobSpec, declared: tuple[str, ...]) -> tuple[str, ...]:
+    """Which tokenizer a rehearsal's export saves: its prepared dataset's (GPT-2 BPE files, the
+    Llama-style folder, BERT's vocab.txt), else one trained from the recipe's seed (it trained
+    on made-up token ids)."""
+    from . import data_want
+    want = data_want.wanted(spec, declared)
+    data = spec.recipe.data
+    if want and want["format"] == "megatron" and data.vocab_file and data.merge_file:
+        return ("--tokenizer-files", spec.data_path(data.vocab_file),
+                spec.data_path(data.merge_file))
+    if want and want["format"] == "hf_blocks":
+        return ("--tokenizer", want["path"])
+    if want and want["format"] == "bert_hdf5":
+        return ("--tokenizer-files", posixpath.join(want["path"], "vocab.txt"))
+    return ("--tokenizer-seed", str(spec.recipe.seed))
+
+
+def _export(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> StageWork:
+    """The payload's export program with the training pass's own flags (the model's shape and
+    where its data is), the run's tokenizer, RUN/export and the step (default: the newest
+    sealed one that can be proven, when the job starts). Only rehearsals have one yet
+    (docs/model-out.md)."""
+    from . import for_spec
+    name = spec.recipe.payload
+    if spec.rehearsal is None and name == "habana_deepspeed":
+        raise ConfigError(f"{spec.source}: --stage export is not available for payload {name}'s "
+                          "own runs yet: the recipe names no tokenizer (BERT's vocab.txt) to save "
+                          "with the model; run habana_deepspeed/export_bert.py with "
+                          "--tokenizer-files VOCAB (docs/model-out.md), or rehearse with --smoke")
+    if spec.rehearsal is None:
+        raise ConfigError(f"{spec.source}: --stage export is not available for payload {name} "
+                          "yet (only for --smoke rehearsals: docs/model-out.md)")
+    program = ("habana_deepspeed/export_bert.py" if spec.rehearsal.family == "bert"
+               else "smoke/export_smoke.py")
+    payload = REGISTRY.get(name)
+    args = (*for_spec(spec).train_args,
+            *_tokenizer_args(spec, payload.data if payload is not None else ()),
+            "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
+            *(("--step", str(step)) if step is not None else ()), "--on-node")
+    return StageWork(program=program, tasks=(args,))
+
+
+# --- eval: payload/common/eval_step.py (which export), then eval_lm.py (lm-eval) -------------
+
+EVAL_ROOT = "eval"                  # RUN/eval/step-N.json (docs/model-out.md)
+SMOKE_TASK = "jobgen_smoke_choice"  # payload/smoke/eval_task.py's, made from the recipe's seed
+
+
+def _eval(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> StageWork:
+    """lm-eval on an exported step (`step`, else the newest complete export when the job
+    starts), offline: the recipe's eval.tasks, with the site's task folder and datasets cache;
+    a rehearsal scores the task smoke/eval_task.py makes from the recipe's seed instead."""
+    family = spec.rehearsal.family if spec.rehearsal is not None else spec.recipe.model.family
+    if family == "bert":
+        raise ConfigError(f"{spec.source}: --stage eval: a BERT model is an encoder, and "
+                          "lm-eval's tasks score a causal language model's continuations (the "
+                          "recipe names no eval tasks); its export's proof, the masked-LM loss "
+                          "on the run's data, is its score (docs/model-out.md)")
+    paths, eval_root = spec.site.paths, posixpath.join(spec.run_dir, EVAL_ROOT)
+    own = ["--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT), "--eval-root", eval_root,
+           *(("--step", str(step)) if step is not None else ())]
+    if spec.rehearsal is not None:
+        own += ["--smoke-task-seed", str(spec.recipe.seed)]
+        lm = ["--tasks", f"{SMOKE_TASK}=0", "--tasks-dir", posixpath.join(eval_root, "tasks")]
+    else:
+        if not spec.recipe.eval.tasks:
+            raise ConfigError(f"{spec.source}: eval.tasks names no task (--stage eval scores "
+                              "the tasks the recipe's eval: section names)")
+        lm = ["--tasks", ",".join(f"{t}={k}" for t, k in spec.recipe.eval.tasks.items())]
+        if paths.eval_tasks_dir:
+            lm += ["--tasks-dir", paths.eval_tasks_dir]
+    if paths.hf_home:
+        lm += ["--hf-home", paths.hf_home]
+    if paths.hub_access:
+        lm += ["--allow-hub"]
+    return StageWork(program="common/eval_step.py", tasks=((*own, "--on-node", "--", *lm),))
+
+
 STAGES = {
     "prepare": Stage("prepare", "make the dataset the recipe's data: section names",
                      one_node=True, work=_prepare),
     "train": Stage("train", "the compile pass, then the training pass"),
+    "export": Stage("export", "a sealed step as a Hugging Face model folder, proven",
+                    one_node=True, work=_export, takes_step=True),
+    "eval": Stage("eval", "an exported step scored by lm-evaluation-harness, offline",
+                  one_node=True, work=_eval, takes_step=True),
 }
 
 
@@ -125,6 +250,16 @@ def stage(name: str) -> Stage:
     if name not in STAGES:
         raise ConfigError(f"unknown stage {name!r} (one of {', '.join(STAGES)})")
     return STAGES[name]
+
+
+def work(name: str, spec: JobSpec, sources: tuple[str, ...] = (),
+         step: Optional[int] = None) -> StageWork:
+    """Stage `name`'s job; `step` reaches only a stage that takes one (the CLI refuses it for
+    the others)."""
+    declared = stage(name)
+    if declared.work is None:
+        raise ConfigError(f"--stage {name}: the training job is not a stage job")
+    return declared.work(spec, tuple(sources), step if declared.takes_step else None)
 
 
 def chain(text: str) -> tuple[str, ...]:

@@ -136,26 +136,22 @@ def _one_segment(rng: random.Random, length: float, budgets: "_Fixed | _Budgets"
     With `most`, it gives up once more than `most` failures struck (the count returned is then
     above `most`): a segment long beside the MTBF takes e^(length/mtbf) failures to get through."""
     spent, failures = 0.0, 0
+    piece, restarting, requeued = length, False, False   # the segment, or a restart before it
     while True:
         t = rng.expovariate(1.0 / mtbf)
-        if t >= length:
-            return spent + length, failures
+        if t >= piece:
+            spent += piece
+            if not restarting:
+                return spent, failures
+            piece, restarting = length, False    # the restart got through: the segment again
+            continue
         spent += t
         failures += 1
         if most is not None and failures > most:
             return spent, failures
-        restart, requeued = budgets.restart()
-        while True:            # the restart, until it gets through
-            t = rng.expovariate(1.0 / mtbf)
-            if t >= restart:
-                spent += restart
-                break
-            spent += t
-            failures += 1
-            if most is not None and failures > most:
-                return spent, failures
-            if not requeued:
-                restart, requeued = budgets.restart()
+        if not (restarting and requeued):      # a requeue struck starts over, not routed
+            piece, requeued = budgets.restart()
+        restarting = True
 
 
 def simulate(work: float, interval: float, write: float, restart: float, mtbf: float,

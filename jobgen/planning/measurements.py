@@ -11,9 +11,6 @@ from ..inputs import schema
 from ..plumbing import resources
 from ..plumbing.errors import ConfigError
 
-SETTING_KEYS = ("global_batch", "batch_per_accelerator", "seq_length", "micro_batch", "tensor",
-                "pipeline", "precision")
-
 
 @dataclass(frozen=True, slots=True)
 class Row:

@@ -164,12 +164,11 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         scale = (model.flops_per_token(source) * source.recipe.model.seq_length
                  / (model.flops_per_token(base) * base.recipe.model.seq_length))
         shape = Curve.fit(source_points)
+    transferred_from = ""     # the recipe whose throughput this one's is scaled from
     if points:
         curve = Curve.fit(points, shape)
-        transferred = False
     elif transfer is not None and source_points:
-        curve = Curve.fit(source_points)
-        transferred = True
+        curve, transferred_from = Curve.fit(source_points), transfer.source_recipe
         notes.append(f"no measurement of {name}: throughput transferred from "
                      f"{transfer.source_recipe} x {scale:.3f} (training FLOPs per sample, "
                      f"{transfer.source_recipe} / {name}), because {transfer.why}")
@@ -205,13 +204,10 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         ckpt_basis = f"{params / 1e9:.2f}B parameters x {per} bytes ({base.recipe.precision})"
     storage = site.plan.storage
     node_mb_s: Optional[float] = None
-    if opts.storage_mb_s is not None:
-        write_mb_s: Optional[float] = opts.storage_mb_s
-        read_mb_s: Optional[float] = opts.storage_mb_s
-    elif storage is not None:
+    write_mb_s = read_mb_s = opts.storage_mb_s
+    if write_mb_s is None and storage is not None:
         write_mb_s, read_mb_s, node_mb_s = storage.write_mb_s, storage.read_mb_s, storage.node_mb_s
-    else:
-        write_mb_s = read_mb_s = None
+    elif write_mb_s is None:
         notes.append(f"no checkpoint storage bandwidth: pass --storage-mb-s, or set plan.storage "
                      f"in the site {site.name}")
     r = site.plan.restart
@@ -245,8 +241,7 @@ def plan(recipe_ref: str, node_counts: Sequence[int], overrides: Sequence[str] =
         except RuleError as exc:
             skipped.append(Skipped(n, str(exc).split(": ", 1)[-1]))
             continue
-        thr = _throughput(curve, spec, n, scale if transferred else 1.0,
-                          transfer.source_recipe if transferred and transfer else "")
+        thr = _throughput(curve, spec, n, scale if transferred_from else 1.0, transferred_from)
         gbs = spec.global_batch_size
         step_s = gbs / thr.samples_per_s
         steps = math.ceil(target_samples / gbs)

@@ -1,12 +1,12 @@
 """The plan shown: a table for people, JSON for programs, a PNG for a slide (matplotlib,
-imported only here and only for --plot)."""
+imported only for --plot)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
-from ..plumbing.errors import ConfigError
+from ..plumbing import extras
 from .goodput import Interval
 from .planner import Result
 
@@ -139,19 +139,10 @@ def as_json(result: Result) -> dict[str, Any]:
 
 def plot(result: Result, path: Path) -> None:
     """Time to target and goodput against the node count, as a PNG written atomically."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'jobgen[plot]'") from None
-    import io
+    extras.write_png(path, lambda plt: _figure(result, plt), 110)
 
-    from ..plumbing import fsio
-    # Refused before anything is drawn: a device, FIFO, folder or symlink stays as it is; a
-    # path under a file or a name over 255 bytes is one line.
-    fsio.check_target(path, "--plot")
 
+def _figure(result: Result, plt: Any) -> Any:
     rows = list(result.rows)
     xs = [row.nodes for row in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -192,9 +183,4 @@ def plot(result: Result, path: Path) -> None:
     fig.suptitle(f"jobgen plan {result.recipe} ({result.platform}, site {result.site})",
                  parse_math=False)   # a `$` in a site's name is a dollar, not maths
     fig.tight_layout()
-    png = io.BytesIO()
-    try:
-        fig.savefig(png, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    fsio.write_or_refuse(path, png.getvalue(), "--plot")
+    return fig

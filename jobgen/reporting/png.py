@@ -4,13 +4,11 @@ page's colours, ticks and legends (reporting/layout.py). Text is drawn as it sta
 mathtext: a `$` in a run name is a dollar sign), and the file goes through the one writer."""
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 from typing import Any
 
-from ..plumbing import fsio
-from ..plumbing.errors import ConfigError
+from ..plumbing import extras
 from .layout import (
     COLOURS,
     MARKS,
@@ -30,21 +28,7 @@ RC: dict[str, Any] = {"text.usetex": False, "text.parse_math": False,
 
 
 def write(r: Report, path: Path) -> None:
-    fsio.check_target(path, "--plot")   # a bad path is said before the seconds of drawing
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'jobgen[plot]'") from None
-    with matplotlib.rc_context(RC):  # type: ignore[arg-type]
-        fig = _figure(r, plt)
-        try:
-            out = io.BytesIO()
-            fig.savefig(out, format="png", dpi=100)
-        finally:
-            plt.close(fig)
-    fsio.write_or_refuse(path, out.getvalue(), "--plot")
+    extras.write_png(path, lambda plt: _figure(r, plt), 100, RC)
 
 
 def _figure(r: Report, plt: Any) -> Any:

@@ -5,6 +5,7 @@ logs), each node's health.json and job.status, and the scheduler's start and end
 answers."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -119,21 +120,19 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                 health: list[dict[str, Any]], now: float, is_last: bool,
                 steps_elsewhere: Sequence[tuple[float, int]]) -> tuple[Allocation, list[Segment]]:
     nodes = _nodes(folder)
-    gates = []   # (when each node's gate ended, its report)
+    gates = []   # (start, end) of each node's health gate: its report's time less its seconds
     for i, n in enumerate(nodes):
         path = folder / f"node-{n.node}" / "health.json"
         found = _json(path)
         ended = _mtime(path) if found is not None else None
         if found is not None and ended is not None:
-            gates.append((ended, found))
-            nodes[i] = NodeInfo(n.node, n.host, n.status, n.ended_at,
-                                (ended - _seconds(found.get("seconds")), ended))
-    gate = [g for _, g in gates]
-    gate_times = [t for t, _ in gates]
+            gates.append((ended - _seconds(found.get("seconds")), ended))
+            nodes[i] = dataclasses.replace(n, gate=gates[-1])
+    gate_starts, gate_ends = [g for g, _ in gates], [e for _, e in gates]
     compile_ev = _events(folder / "node-0" / "compile.log", index)
     train_ev = _events(folder / "node-0" / "train.log", index)
     compile_span = held.pass_span(folder, [n.node for n in nodes], "compile")
-    times = [o.time for o in compile_ev + train_ev] + gate_times + \
+    times = [o.time for o in compile_ev + train_ev] + gate_ends + \
         [n.ended_at for n in nodes if n.ended_at] + \
         [t for t in compile_span if t]
     if not train_ev and steps_elsewhere:
@@ -146,8 +145,7 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                     for t, n in steps_elsewhere if lo <= t <= hi]
     # A Slurm job's controller records when its allocation began (payload/common/job_flow.sh).
     launched = [t for t in held.times(folder / "allocation.times")[:1] if t is not None]
-    start = span.start if span else min(launched +
-        [t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)] + times or [now])
+    start = span.start if span else min(launched + gate_starts + times or [now])
     # The newest allocation runs on until every node has recorded how its flow ended.
     over = not is_last or (nodes and all(n.ended_at for n in nodes))
     end = span.end if span and span.end else (max(times) if times and over else now)
@@ -156,9 +154,9 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
                      if str(h.get("allocation")) == str(k) and h.get("job") == job
                      and isinstance(h.get("host"), str) and h["host"])
     b = _Builder(index, start)
-    if gate_times:
-        b.to(min(t - _seconds(g.get("seconds")) for t, g in zip(gate_times, gate)), "startup")
-        b.to(max(gate_times), "gate")
+    if gates:
+        b.to(min(gate_starts), "startup")
+        b.to(max(gate_ends), "gate")
     # The compile pass held the nodes from its launch to its exit (the trainer's events start
     # after its imports and rendezvous, and end before its shutdown).
     launch, exited = compile_span
@@ -176,7 +174,7 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
             b.to(o.time, "startup")
         elif o.kind == "step":
             if training_at is None:
-                if not any(e.kind == "start" for e in train_ev) and len(steps) > 1:
+                if began is None and len(steps) > 1:
                     # No start event (TensorBoard): the first step took the median step time.
                     typical = statistics.median(y.time - x.time for x, y in zip(steps, steps[1:]))
                     b.to(o.time - typical, "startup")
@@ -201,17 +199,16 @@ def _allocation(index: int, k: int, job: str, folder: Path, span: Optional[sacct
         ending = "failed"
     else:
         ending = "running" if not state or state in ("RUNNING", "PENDING") else state.lower()
-    failure_at = failed[0].ended_at if ending == "failed" and failed else None
-    if ending == "failed" and failure_at is None:
-        failure_at = b.at
+    first = failed[0] if ending == "failed" and failed else None
+    failure_at = None
     if ending == "failed":
+        failure_at = first.ended_at if first else b.at
         # The step in progress is lost; a failure before any step cuts a start-up short.
         b.to(min(failure_at or end, end), "repeat" if training_at is not None else "startup")
         b.to(end, "failure")
     else:
         b.to(end, {"done": "idle", "stopped": "stop", "unhealthy": "gate",
                    "cancelled": "idle"}.get(ending, "startup"))
-    first = failed[0] if ending == "failed" and failed else None
     alloc = Allocation(index, job, start, end, ending, tuple(nodes),
                        first.node if first else None, first.host if first else "", failure_at,
                        excluded, span is not None, resume.step if resume else None,

@@ -26,7 +26,7 @@ HEALTH_FILE = "jobgen-health.jsonl"   # the health gate's findings, beside it
 FORMAT = 1
 # Recipe sections that do not change what is trained: where and how the job runs, how often it
 # saves and how it compiles. Everything else of the recipe is a training value.
-NOT_TRAINING = ("name", "description", "nodes", "job", "compile", "checkpoint")
+NOT_TRAINING = ("name", "description", "nodes", "job", "compile", "checkpoint", "eval")
 SUFFIX_LENGTH = 6
 
 
@@ -237,6 +237,31 @@ def commit(spec: JobSpec, new: dict[str, Any], old: Optional[dict], job_ids: Seq
             problems.append(str(exc))
     if problems:
         return f"the run's record was not written: {'; '.join(problems)}"
+    return None
+
+
+def note(spec: JobSpec, job_id: str, key: str, value: Any) -> Optional[str]:
+    """Set `key` of the submission of `job_id` (a local stage's outcome, once it ended), in the
+    run folder's record and the state copy; a warning instead of an error."""
+    problems = []
+    for path in (_run_dir_file(spec, True),
+                 state_path(spec.backend, spec.site.name, spec.run_name)):
+        if path is None:
+            continue
+        try:
+            data = read_file(path)
+            if data is None:
+                continue
+            for sub in data["submissions"]:
+                if job_id in sub["job_ids"]:
+                    sub[key] = value
+            _write(path, data)
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        return f"the run's record was not updated: {'; '.join(problems)}"
     return None
 
 

@@ -2,6 +2,7 @@
 actions, allocations, steps lost) and `jobgen watch`'s exit status."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -49,9 +50,7 @@ class Summary:
     cancelled: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        for alert in self.alerts:
-            counts[alert.kind] = counts.get(alert.kind, 0) + 1
+        counts = dict(Counter(alert.kind for alert in self.alerts))   # first seen first
         return {"job_id": self.job_id, "state": self.state, "last_step": self.last_step,
                 "allocations": self.allocations, "restarts_in_place": self.restarts_in_place,
                 "steps_lost": self.steps_lost,

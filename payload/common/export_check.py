@@ -73,6 +73,28 @@ def logged_loss(metrics: Path, step: int) -> float:
     return found
 
 
+def logged_steps(metrics: Path) -> set[int]:
+    """The training pass's steps with a finite loss logged (those an export's proof can use:
+    a checkpoint of step N is provable where N+1 is one); none where the file is unreadable."""
+    try:
+        with open(metrics, encoding="utf-8", errors="replace") as handle:
+            lines = [line for line in handle if len(line) <= MAX_METRICS_LINE
+                     and line.startswith('{"event": "step"')]
+    except OSError:
+        return set()
+    found = set()
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        loss, step = event.get("loss"), event.get("step")
+        if (event.get("phase") == "train" and isinstance(step, int)
+                and isinstance(loss, (int, float)) and math.isfinite(loss)):
+            found.add(step)
+    return found
+
+
 def write_batches(path: Path, batches: list[dict[str, Any]]) -> None:
     """The held-out micro-batches, as export_loss.py reads them."""
     from safetensors.torch import save_file

@@ -28,9 +28,17 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     """The flags an export adds to its trainer's own (the trainer's describe the model)."""
     group = p.add_argument_group("export")
     group.add_argument("--step", type=int, default=None,
-                       help="the sealed step to export (default: the newest complete one)")
-    group.add_argument("--tokenizer", type=Path, required=True,
+                       help="the sealed step to export (default: the newest complete one "
+                            "the trainer logged a step after, so that it can be proven)")
+    which = group.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tokenizer", type=Path,
                        help="the tokenizer's folder (what AutoTokenizer.from_pretrained reads)")
+    which.add_argument("--tokenizer-files", type=Path, nargs="+", metavar="FILE",
+                       help="instead, the files the trainer tokenized with: a GPT-2 BPE's "
+                            "vocab.json and merges.txt, or a WordPiece vocab.txt")
+    which.add_argument("--tokenizer-seed", type=int, metavar="SEED",
+                       help="instead, for a rehearsal that trained on made-up token ids: a "
+                            "tokenizer trained here on the text smoke/corpus.py makes of SEED")
     group.add_argument("--export-root", type=Path, required=True,
                        help="writes EXPORT_ROOT/step-N/")
     group.add_argument("--micro-batches", type=int, default=None,
@@ -40,14 +48,25 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                        help="a permanent failure exits 78 (a node's code: no retry cures it)")
 
 
-def sealed_step(root: Path, step: int | None) -> checkpoints.Checkpoint:
-    """The complete checkpoint to export: ``step``, or the newest; refused in one line."""
+def sealed_step(root: Path, step: int | None, metrics: Path | None = None,
+                prog: str = "export") -> checkpoints.Checkpoint:
+    """The complete checkpoint to export: ``step``, or the newest that can be proven (the
+    trainer's ``metrics`` log the step after it; said in one line where that is not the newest,
+    which is taken where none can); refused in one line."""
     complete, _ = checkpoints.list_checkpoints(root)
     if not complete:
         raise PayloadError(f"{root}: no complete checkpoint (none sealed with "
                            f"{checkpoints.MARKER} and every node's part)")
     if step is None:
-        return complete[-1]
+        logged = export_check.logged_steps(metrics) if metrics is not None else set()
+        provable = [c for c in complete if c.step + 1 in logged]
+        newest = complete[-1].step
+        if not provable or provable[-1].step == newest:
+            return complete[-1]
+        print(f"{prog}: step {provable[-1].step}, the newest sealed step that can be proven: "
+              f"the trainer logged no step {newest + 1} after the newest, {newest} (--step "
+              f"{newest} exports it unproven)", flush=True)
+        return provable[-1]
     for ckpt in complete:
         if ckpt.step == step:
             return ckpt
@@ -71,6 +90,56 @@ def tokenizer(path: Path, vocab_size: int) -> Any:
     if len(loaded) > vocab_size:
         raise PayloadError(f"--tokenizer {path}: {len(loaded)} tokens, more than the model's "
                            f"vocabulary of {vocab_size}: another model's tokenizer")
+    return loaded
+
+
+def run_tokenizer(args: argparse.Namespace, wordpiece: bool) -> Any:
+    """The tokenizer the flags name (--tokenizer, --tokenizer-files or --tokenizer-seed), as a
+    transformers tokenizer whose ids fit the model's vocabulary; `wordpiece`: BERT's kind."""
+    if args.tokenizer is not None:
+        return tokenizer(args.tokenizer, args.vocab_size)
+    import tokenizers
+    import transformers
+
+    specials = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                "sep_token": "[SEP]", "mask_token": "[MASK]"} if wordpiece else \
+        {"eos_token": "<|endoftext|>"}
+    if args.tokenizer_files is not None:
+        files = [str(f) for f in args.tokenizer_files]
+        for f in args.tokenizer_files:
+            if not f.is_file():
+                raise PayloadError(f"--tokenizer-files {f}: no such file")
+        try:
+            if wordpiece and len(files) == 1:
+                made: Any = tokenizers.BertWordPieceTokenizer(files[0], lowercase=True)
+            elif not wordpiece and len(files) == 2:
+                made = tokenizers.ByteLevelBPETokenizer(files[0], files[1])
+            else:
+                raise PayloadError("--tokenizer-files: " + (
+                    "one WordPiece vocab.txt" if wordpiece else "a BPE vocab.json, then its "
+                    "merges.txt") + f", not {len(files)} files")
+        except PayloadError:
+            raise
+        except Exception as exc:   # the tokenizers library's own error types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PayloadError(f"--tokenizer-files {' '.join(files)}: not the tokenizer files "
+                               f"a trainer reads ({first})") from None
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "smoke"))
+        import corpus
+        docs = corpus.generated(args.tokenizer_seed)
+        made = tokenizers.BertWordPieceTokenizer(lowercase=True) if wordpiece else \
+            tokenizers.ByteLevelBPETokenizer()
+        made.train_from_iterator(docs, vocab_size=args.vocab_size, min_frequency=2,
+                                 special_tokens=[specials[k] for k in sorted(specials)],
+                                 show_progress=False)
+    present = {k: v for k, v in specials.items() if made.token_to_id(v) is not None}
+    loaded = transformers.PreTrainedTokenizerFast(tokenizer_object=made, **present)
+    if len(loaded) > args.vocab_size:
+        shown = "--tokenizer-files " + " ".join(files) if args.tokenizer_files else \
+            f"--tokenizer-seed {args.tokenizer_seed}"
+        raise PayloadError(f"{shown}: {len(loaded)} tokens, more than the model's vocabulary "
+                           f"of {args.vocab_size}: another model's tokenizer")
     return loaded
 
 

@@ -71,8 +71,8 @@ def export(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     from bert_data import ShardedSamples, find_training_files
 
     root = args.output_dir / "checkpoints"
-    ckpt = export_hf.sealed_step(root, args.step)
-    tok = export_hf.tokenizer(args.tokenizer, args.vocab_size)
+    ckpt = export_hf.sealed_step(root, args.step, args.output_dir / "metrics.jsonl", PROG)
+    tok = export_hf.run_tokenizer(args, wordpiece=True)
     model = convert(args, root, ckpt.tag)
     data = ShardedSamples(find_training_files(args.input_dir), args.seq_length,
                           args.max_predictions, args.seed)

@@ -106,7 +106,12 @@ class Pairs:
 def tokenized(docs: list[str], vocab_file: Path) -> tuple[Any, list[list[list[int]]]]:
     """The trainer's tokenizer on the vocabulary, and each document's sentences as ids."""
     import transformers
-    tok = transformers.BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
+    # From its folder: transformers 5 ignores a vocab_file argument (a vocabulary of specials).
+    tok = transformers.BertTokenizerFast.from_pretrained(str(vocab_file.parent),
+                                                         do_lower_case=True)
+    lines = len(vocab_file.read_text(encoding="utf-8").splitlines())
+    if len(tok) != lines:
+        raise PayloadError(f"{vocab_file}: {lines} entries, but the tokenizer loaded {len(tok)}")
     documents = []
     for doc in docs:
         said = corpus.sentences(doc)

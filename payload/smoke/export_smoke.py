@@ -78,7 +78,8 @@ def export(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     import torch
 
     flags.validate(args)
-    ckpt = export_hf.sealed_step(args.output_dir / "checkpoints", args.step)
+    ckpt = export_hf.sealed_step(args.output_dir / "checkpoints", args.step,
+                                 args.output_dir / "metrics.jsonl", PROG)
     source = ckpt.path / STATE_FILE
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
@@ -87,7 +88,7 @@ def export(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     if state.get("family") != args.family:
         raise PayloadError(f"{source}: holds another model: a {state.get('family')} model, "
                            f"the flags say --family {args.family}")
-    tok = export_hf.tokenizer(args.tokenizer, args.vocab_size)
+    tok = export_hf.run_tokenizer(args, wordpiece=False)
     torch.manual_seed(args.seed)
     model = build_model(args)
     export_hf.load_weights(model, state["model"], source)

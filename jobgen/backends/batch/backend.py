@@ -58,12 +58,13 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
     """The image must carry the payload the job is rendered with (its nodes check it)."""
     images.prepare(spec, "batch")
 
-def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = ()) -> Plan:
+def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = (),
+               step: Optional[int] = None) -> Plan:
     """The job definition of a stage other than training (jobgen/payloads/stages.py): a
     single-node container job in the training image; one SubmitJob per task."""
     if name == "train":
         return plan(spec)
-    argv = stage_job.argvs(spec, name, sources)
+    argv = stage_job.argvs(spec, name, sources, step)
     jd = stage_job.job_definition(spec, name, argv[0])
     file = f"{spec.run_name}-{name}.job-definition.json"
     return Plan(backend="batch", files=(PlannedFile(file, json.dumps(jd, indent=2) + "\n"),),
@@ -79,7 +80,7 @@ def _jobs(spec: JobSpec, options: SubmitOptions) -> list[tuple[str, dict[str, An
         if name == "train":
             jobs.append(("train", job_definition(spec), [None]))
             continue
-        argv = stage_job.argvs(spec, name, options.sources)
+        argv = stage_job.argvs(spec, name, options.sources, options.step)
         jobs.append((name, stage_job.job_definition(spec, name, argv[0]),
                      [None] if len(argv) == 1 else argv))
     for _, _, commands in jobs[:-1]:   # too many for the next job: refused before any submit

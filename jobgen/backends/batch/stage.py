@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from ...images import catalog as images
 from ...job.spec import JobSpec
@@ -20,14 +20,12 @@ from .definition import EVALUATE_ON_EXIT, definition_name
 MAX_DEPENDS_ON = 20
 
 
-def argvs(spec: JobSpec, name: str, sources: Sequence[str]) -> list[list[str]]:
+def argvs(spec: JobSpec, name: str, sources: Sequence[str],
+          step: Optional[int] = None) -> list[list[str]]:
     """Each task's command in the image: the stage's program under the image's payload folder
     with that task's arguments."""
     from ...payloads import stages
-    declared = stages.stage(name)
-    if declared.work is None:
-        raise ConfigError(f"--stage {name}: the training job is not a stage job")
-    work = declared.work(spec, tuple(sources))
+    work = stages.work(name, spec, tuple(sources), step)
     for note in work.notes:
         say_once(note)
     program = posixpath.join(images.declared().payload_dir, work.program)

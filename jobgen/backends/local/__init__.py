@@ -3,11 +3,13 @@ no scheduler (backend.py); the runner is jobgen/backends/local/runner.py."""
 from __future__ import annotations
 
 from .. import Declaration, State
+from ..slurm import SLURM_EMPTY
 
 DECLARATION = Declaration(
     name="local",
     summary="every node as a process group on this machine (jobgen run)",
     site_section="slurm",
+    site_empty=SLURM_EMPTY,
     job_options="slurm",   # what a Slurm job would ask (jobgen run's own options refuse them)
     spares="jobgen run's nodes are processes on this machine, none of which is lost apart "
            "from the machine",

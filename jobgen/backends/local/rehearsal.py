@@ -63,12 +63,13 @@ def master_port(spec: JobSpec, movable: bool = True) -> Optional[int]:
 def record(spec: JobSpec, job_id: str, *, site_ref: str, overrides: Sequence[str],
            recipe_file: Path, site_file: Path, amend: bool = False,
            resubmit: bool = False, stage: Optional[str] = None,
-           sources: Sequence[str] = ()) -> list[str]:
+           sources: Sequence[str] = (), exported: Optional[dict[str, Any]] = None) -> list[str]:
     """Record the rehearsal as `submit` records a job: a line of `jobgen runs` and the run's
     record in its folder (refused, as for submit, where the run was trained with other values
     and not `amend`). Returns warnings (the run goes on without its record). `stage`: a
     stage's job before training, on one node (jobgen/backends/local/stage.py), with its --from
-    `sources` (`resubmit` runs it again)."""
+    `sources` (`resubmit` runs it again); the export (eval) stage's step and folder (results
+    file), `exported`, under the stage's name."""
     from ... import backends
     from ...runs import ledger as runs
     from ...runs import runrecord
@@ -80,6 +81,8 @@ def record(spec: JobSpec, job_id: str, *, site_ref: str, overrides: Sequence[str
     new["rehearsal"] = True     # `resubmit` runs it here again, with `jobgen run`
     if stage is not None:
         new["sources"] = list(sources)       # its stage: commit's job_stages
+    if exported is not None:
+        new[stage or "export"] = dict(exported)   # its outcome is added when it ends
     old = runrecord.admit(spec, new, here, amend)
     run = runs.Run(name=spec.run_name, backend="local", job_id=job_id, recipe=spec.recipe.name,
                    nodes=1 if stage is not None else spec.nodes, site=site_ref,

@@ -75,11 +75,12 @@ def image_moves(spec: JobSpec, write: bool = True) -> list[tuple[str, str]]:
         except OSError:            # another rehearsal laid the same image out first
             shutil.rmtree(tmp, ignore_errors=True)
     if write:
-        # The entrypoints are copied on every run: the payload id does not cover them.
-        from ...plumbing import resources
+        # The entrypoints are copied on every run (the payload id does not cover them), each
+        # renamed over the old: a pod's bash still reading the old one must not see it cut short.
+        from ...plumbing import fsio, resources
         for script in decl.entrypoints.values():
-            (tree / decl.jobgen_dir.lstrip("/") / script).write_bytes(
-                (resources.folder("containers") / script).read_bytes())
+            fsio.write_file(tree / decl.jobgen_dir.lstrip("/") / script,
+                            (resources.folder("containers") / script).read_bytes())
     moves = [(decl.jobgen_dir + "/", f"{tree}{decl.jobgen_dir}/")]
     if image.checkout is not None:
         moves.append((image.checkout.path + "/", f"{tree}{image.checkout.path}/"))
@@ -89,12 +90,8 @@ def image_moves(spec: JobSpec, write: bool = True) -> list[tuple[str, str]]:
 def image_tree(spec: JobSpec) -> Path:
     """The emulated image of `spec` (its name and payload id, as its tag)."""
     from ...images import catalog as images
-    return _image_root() / images.tag(images.for_spec(spec), spec.payload_digest)
-
-
-def _image_root() -> Path:
-    """Where container rehearsals keep the images they emulate."""
-    return rehearsal_folder(False) / "image"
+    return rehearsal_folder(False) / "image" / images.tag(images.for_spec(spec),
+                                                          spec.payload_digest)
 
 
 REHEARSAL_FOLDER = ".jobgen-rehearsal"

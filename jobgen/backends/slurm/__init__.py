@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from .. import Declaration, State
 
+# A site with no Slurm cluster (slurm.max_nodes: 0): what the Slurm-section backends say.
+SLURM_EMPTY = "has no Slurm cluster (slurm.max_nodes: 0): use it with --backend batch (AWS Batch)"
+
 _P, _R, _C, _F, _X = State.PENDING, State.RUNNING, State.COMPLETED, State.FAILED, State.CANCELLED
 
 DECLARATION = Declaration(
     name="slurm",
     summary="an sbatch script (render | sbatch, or jobgen submit)",
     site_section="slurm",
+    site_empty=SLURM_EMPTY,
     run_dir_here=True,
     watch=True,
     time_limit_requeue=True,

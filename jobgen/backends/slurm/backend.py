@@ -85,14 +85,15 @@ def _plan(specs: list[JobSpec], passes: Passes, name: str) -> Plan:
                 primary=name, submit_argv=("sbatch", "--parsable", "{primary}"))
 
 
-def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = ()) -> Plan:
+def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = (),
+               step: Optional[int] = None) -> Plan:
     """The sbatch script of a stage other than training (jobgen/payloads/stages.py): its
     program on one node, a job array of one task per input where it has several."""
     from ...payloads import stages
     declared = stages.stage(name)
     if declared.work is None:
         return plan(spec)
-    work = declared.work(spec, tuple(sources))
+    work = stages.work(name, spec, tuple(sources), step)
     site = spec.site
     for note in work.notes:
         say_once(note)
@@ -142,12 +143,16 @@ def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
 
 
 def _plans(spec: JobSpec, options: SubmitOptions) -> list[Plan]:
-    """The jobs of a submission, in order, each after the one before: the stages before
-    training (--stages), then the training job (two with --chain)."""
-    plans = [plan_stage(spec, name, options.sources) for name in options.stages
-             if name != "train"]
-    if "train" in options.stages:
-        plans += [plan(spec, "compile"), plan(spec, "train")] if options.chain else [plan(spec)]
+    """The jobs of a submission in pipeline order (--stages), each after the one before: the
+    training job (two with --chain) where train is named, each other stage's job."""
+    plans: list[Plan] = []
+    for name in options.stages:
+        if name != "train":
+            plans.append(plan_stage(spec, name, options.sources, options.step))
+        elif options.chain:
+            plans += [plan(spec, "compile"), plan(spec, "train")]
+        else:
+            plans.append(plan(spec))
     return plans
 
 
@@ -202,8 +207,9 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     check(spec, options)
     plans = _plans(spec, options)
     ids = slurm_client.submit_chain(*plans)
-    stages = [name for name in options.stages if name != "train"]
-    return Submitted(ids, stages=tuple(stages + ["train"] * (len(ids) - len(stages))))
+    stages = [name for name in options.stages
+              for _ in range(2 if name == "train" and options.chain else 1)]
+    return Submitted(ids, stages=tuple(stages))
 
 
 def check(spec: JobSpec, options: SubmitOptions) -> None:

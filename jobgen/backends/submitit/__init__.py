@@ -3,11 +3,13 @@ runner.py); once submitted it is a Slurm job, so status, logs, cancel and watch 
 from __future__ import annotations
 
 from .. import Declaration
+from ..slurm import SLURM_EMPTY
 
 DECLARATION = Declaration(
     name="submitit",
     summary="Slurm through submitit (same nodes, same flow as the sbatch script)",
     site_section="slurm",
+    site_empty=SLURM_EMPTY,
     spec_backend="slurm",
     scheduler="slurm",
     checks=False,

@@ -1,0 +1,314 @@
+"""The prepare stage for the Hugging Face tokenized datasets, with the recipe's own tokenizer:
+
+- hf_blocks (Llama 2 on NxD and SMP): tokenized, concatenated and cut into --seq-length blocks
+  per 1,000-document batch, then save_to_disk, as NxD's get_dataset.py does; without --from, the
+  tutorial's wikicorpus raw_en, read from its archive (datasets >= 4 no longer runs its script);
+- bert_hdf5 (Habana DeepSpeed BERT): documents spread over training shards by sentence count,
+  each shard's masked-LM/next-sentence samples made as Model-References' create_pretraining_data.py
+  makes them (payload/smoke/bert_samples.py), one process per shard.
+Facts and commits: jobgen/payloads/upstream/prepare_tokenized.json. A gated tokenizer reads
+HF_TOKEN from the environment. Written under a temporary name, renamed when whole; bad input: 78.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+_PAYLOAD = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(_PAYLOAD), str(_PAYLOAD / "smoke")]
+
+from neuron_nemo.prepare import Refused, fetch, text_kind  # noqa: E402
+
+from common.runtime import PayloadError  # noqa: E402
+
+CONFIG_ERROR = 78
+GROUP_BATCH = 1000          # datasets' default map batch: get_dataset.py cuts blocks per batch
+WIKICORPUS = "https://www.cs.upc.edu/~nlp/wikicorpus/raw.en.tgz"   # the raw_en config's archive
+TRAINING_SHARDS = 256       # bertPrep.py's --n_training_shards
+BERT_SEED, DUPE_FACTOR = 12345, 5   # bertPrep.py's defaults, named in the recipes' data.path
+
+
+def say(line: str) -> None:
+    print(f"prepare: {line}", flush=True)
+
+
+# --- the text -------------------------------------------------------------------------------
+
+def _local(source: str, work: Path, n: int) -> tuple[Path, str]:
+    """(a local file holding `source`, its kind): s3:// and https:// objects are copied first."""
+    if source.startswith(("s3://", "https://")):
+        target = work / f"input-{n}"
+        say(f"copying {source}")
+        fetch(source, target)
+        return target, text_kind(target, source)
+    path = Path(source)
+    if not path.is_file():
+        raise Refused(f"--from {source}: missing or not a regular file")
+    return path, text_kind(path, source)
+
+
+def _documents(path: Path, kind: str, shown: str) -> Iterator[str]:
+    """JSONL: each line's "text"; text: a document per paragraph (per line where the file has no
+    blank line), whitespace folded, as the rehearsal's corpus.py reads it."""
+    with path.open(encoding="utf-8", errors="strict") as fh:
+        try:
+            if kind == "jsonl":
+                for number, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        item = json.loads(line)
+                    except ValueError:
+                        item = None
+                    if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+                        raise Refused(f"--from {shown}: line {number} is not a JSON object with "
+                                      'a "text" string')
+                    if item["text"].strip():
+                        yield item["text"].strip()
+                return
+            paragraphs = any(not line.strip() for line in fh)
+            fh.seek(0)
+            if not paragraphs:
+                yield from (line.strip() for line in fh if line.strip())
+                return
+            lines: list[str] = []
+            for line in (*fh, ""):
+                if line.strip():
+                    lines.append(line)
+                elif lines:
+                    yield " ".join(" ".join(lines).split())
+                    lines = []
+        except UnicodeDecodeError:
+            raise Refused(f"--from {shown}: not text or JSONL (not UTF-8)") from None
+
+
+def wikicorpus(archive: Path) -> Iterator[str]:
+    """The raw_en articles of Wikicorpus's archive, as its datasets loading script gave them:
+    latin-1 lines between a <doc ...> line and ENDOFARTICLE, kept with their line ends and
+    joined by newlines, stripped."""
+    with tarfile.open(archive, mode="r|gz") as tar:
+        for member in tar:
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is None:
+                continue
+            rows: list[str] = []
+            for raw in handle:
+                row = raw.decode("latin-1")
+                if row.startswith("<doc id") or row.startswith("</doc>"):
+                    continue
+                if row.startswith("ENDOFARTICLE"):
+                    yield "\n".join(rows).strip()
+                    rows = []
+                else:
+                    rows.append(row)
+
+
+def texts(args: argparse.Namespace, work: Path) -> Iterator[str]:
+    """Every input document, in order."""
+    if not args.from_:
+        target = work / "raw.en.tgz"
+        say(f"no --from: fetching the tutorial's corpus, wikicorpus raw_en ({WIKICORPUS}), and "
+            "reading its raw text (datasets >= 4 no longer runs the wikicorpus loading script)")
+        fetch(WIKICORPUS, target)
+        yield from wikicorpus(target)
+        return
+    for n, source in enumerate(args.from_):
+        path, kind = _local(source, work, n)
+        say(f"reading {source} ({kind})")
+        yield from _documents(path, kind, source)
+
+
+def _rows(args: argparse.Namespace, work: Path) -> Iterator[dict[str, str]]:
+    for text in texts(args, work):
+        yield {"text": text}
+
+
+# --- the tokenizer --------------------------------------------------------------------------
+
+def tokenizer_source(args: argparse.Namespace) -> str:
+    """A folder (absolute, or under --data-dir) where there is one, else a hub name."""
+    for candidate in (Path(args.tokenizer), args.data_dir / args.tokenizer):
+        if candidate.is_dir():
+            return str(candidate)
+    return str(args.tokenizer)
+
+
+def load_tokenizer(source: str, kind: str = "auto") -> Any:
+    import transformers
+    loader = (transformers.BertTokenizerFast if kind == "bert" else transformers.AutoTokenizer)
+    try:
+        return loader.from_pretrained(source)
+    except Exception as exc:  # noqa: BLE001  (hub, network and file errors all say the same)
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = ("" if os.environ.get("HF_TOKEN") else "; a gated repository needs HF_TOKEN in "
+                "the job's environment (export it before submitting)")
+        raise Refused(f"--tokenizer {source}: cannot be loaded ({said}){hint}") from None
+
+
+# --- writing --------------------------------------------------------------------------------
+
+def _install(tmp: Path, final: Path) -> None:
+    """The finished folder renamed into place (an older one replaced whole)."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def hf_blocks(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> str:
+    import datasets
+    from prepare_data import group_texts
+    datasets.disable_progress_bars()
+    source = tokenizer_source(args)
+    tokenizer = load_tokenizer(source)
+    if args.seq_length > tokenizer.model_max_length:
+        raise Refused(f"--tokenizer {source}: model_max_length {tokenizer.model_max_length} is "
+                      f"below the recipe's model.seq_length {args.seq_length}")
+    raw = datasets.Dataset.from_generator(_rows, gen_kwargs={"args": args, "work": work},
+                                          features=datasets.Features(
+                                              {"text": datasets.Value("string")}),
+                                          cache_dir=str(work / "cache"))
+    procs = args.workers if args.workers > 1 and len(raw) >= 2 * GROUP_BATCH else None
+    say(f"tokenizing {len(raw):,} documents with {source} ({procs or 1} processes)")
+    tokenized = raw.map(lambda batch: tokenizer(batch["text"]), batched=True,
+                        batch_size=GROUP_BATCH, remove_columns=["text"], num_proc=procs)
+    # The blocks are cut per 1,000-row batch of the whole stream, as get_dataset.py's one
+    # process cuts them: one process here (shards would move the batch boundaries).
+    blocks = tokenized.map(group_texts, batched=True, batch_size=GROUP_BATCH,
+                           fn_kwargs={"block": args.seq_length})
+    if len(blocks) == 0:
+        raise Refused(f"the text makes no block of {args.seq_length} tokens: give more text")
+    tokenizer.save_pretrained(str(tmp))           # the export stage saves it with the model
+    blocks.save_to_disk(str(tmp))
+    _install(tmp, final)
+    return f"{len(blocks):,} blocks of {args.seq_length} tokens"
+
+
+def _balanced(docs: list[str], shards: int) -> list[list[str]]:
+    """Documents over shards, longest (in sentences) first to the shard with fewest sentences;
+    each shard keeps its documents in input order."""
+    import corpus
+    counts = [len(corpus.sentences(d)) for d in docs]
+    loads, picked = [0] * shards, [[] for _ in range(shards)]  # type: ignore[var-annotated]
+    for k in sorted(range(len(docs)), key=lambda k: -counts[k]):
+        lightest = min(range(shards), key=loads.__getitem__)
+        picked[lightest].append(k)
+        loads[lightest] += counts[k]
+    return [[docs[k] for k in sorted(ks)] for ks in picked]
+
+
+def _one_shard(job: tuple[int, list[str], Path, Path, str, dict[str, int]]) -> tuple[int, str]:
+    """Shard `n`: create_pretraining_data.py's work on one text shard, seeded as each of
+    bertPrep.py's runs is (the same seed for every shard)."""
+    import bert_samples
+    n, docs, tmp, vocab, stem, numbers = job
+    folder = tmp / f".shard-{n}"
+    folder.mkdir()
+    said = bert_samples.write(folder, stem, docs, vocab, argparse.Namespace(shards=1, **numbers))
+    os.replace(folder / f"{stem}_training_0.hdf5", tmp / f"{stem}_training_{n}.hdf5")
+    folder.rmdir()
+    return n, said
+
+
+def bert_hdf5(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> str:
+    tokenizer = load_tokenizer(tokenizer_source(args), "bert")
+    docs = list(texts(args, work))
+    if not docs:
+        raise Refused(f"--from {' '.join(args.from_)}: holds no text")
+    shards = min(args.shards, len(docs))
+    if shards < args.shards:
+        say(f"{len(docs):,} documents: {shards} training shards, not {args.shards}")
+    tmp.mkdir()
+    vocab = tmp / "vocab.txt"                # the trainer's vocabulary, a token a line by id
+    ids = sorted((i, t) for t, i in tokenizer.get_vocab().items())
+    if [i for i, _ in ids] != list(range(len(ids))):
+        raise Refused(f"--tokenizer {args.tokenizer}: its vocabulary's ids are not "
+                      f"0..{len(ids) - 1}")
+    vocab.write_text("".join(f"{t}\n" for _, t in ids), encoding="utf-8")
+    numbers = {"seq_length": args.seq_length, "max_predictions": args.max_predictions,
+               "seed": args.seed, "dupe_factor": args.dupe_factor}
+    jobs = [(n, part, tmp, vocab, final.name, numbers)
+            for n, part in enumerate(_balanced(docs, shards))]
+    procs = max(1, min(args.workers, shards))
+    say(f"{len(docs):,} documents over {shards} shards, {procs} processes")
+    if procs == 1:
+        results = [_one_shard(job) for job in jobs]
+    else:
+        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+            results = pool.map(_one_shard, jobs)
+    _install(tmp, final)
+    samples = sum(int(said.split()[0]) for _, said in results)
+    return (f"{shards} training shards ({final.name}_training_*.hdf5), {samples:,} samples of "
+            f"{args.seq_length} tokens, a vocabulary of {len(ids):,} (vocab.txt)")
+
+
+FORMATS = {"hf_blocks": hf_blocks, "bert_hdf5": bert_hdf5}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="prepare_tokenized.py")
+    p.add_argument("--format", required=True, choices=sorted(FORMATS))
+    p.add_argument("--data-dir", type=Path, required=True, help="the site's data folder")
+    p.add_argument("--path", required=True, help="the recipe's data.path, under --data-dir")
+    p.add_argument("--tokenizer", required=True, help="a hub name or a folder (data.tokenizer)")
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--max-predictions", type=int, default=20)
+    p.add_argument("--seed", type=int, default=BERT_SEED)
+    p.add_argument("--dupe-factor", type=int, default=DUPE_FACTOR)
+    p.add_argument("--shards", type=int, default=TRAINING_SHARDS)
+    p.add_argument("--from", dest="from_", nargs="+", default=[],
+                   help="text or JSONL: local paths, s3:// or https:// objects")
+    return p.parse_args(argv)
+
+
+def _refusal(exc: BaseException | None) -> BaseException | None:
+    """The Refused or PayloadError behind `exc`, if one is."""
+    while exc is not None and not isinstance(exc, (Refused, PayloadError)):
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    try:
+        for name in ("seq_length", "workers", "max_predictions", "dupe_factor", "shards"):
+            if getattr(args, name) < 1:
+                raise Refused(f"--{name.replace('_', '-')} must be at least 1")
+        if args.path.startswith("/") or ".." in Path(args.path).parts:
+            raise Refused(f"--path {args.path}: must be a path under --data-dir")
+        final = args.data_dir / args.path
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp.{os.getpid()}")
+        with tempfile.TemporaryDirectory(prefix=f".{final.name}.work.",
+                                         dir=final.parent) as work:
+            try:
+                said = FORMATS[args.format](args, final, tmp, Path(work))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as exc:  # noqa: BLE001  (datasets wraps what its generator raised)
+        refused = _refusal(exc)
+        if refused is None:
+            raise
+        print(f"error: prepare: {refused}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR
+    say(f"wrote {final}: {said} ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
