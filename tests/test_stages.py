@@ -96,3 +96,36 @@ def test_the_prepare_job_matches_its_golden(golden: Any) -> None:
     from jobgen.backends.slurm import backend
     spec = api.job_spec("neox20b", site="trn1-pcluster", backend="slurm")
     golden(Path("stages/neox20b-prepare.sbatch"), backend.plan_stage(spec, "prepare").text)
+
+
+def test_a_rehearsals_jobs_after_its_prepare_job_read_the_dataset_it_makes(
+        tmp_path: Path) -> None:
+    """`submit --smoke --stages prepare,train,export` from a folder with no dataset yet (as
+    always: the prepare job makes it): the training job checks and trains on that dataset and
+    the export saves its GPT-2 BPE files, on Slurm and Batch alike. They were rendered as if
+    nothing would be prepared (made-up batches, a tokenizer from the seed), which the
+    real-Slurm chain (tests/test_slurm_stages.py) showed. Without prepare, made-up data."""
+    def dry_run(*words: str) -> str:
+        proc = subprocess.run([str(JOBGEN_EXE), "submit", "neox20b", "--smoke", "--nodes", "1",
+                               *words, "--dry-run"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    chained = dry_run("--stages", "prepare,train,export").split("\njob_")
+    assert [part.split("=", 1)[0] for part in chained[1:]] == ["1", "2", "3"]
+    _, prepare, train, export = chained
+    assert "smoke/prepare_data.py" in prepare
+    assert "export JOBGEN_DATA='{\"format\":\"megatron\"" in train
+    assert train.count("  --data-format\n  megatron\n") == 2          # both passes
+    assert "  --data-format\n  megatron\n" in export
+    assert "  --tokenizer-files\n  jobgen-data/gpt2/gpt2-vocab.json\n" in export
+    alone = dry_run("--stages", "train,export")
+    assert "JOBGEN_DATA" not in alone and "--data-format" not in alone
+    assert "  --tokenizer-seed\n" in alone
+    assert not (tmp_path / "jobgen-data").exists()                   # a dry run makes nothing
+    calls = json.loads(dry_run("--backend", "batch", "--stages", "prepare,train"))["calls"]
+    (train_def,) = [c["request"] for c in calls if c["operation"] == "RegisterJobDefinition"
+                    and "nodeProperties" in c["request"]]
+    node = train_def["nodeProperties"]["nodeRangeProperties"][0]["container"]
+    assert "--data-format" in json.dumps(node)

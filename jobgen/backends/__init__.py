@@ -140,6 +140,7 @@ class SubmitOptions:
     stages: tuple[str, ...] = ("train",)   # the stages, chained (payloads/stages.py)
     sources: tuple[str, ...] = ()       # the prepare stage's --from inputs
     step: Optional[int] = None          # the export stage's --step (None: the newest sealed)
+    every: Optional[int] = None         # --every K: a follower exports as training goes
 
 
 @record

@@ -1,6 +1,7 @@
 """Submitting: submit, resubmit, and the local rehearsal `run`."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +47,10 @@ from .param_types import _Backends, _Seconds
               help="The step the export stage exports and the eval stage scores (default: "
                    "when each job starts, the newest sealed step the trainer logged a step "
                    "after; the newest export).")
+@click.option("--every", type=int, metavar="K",
+              help="Slurm: with --stages train,export[,eval], one follower job beside "
+                   "training exports (and scores) each sealed step that is a multiple of K as "
+                   "training goes, instead of one export after it (docs/model-out.md).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
               help="One job per combination of the values (repeatable; a Slurm job array "
                    "where the jobs' #SBATCH lines agree), each with its own run name.")
@@ -61,7 +66,7 @@ def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
            amend: bool, wait: bool, poll: Optional[float], queue: Optional[str],
            endpoint_url: Optional[str], dry_run: bool, tokens: Optional[float],
            samples: Optional[float], stage_list: str, sources: tuple[str, ...],
-           step: Optional[int], **slurm: Optional[str]) -> None:
+           step: Optional[int], every: Optional[int], **slurm: Optional[str]) -> None:
     """Submit RECIPE (exactly what `jobgen render` prints for the backend); prints the job id
     (two for --chain, one per job of a --sweep) and records each run for `jobgen runs`."""
     if via is not None:
@@ -69,12 +74,12 @@ def submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: 
     overrides = _with_target(recipe, nodes, overrides, site, backend, smoke, tokens, samples)
     _submit(recipe, nodes, overrides, site, compile_mode, run_name, smoke, backend, chain,
             not no_check, wait, poll, queue, endpoint_url, dry_run, _slurm_overrides(slurm),
-            sweeps, amend, stages=_stages(stage_list, backend, sources, step), sources=sources,
-            step=step)
+            sweeps, amend, stages=_stages(stage_list, backend, sources, step, every),
+            sources=sources, step=step, every=every)
 
 
 def _stages(text: str, backend: str, sources: tuple[str, ...],
-            step: Optional[int] = None) -> tuple[str, ...]:
+            step: Optional[int] = None, every: Optional[int] = None) -> tuple[str, ...]:
     """--stages checked: known, in order; a backend that cannot chain them says so."""
     from ..payloads.stages import chain
     names = chain(text)
@@ -85,6 +90,13 @@ def _stages(text: str, backend: str, sources: tuple[str, ...],
         raise click.UsageError("--from is the prepare stage's input: add it to --stages")
     if step is not None and not {"export", "eval"} & set(names):
         raise click.UsageError("--step is the export and eval stages': add one to --stages")
+    if every is not None:
+        from ..payloads import follow
+        follow.check(names, every, step)
+        if not backends.declaration(backend).takes("every"):
+            raise click.UsageError(f"--every {every}: --backend {backend} cannot run a job "
+                                   "beside training that follows it (its jobs run one after "
+                                   f"another; {_who_takes('every')} can)")
     return names
 
 
@@ -96,7 +108,7 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
             sweeps: tuple[str, ...] = (), amend: bool = False,
             pinned: Optional[tuple[Any, Path, Path]] = None,
             stages: tuple[str, ...] = ("train",), sources: tuple[str, ...] = (),
-            step: Optional[int] = None) -> None:
+            step: Optional[int] = None, every: Optional[int] = None) -> None:
     """`pinned`: (spec, recipe file, site file) of `jobgen resubmit`, resolved already."""
     import os
 
@@ -133,7 +145,8 @@ def _submit(recipe: str, nodes: Optional[int], overrides: tuple[str, ...],
     options = backends.SubmitOptions(chain=chain, check=check, queue=queue,
                                      endpoint_url=endpoint_url,
                                      say=lambda note: click.echo(note, err=True),
-                                     stages=stages, sources=sources, step=step)
+                                     stages=stages, sources=sources, step=step,
+                                     every=every)
     # A sweep whose jobs can be one job array (a backend that takes sweep_array says which).
     array = len(specs) > 1 and declared.takes("sweep_array") and impl.sweepable(specs)
     if dry_run:
@@ -292,10 +305,17 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
               help="--stage export: the sealed step to export (default: the newest one the "
                    "trainer logged a step after); --stage eval: the exported step to score "
                    "(default: the newest).")
+@click.option("--every", type=int, metavar="K",
+              help="Training with --smoke: a follower beside it exports and scores each sealed "
+                   "step that is a multiple of K as training goes (RUN/export/step-N, "
+                   "RUN/eval/step-N.json), as `jobgen submit --every K` does on Slurm.")
+@click.option("--stages", "stage_list", default=None, metavar="A,B",
+              help="With --every: train,export (no scores) or train,export,eval (the default).")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],
         compile_mode: str, run_name: Optional[str], smoke: bool, dry_run: bool,
         run_backend: str, amend: bool, stage: str, sources: tuple[str, ...],
-        step: Optional[int], **slurm: Optional[str]) -> None:
+        step: Optional[int], every: Optional[int], stage_list: Optional[str],
+        **slurm: Optional[str]) -> None:
     """Run the job on this machine, no scheduler: one process group per emulated node (use
     --smoke where there are no accelerators). Exits with the main node's status."""
     from ..backends.local import runner as local_runner
@@ -311,6 +331,7 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     from ..payloads.stages import stage as declared_stage
     if step is not None and not declared_stage(stage).takes_step:
         raise click.UsageError("--step is the export and eval stages' (--stage export|eval)")
+    followed = _followed(every, stage_list, stage, run_backend, smoke, step)
     spec = _spec(recipe, nodes, overrides, site, compile_mode, run_name, smoke, run_backend)
     if stage != "train":
         _run_stage(spec, stage, sources, recipe, nodes, overrides, site, run_name, dry_run,
@@ -323,13 +344,20 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
         return
     if dry_run:
         click.echo(backends.get("local").dry_run(spec, backends.SubmitOptions()), nl=False)
+        if followed:   # and the follower beside it
+            from ..payloads import follow
+            from ..plumbing.render import shell_quote as quoted
+            made = follow.work(spec, followed, every or 0, ("--until", "FILE"))
+            click.echo("# beside it: " + quoted(["python3", f"{spec.payload_dir}/{made.program}",
+                                                 *made.tasks[0]]))
         return
     again = ["jobgen", "run", recipe, "--nodes", str(spec.nodes),
              *[word for item in overrides for word in ("--set", item)],
              *(["--site", site] if site else []), *(["--run-name", run_name] if run_name else []),
              *(["--smoke"] if smoke else []),
              *(["--backend", run_backend] if run_backend != "local" else []),
-             *(["--compile", compile_mode] if compile_mode != "auto" else [])]
+             *(["--compile", compile_mode] if compile_mode != "auto" else []),
+             *(["--every", str(every), "--stages", ",".join(followed)] if followed else [])]
     from ..backends.local import rehearsal
     from ..inputs.recipe import locate as locate_recipe
     from ..inputs.site import locate as locate_site
@@ -343,14 +371,46 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
     # (jobgen/backends/local/rehearsal.py).
     from ..runs.ledger import local_job_id
     job_id = local_job_id()
-    status = rehearsal.start(spec, site_ref=site_ref, overrides=overrides,
-                             recipe_file=locate_recipe(recipe)[0],
-                             site_file=locate_site(site_ref)[0], resume=shell_quote(again),
-                             emit=click.echo, say=lambda line: click.echo(line, err=True),
-                             amend=amend, job_id=job_id)
+    with contextlib.ExitStack() as beside:
+        if followed:
+            from ..backends.local import follow as local_follow
+            follower = beside.enter_context(local_follow.beside(
+                spec, job_id, followed, every or 0, click.echo,
+                lambda line: click.echo(line, err=True)))
+        status = rehearsal.start(spec, site_ref=site_ref, overrides=overrides,
+                                 recipe_file=locate_recipe(recipe)[0],
+                                 site_file=locate_site(site_ref)[0], resume=shell_quote(again),
+                                 emit=click.echo, say=lambda line: click.echo(line, err=True),
+                                 amend=amend, job_id=job_id)
+        if followed:
+            follower.cancelled = status == rehearsal.STATUS_CANCELLED
+    if followed and not follower.cancelled:
+        click.echo(f"jobgen: the follower ended with status {follower.status}", err=True)
+        status = status or follower.status or 0
     # The folder as it lies here (an emulated SageMaker instance's disk, not /opt/ml).
     click.echo(closing_line(rehearsal.run_folder(spec, job_id), status, again))
     raise SystemExit(status)
+
+
+def _followed(every: Optional[int], stage_list: Optional[str], stage: str, backend: str,
+              smoke: bool, step: Optional[int]) -> tuple[str, ...]:
+    """`jobgen run --every K [--stages ...]`: the stages its follower does, or () without it."""
+    if every is None:
+        if stage_list is not None:
+            raise click.UsageError("--stages is for --every K (`jobgen run` runs one stage: "
+                                   "--stage NAME)")
+        return ()
+    from ..payloads import follow
+    from ..payloads.stages import chain
+    names = chain(stage_list or "train,export,eval")
+    follow.check(names, every, step)
+    if stage != "train" or backend != "local" or not smoke:
+        raise click.UsageError(f"--every {every}: a rehearsal's training (--smoke, --stage "
+                               "train, --backend local) is what the follower follows here")
+    if "prepare" in names:
+        raise click.UsageError("--every: --stages train,export[,eval] (prepare first, with "
+                               "--stage prepare)")
+    return names
 
 
 def _run_stage(spec: Any, stage: str, sources: tuple[str, ...], recipe: str,

@@ -40,6 +40,9 @@ class JobSpec:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # The payload the job runs (images/snapshot.py): its digest, fixed when the spec is resolved.
     payload_digest: str = ""
+    # A rehearsal whose dataset an earlier job of its submission makes (--stages prepare,...):
+    # it is trained on although it is not at the recipe's paths yet (payloads/data_want.py).
+    data_prepared: bool = False
     # Set from `smoke` (never by hand): what the rehearsal trains, or None for the real job.
     rehearsal: Optional[Rehearsal] = dataclasses.field(default=None, compare=False)
 

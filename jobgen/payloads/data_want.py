@@ -20,10 +20,12 @@ def _train_share(splits: Optional[str]) -> float:
 def wanted(spec: JobSpec, declared: tuple[str, ...]) -> Optional[dict[str, Any]]:
     """The data check's input for this job, whose trainer declares `declared` (its payload
     record's `data`), or None where it reads no dataset (it declares none; a rehearsal where no
-    dataset was prepared at the recipe's paths on this host: it trains on made-up batches). A
+    dataset was prepared at the recipe's paths on this host, nor is by an earlier job of its
+    submission, spec.data_prepared: it trains on made-up batches). A
     rehearsal's dataset (payload/smoke/prepare_data.py's) is judged at the rehearsal's sequence
     length, vocabulary and batch."""
-    if not declared or (spec.smoke and not _prepared_here(spec, declared)):
+    if not declared or (spec.smoke and not (spec.data_prepared
+                                            or _prepared_here(spec, declared))):
         return None
     rec, fmt, t = spec.recipe, declared[0], spec.rehearsal
     want: dict[str, Any] = {

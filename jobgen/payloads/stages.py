@@ -5,8 +5,9 @@ and on how many; a backend renders any declared stage the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 import posixpath
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..job.spec import JobSpec, shard_names
 from ..plumbing.errors import ConfigError
@@ -260,6 +261,17 @@ def work(name: str, spec: JobSpec, sources: tuple[str, ...] = (),
     if declared.work is None:
         raise ConfigError(f"--stage {name}: the training job is not a stage job")
     return declared.work(spec, tuple(sources), step if declared.takes_step else None)
+
+
+def chained(spec: JobSpec, names: Sequence[str]) -> list[tuple[str, JobSpec]]:
+    """Each stage of a submission with the spec its job is rendered with: in a rehearsal, the
+    jobs after its prepare job read the dataset that job makes (spec.data_prepared), which is
+    not there yet when they are rendered."""
+    out: list[tuple[str, JobSpec]] = []
+    for k, name in enumerate(names):
+        after = spec.smoke and "prepare" in names[:k]
+        out.append((name, dataclasses.replace(spec, data_prepared=True) if after else spec))
+    return out
 
 
 def chain(text: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ def fill(options: dict[str, Any], refs: Sequence[str]) -> list[str]:
     risk_h, failures, restarts = 0.0, 0, []
     for ref in refs:
         try:
-            cluster = make(ref, None).account.cluster
+            cluster = make(ref, None, with_evals=False).account.cluster
         except ConfigError:   # not found or nothing written: plan's own check says which
             continue
         risk_h += cluster.risk_h

@@ -23,12 +23,28 @@ ALLOCATIONS = ("#1f77b4", "#17becf", "#e377c2", "#bcbd22", "#393b79", "#9edae5",
 MARKS = {"grad_spike": "#e07b00", "sustained_spike": "#e07b00", "loss_spike": "#a0522d",
          "divergence": "#c0282d", "nonfinite": "#c0282d", "throughput_drop": "#777777",
          "bad_node": "#c0282d", "rollback": "#7b3fb0", "restart": "#222222"}
+# The evaluation chart's colour per task (the legend names each), dashed after the first ten.
+TASKS = ("#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#5254a3", "#e7ba52",
+         "#843c39", "#8ca252", "#de9ed6")
 # Kinds drawn at least this wide (pixels in the SVG), so that a 2-second save shows.
 NARROW = {"gate": 3.0, "checkpoint": 3.0, "failure": 2.0, "gap": 3.0}
 
 
 def allocation_colour(index: int) -> str:
     return ALLOCATIONS[index % len(ALLOCATIONS)]
+
+
+def task_style(index: int) -> tuple[str, bool]:
+    """The `index`-th evaluated task's colour, and whether its line is dashed."""
+    return TASKS[index % len(TASKS)], (index // len(TASKS)) % 2 == 1
+
+
+def count_label(value: float) -> str:
+    """A count of tokens as a tick label: 512, 8,000, 12 k, 3.5 M, 1.8 T."""
+    for scale, suffix in ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e4, " k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return plain(value)
 
 
 _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,

@@ -9,15 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from ..plumbing import extras
+from . import evals as evaluations
 from .layout import (
     COLOURS,
     MARKS,
     allocation_colour,
+    count_label,
     legend,
     log_ticks,
     plain,
     rows,
     spans_decades,
+    task_style,
     time_ticks,
 )
 from .report import Report
@@ -36,8 +39,10 @@ def _figure(r: Report, plt: Any) -> Any:
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
     t = r.timeline
     lines = rows(r)
-    fig, axes = plt.subplots(4, 1, figsize=(11, 5 + 0.3 * len(lines) + 7), layout="constrained",
-                             gridspec_kw={"height_ratios": [max(2, 0.32 * len(lines)), 2, 2, 2]})
+    scored = 1 if r.evals else 0     # the evaluation's chart, beside (under) the loss curve
+    fig, axes = plt.subplots(4 + scored, 1, figsize=(11, 5 + 0.3 * len(lines) + 7 + 2.5 * scored),
+                             layout="constrained", gridspec_kw={"height_ratios": [
+                                 max(2, 0.32 * len(lines)), 2, *[2.5] * scored, 2, 2]})
     ax = axes[0]
     t0 = t.allocations[0].start if t.allocations else 0.0
     span = max((max(a.end for a in t.allocations) - t0) if t.allocations else 1.0, 1e-9)
@@ -74,7 +79,9 @@ def _figure(r: Report, plt: Any) -> Any:
                  fontsize=10)
     c = r.curves
     plain_ticks = FuncFormatter(lambda v, _: plain(v))
-    for ax, key, label in zip(axes[1:], ("loss", "grad_norm", "lr"),
+    if scored:
+        _evaluations(r, axes[2])
+    for ax, key, label in zip([axes[1], *axes[2 + scored:]], ("loss", "grad_norm", "lr"),
                               ("loss", "gradient norm", "learning rate")):
         values = []
         for alloc in sorted({p["allocation"] for p in c.series}):
@@ -111,3 +118,36 @@ def _figure(r: Report, plt: Any) -> Any:
             ax.legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("step (dashed: an allocation resumed there; solid: watch's marks)")
     return fig
+
+
+def _evaluations(r: Report, ax: Any) -> None:
+    """Each task's headline score against tokens trained, bars +- its stderr (the page's
+    accuracy chart; a task scored outside [0, 1] on a second axis)."""
+    from matplotlib.ticker import FuncFormatter
+
+    from .svg import column_words, eval_axis
+    tokens = eval_axis(r) == "tokens"
+    other = None
+    for i, column in enumerate(evaluations.columns(r.evals)):
+        pts = evaluations.series(r.evals, column)
+        xs = [e.tokens if tokens else e.step for e, _ in pts]
+        values = [s.value for _, s in pts]
+        on = ax
+        if not all(0 <= v <= 1 for v in values):
+            other = other or ax.twinx()
+            on = other
+        colour, dashed = task_style(i)
+        on.errorbar(xs, values, yerr=[s.stderr or 0.0 for _, s in pts], color=colour,
+                    linestyle="--" if dashed else "-", marker="o", markersize=4, linewidth=1.2,
+                    capsize=3, label=column_words(column))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: count_label(v) if tokens
+                                               else plain(v)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain(v)))
+    ax.set_xlabel("tokens trained" if tokens else "step (a results file without its tokens)",
+                  fontsize=9)
+    ax.set_ylabel("lm-eval score", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    handles = [h for a in (ax, other) if a is not None for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.24), ncol=3,
+              title="each task's headline metric (bars: +- stderr)", title_fontsize=7,
+              alignment="left")

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from ..plumbing.errors import ConfigError
 from ..plumbing.render import shell_path
+from . import evals as evaluations
 from .account import Account, account
 from .curves import Curves, read
 from .timeline import Timeline, build
@@ -19,6 +20,7 @@ class Report:
     timeline: Timeline
     account: Account
     curves: Curves
+    evals: tuple[evaluations.Evaluated, ...] = ()   # RUN/eval/step-N.json, by step
 
 
 def locate(ref: Optional[str], run_dir: Optional[Path],
@@ -63,13 +65,17 @@ def one_run(folder: Path) -> None:
 
 
 def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
-         now: Optional[float] = None, say: Optional[Callable[[str], None]] = None) -> Report:
+         now: Optional[float] = None, say: Optional[Callable[[str], None]] = None,
+         with_evals: bool = True) -> Report:
+    """The run's report; `with_evals` False leaves its evaluations unread (plan --from-run
+    takes only the cluster's figures, and a bad results file must not hide them)."""
     name, folder = locate(ref, run_dir, say)
+    evals = evaluations.read(folder) if with_evals else ()
     curves = read(folder)
     tensorboard = [(p["time"], p["step"]) for p in curves.series if p.get("source") ==
                    "tensorboard"]
     timeline = build(folder, now=now, use_sacct=use_sacct, steps_elsewhere=tensorboard)
-    if not timeline.allocations and not curves.series:
+    if not timeline.allocations and not curves.series and not evals:
         raise ConfigError(f"{folder}: no allocation logs (logs/JOB/node-K, restart-N or "
                           "attempt-N) and no metrics: nothing to report yet")
-    return Report(name, timeline, account(timeline), curves)
+    return Report(name, timeline, account(timeline), curves, evals)

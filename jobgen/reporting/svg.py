@@ -9,17 +9,20 @@ import math
 from html import escape
 from typing import Any, Sequence
 
+from . import evals as evaluations
 from .account import LABELS
 from .layout import (
     COLOURS,
     MARKS,
     NARROW,
     allocation_colour,
+    count_label,
     legend,
     log_ticks,
     plain,
     rows,
     spans_decades,
+    task_style,
     time_ticks,
     value_ticks,
 )
@@ -29,7 +32,8 @@ WIDTH = 960
 LABEL_W = 190        # the timeline's row labels
 ROW_H, ROW_GAP = 16, 5
 
-__all__ = ["COLOURS", "MARKS", "WIDTH", "charts", "legend_html", "picture", "timeline_svg"]
+__all__ = ["COLOURS", "MARKS", "WIDTH", "charts", "eval_charts", "eval_legend", "legend_html",
+           "picture", "timeline_svg"]
 
 
 def _open(width: int, height: float) -> str:
@@ -182,6 +186,120 @@ def curves_legend(r: Report) -> str:
     for kind in sorted({m["kind"] for m in c.marks}):
         extra.append((MARKS.get(kind, "#000000"), f"dot: watch's {kind.replace('_', ' ')}"))
     return lines + (legend_html(extra) if extra else "")
+
+
+def eval_groups(r: Report) -> list[tuple[str, list[int]]]:
+    """The evaluation's charts: (title, indices into evals.columns) for the tasks whose scores
+    all lie in [0, 1] (accuracies) together, then each other task on its own axis."""
+    columns = evaluations.columns(r.evals)
+    unit: list[int] = []
+    other: list[int] = []
+    for i, column in enumerate(columns):
+        values = [s.value for _, s in evaluations.series(r.evals, column)]
+        (unit if all(0 <= v <= 1 for v in values) else other).append(i)
+    out = [("accuracy", unit)] if unit else []
+    return out + [(f"{columns[i][0]} {columns[i][1]}", [i]) for i in other]
+
+
+def eval_axis(r: Report) -> str:
+    """What the evaluation's charts measure along: tokens trained, or the step where a results
+    file does not say its tokens (lm-eval's own file, without jobgen's entry)."""
+    return "tokens" if all(e.tokens is not None for e in r.evals) else "step"
+
+
+def column_words(column: tuple[str, str, str, Any]) -> str:
+    task, metric, filt, shots = column
+    return (f"{task} {metric}" + ("" if filt == "none" else f" ({filt})")
+            + ("" if shots is None else f", {shots}-shot"))
+
+
+def eval_charts(r: Report) -> list[str]:
+    """Each task's headline score against tokens trained (bars: +- its stderr), one point per
+    evaluated step; [] where the run has no evaluation."""
+    if not r.evals:
+        return []
+    columns = evaluations.columns(r.evals)
+    axis = eval_axis(r)
+    return [_eval_chart(f"{title} against {'tokens trained' if axis == 'tokens' else 'step'}",
+                        [(i, columns[i]) for i in group], r, axis)
+            for title, group in eval_groups(r)]
+
+
+def _eval_chart(title: str, lines: list[tuple[int, tuple[str, str, str, Any]]], r: Report,
+                axis: str) -> str:
+    width, height, left, right = WIDTH, 200, 70, 30
+    drawn = [(i, column, [(float(e.tokens if axis == "tokens" and e.tokens is not None
+                                 else e.step), e, s)
+                          for e, s in evaluations.series(r.evals, column)])
+             for i, column in lines]
+    xs = [x for _, _, pts in drawn for x, _, _ in pts]
+    lows = [s.value - (s.stderr or 0.0) for _, _, pts in drawn for _, _, s in pts]
+    highs = [s.value + (s.stderr or 0.0) for _, _, pts in drawn for _, _, s in pts]
+    x0, x1 = min(xs), max(xs)
+    if x1 - x0 < 1e-9:
+        x0, x1 = x0 - (abs(x0) * 0.1 or 1.0), x1 + (abs(x1) * 0.1 or 1.0)
+    v0, v1 = min(lows), max(highs)
+    if title.startswith("accuracy"):
+        v0, v1 = max(0.0, v0), min(1.0, v1)
+    if v1 - v0 < 0.05:
+        mid = (v0 + v1) / 2
+        v0, v1 = mid - 0.025, mid + 0.025
+    pad = (v1 - v0) * 0.05
+    v0, v1 = v0 - pad, v1 + pad
+    sx = (width - left - right - 20) / (x1 - x0)
+    sy = (height - 30) / (v1 - v0)
+
+    def xy(x: float, v: float) -> tuple[float, float]:
+        return left + 10 + (x - x0) * sx, 20 + (v1 - v) * sy
+
+    svg = [_open(width, height + 30), f'<text x="4" y="14">{escape(title)} (lm-eval; bars: '
+           '+- stderr)</text>']
+    for v in value_ticks(v0, v1):
+        _, ty = xy(x0, v)
+        svg.append(f'<line x1="{left}" x2="{width - right}" y1="{ty:.1f}" y2="{ty:.1f}" '
+                   f'stroke="#e4e4e4"/><text x="{left - 6}" y="{ty + 4:.1f}" '
+                   f'text-anchor="end">{plain(v)}</text>')
+    for tick in value_ticks(x0, x1, 8):
+        tx, _ = xy(tick, v0)
+        if axis == "step" and not float(tick).is_integer():
+            continue
+        svg.append(f'<text x="{tx:.1f}" y="{height + 6}" text-anchor="middle">'
+                   f'{count_label(tick) if axis == "tokens" else plain(tick)}</text>')
+    svg.append(f'<text x="{width - right}" y="{height + 22}" text-anchor="end">'
+               f'{"tokens trained" if axis == "tokens" else "step"}</text>')
+    for i, column, pts in drawn:
+        colour, dashed = task_style(i)
+        if len(pts) > 1:
+            path = " ".join(f"{'M' if k == 0 else 'L'}{xy(x, s.value)[0]:.1f},"
+                            f"{xy(x, s.value)[1]:.1f}" for k, (x, _, s) in enumerate(pts))
+            svg.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="1.5"'
+                       + (' stroke-dasharray="6,3"' if dashed else "") + "/>")
+        for x, e, s in pts:
+            px, py = xy(x, s.value)
+            if s.stderr:
+                _, top = xy(x, s.value + s.stderr)
+                _, bottom = xy(x, s.value - s.stderr)
+                svg.append(f'<path d="M{px:.1f},{top:.1f} L{px:.1f},{bottom:.1f} '
+                           f'M{px - 3:.1f},{top:.1f} L{px + 3:.1f},{top:.1f} '
+                           f'M{px - 3:.1f},{bottom:.1f} L{px + 3:.1f},{bottom:.1f}" '
+                           f'stroke="{colour}" stroke-width="1"/>')
+            said = (f"step {e.step}, "
+                    + ("tokens unknown" if e.tokens is None else f"{e.tokens:,} tokens")
+                    + f": {column_words(column)} {s.value:.4f}"
+                    + ("" if s.stderr is None else f" +- {s.stderr:.4f}"))
+            svg.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="{colour}">'
+                       f'<title>{escape(said)}</title></circle>')
+    svg.append("</svg>")
+    return "".join(svg)
+
+
+def eval_legend(r: Report) -> str:
+    columns = evaluations.columns(r.evals)
+    styled = [(task_style(i), column_words(c)) for i, c in enumerate(columns)]
+    solid = [(colour, words) for (colour, dashed), words in styled if not dashed]
+    dashed = [(colour, words) for (colour, dashed), words in styled if dashed]
+    return (legend_html(solid, "solid") if solid else "") + (
+        legend_html(dashed, "dashed") if dashed else "")
 
 
 def picture(r: Report) -> list[str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
+from . import evals as evaluations
 from .account import LABELS, Account
 from .curves import Curves
 from .timeline import Timeline
@@ -41,7 +42,8 @@ def plan_options(a: Account) -> list[str]:
     return out
 
 
-def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
+def text(t: Timeline, a: Account, curves: Curves, name: str,
+         evals: Sequence[evaluations.Evaluated] = ()) -> str:
     running = bool(t.allocations) and t.allocations[-1].ending == "running"
     lines = [f"run {name}: {len(t.allocations)} allocation(s) on {a.nodes} node(s)"
              + (f", {_clock(t.allocations[0].start)} to {_clock(t.allocations[-1].end)} UTC"
@@ -108,6 +110,9 @@ def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
         if alloc.excluded:
             lines.append(f"  health gate: allocation {alloc.index} left out "
                          f"{', '.join(alloc.excluded)}")
+    if evals:
+        lines.append("")
+        lines += evaluation(evals)
     if curves.marks:
         lines.append("")
         lines.append("watch's marks")
@@ -117,6 +122,49 @@ def text(t: Timeline, a: Account, curves: Curves, name: str) -> str:
     for note in t.notes + curves.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def _score(value: float) -> str:
+    return f"{value:.4f}" if abs(value) < 100 else f"{value:,.1f}"
+
+
+def _tokens(value: Optional[int]) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def evaluation(evals: Sequence[evaluations.Evaluated]) -> list[str]:
+    """One row per evaluated step: its tokens trained and each task's headline metric (+-
+    its stderr); then each task's change from its first evaluated step to its last."""
+    columns = evaluations.columns(evals)
+    heads = [(task, label + ("" if shots is None else f", {shots}-shot"))
+             for task, metric, filt, shots in columns
+             for label in [metric + ("" if filt == "none" else f" ({filt})")]]
+    widths = [max(len(task), len(label), 15) for task, label in heads]
+    lines = ["evaluation (lm-eval on the exported steps, RUN/eval/step-N.json: each task's "
+             "headline metric +- its stderr)",
+             f"  {'step':>8}  {'tokens':>17}  " + "  ".join(f"{task:{w}}" for (task, _), w
+                                                            in zip(heads, widths)).rstrip(),
+             f"  {'':>8}  {'':>17}  " + "  ".join(f"{label:{w}}" for (_, label), w
+                                                  in zip(heads, widths)).rstrip()]
+    for e in evals:
+        mine = {s.column: s for s in e.scores}
+        cells = []
+        for column, w in zip(columns, widths):
+            s = mine.get(column)
+            cell = "-" if s is None else _score(s.value) + (
+                "" if s.stderr is None else f" +-{_score(s.stderr)}")
+            cells.append(f"{cell:{w}}")
+        lines.append(f"  {e.step:>8}  {_tokens(e.tokens):>17}  " + "  ".join(cells).rstrip())
+    moved = evaluations.changes(evals)
+    if not moved:
+        lines.append("  one evaluated step per task: no change to show yet")
+    for c in moved:
+        label = c.metric + ("" if c.filter == "none" else f" ({c.filter})")
+        lines.append(f"  {c.task} {label}: {c.change:+.4f} from step {c.first_step} "
+                     f"({_tokens(c.first_tokens)} tokens) to step {c.last_step} "
+                     f"({_tokens(c.last_tokens)} tokens): {_score(c.first)} to "
+                     f"{_score(c.last)}")
+    return lines
 
 
 def _clean(value: Any) -> Any:
@@ -129,9 +177,15 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def as_json(t: Timeline, a: Account, curves: Curves, name: str) -> dict[str, Any]:
-    data = {"run": name, "timeline": dataclasses.asdict(t), "account": dataclasses.asdict(a),
-            "parts": {k: h for k, h in a.parts}, "plan_options": plan_options(a),
-            "curves": {"series": curves.series, "marks": curves.marks,
-                       "restarts": curves.restarts}}
+def as_json(t: Timeline, a: Account, curves: Curves, name: str,
+            evals: Sequence[evaluations.Evaluated] = ()) -> dict[str, Any]:
+    data: dict[str, Any] = {"run": name, "timeline": dataclasses.asdict(t),
+                            "account": dataclasses.asdict(a),
+                            "parts": {k: h for k, h in a.parts},
+                            "plan_options": plan_options(a),
+                            "curves": {"series": curves.series, "marks": curves.marks,
+                                       "restarts": curves.restarts}}
+    if evals:   # a run with no RUN/eval/step-N.json prints what it printed before
+        data["eval"] = [dataclasses.asdict(e) for e in evals]
+        data["eval_change"] = [dataclasses.asdict(c) for c in evaluations.changes(evals)]
     return _clean(data)

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from ..plumbing import fsio
 from ..plumbing.errors import ConfigError
+from ..runs import runrecord
 from ..runs.ledger import CANCELLED
 from ..watching.events import parse_lines
 from ..watching.observations import Observation
@@ -93,11 +94,25 @@ def _health_log(run_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
+def _stage_jobs(run_dir: Path) -> set[str]:
+    """The run's jobs of a stage other than training (prepare, export, eval), as its record names
+    them: they hold no training nodes and are not allocations of the job."""
+    try:
+        data = runrecord.read_file(run_dir / runrecord.FILE)
+    except ConfigError:
+        return set()
+    return {job for sub in (data or {}).get("submissions", [])
+            for job, stage in zip(sub["job_ids"], sub.get("job_stages") or sub["job_ids"])
+            if "job_stages" in sub and stage != "train"}
+
+
 def _folders(run_dir: Path) -> list[tuple[str, int, Path]]:
     root = run_dir / "logs"
     if not root.is_dir():
         return []
-    jobs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    staged = _stage_jobs(run_dir)
+    jobs = sorted((p for p in root.iterdir() if p.is_dir() and p.name not in staged),
+                  key=lambda p: p.stat().st_mtime)
     return [(job.name, k, e) for job in jobs for k, e in allocation_folders(job)]
 
 

@@ -74,14 +74,16 @@ def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = (),
 
 def _jobs(spec: JobSpec, options: SubmitOptions) -> list[tuple[str, dict[str, Any], list]]:
     """The submission's jobs in order, each (stage, its definition, one command per job: None
-    for the definition's own); rendered whole before anything is submitted."""
+    for the definition's own); rendered whole before anything is submitted (a rehearsal's
+    jobs after its prepare job read the dataset it makes: stages.chained)."""
+    from ...payloads import stages
     jobs: list[tuple[str, dict[str, Any], list]] = []
-    for name in options.stages:
+    for name, one in stages.chained(spec, options.stages):
         if name == "train":
-            jobs.append(("train", job_definition(spec), [None]))
+            jobs.append(("train", job_definition(one), [None]))
             continue
-        argv = stage_job.argvs(spec, name, options.sources, options.step)
-        jobs.append((name, stage_job.job_definition(spec, name, argv[0]),
+        argv = stage_job.argvs(one, name, options.sources, options.step)
+        jobs.append((name, stage_job.job_definition(one, name, argv[0]),
                      [None] if len(argv) == 1 else argv))
     for _, _, commands in jobs[:-1]:   # too many for the next job: refused before any submit
         stage_job.depends_on([""] * len(commands))

@@ -169,8 +169,10 @@ def exported_step(spec: JobSpec, step: Optional[int]) -> int:
 
 def _scores(evaluated: dict[str, object], status: int) -> dict[str, object]:
     """What the eval stage left, for the run's record: its results file and each task's
-    headline metric (its first, as eval_lm.py's summary line gives it), or that it failed."""
+    headline metric (as `jobgen report` picks it), or that it failed."""
     import json
+
+    from ...reporting import evals
     out = dict(evaluated, status=status)
     try:
         body = json.loads(Path(str(evaluated["results"])).read_text()) if status == 0 else {}
@@ -181,10 +183,9 @@ def _scores(evaluated: dict[str, object], status: int) -> dict[str, object]:
         return dict(out, outcome="failed", results=None)
     metrics: dict[str, dict[str, float]] = {}
     for task, values in sorted(results.items()):
-        for key, value in (values.items() if isinstance(values, dict) else ()):
-            if "," in key and "stderr" not in key and isinstance(value, (int, float)):
-                metrics[task] = {key.split(",")[0]: value}
-                break
+        score = evals.headline(body, task, values) if isinstance(values, dict) else None
+        if score is not None:
+            metrics[task] = {score.metric: score.value}
     return dict(out, outcome="scored", metrics=metrics, tokens=made.get("tokens"))
 
 

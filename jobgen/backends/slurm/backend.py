@@ -94,15 +94,31 @@ def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = (),
     if declared.work is None:
         return plan(spec)
     work = stages.work(name, spec, tuple(sources), step)
+    return _stage_plan(spec, name, declared.summary, declared.one_node, work)
+
+
+def plan_follow(spec: JobSpec, names: Sequence[str], every: int) -> Plan:
+    """The --every K follower (jobgen/payloads/follow.py) on one node of
+    slurm.prepare_partition: submitted to start once training has started (client.follows),
+    it learns the training job's id from its environment and follows it until squeue no
+    longer lists it."""
+    from ...payloads import follow
+    work = follow.work(spec, names, every, ("--slurm-job-env", follow.SLURM_ENV))
+    return _stage_plan(spec, follow.STAGE, f"export{' and score' if 'eval' in names else ''} "
+                       f"each sealed step that is a multiple of {every} while training goes",
+                       True, work)
+
+
+def _stage_plan(spec: JobSpec, name: str, summary: str, one_node: bool, work: Any) -> Plan:
     site = spec.site
     for note in work.notes:
         say_once(note)
     file = f"{spec.run_name}-{name}.sbatch"
     text = render(
         STAGE_TEMPLATE, job_name=f"{spec.job_name}-{name}", stage=name,
-        summary=declared.summary, cpus_per_task=site.slurm.cpus_per_task,
+        summary=summary, cpus_per_task=site.slurm.cpus_per_task,
         partition=(site.slurm.prepare_partition or spec.options.get("partition") or "")
-        if declared.one_node else spec.options.get("partition") or "",
+        if one_node else spec.options.get("partition") or "",
         output="%x-%A_%a.out" if len(work.tasks) > 1 else "%x-%j.out",
         title=f"{spec.recipe.name}: {spec.recipe.description}", source=spec.source,
         site=site.name, payload_dir=spec.payload_dir, payload_digest=spec.payload_digest,
@@ -139,20 +155,27 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     """A bash script of the sbatch commands `submit` runs (the scripts as here-documents)."""
     from . import client as slurm_client
-    return _guarded(slurm_client.dry_run(_plans(spec, options)), spec)
+    return _guarded(slurm_client.dry_run(_plans(spec, options),
+                                         last_follows=options.every is not None), spec)
 
 
 def _plans(spec: JobSpec, options: SubmitOptions) -> list[Plan]:
     """The jobs of a submission in pipeline order (--stages), each after the one before: the
-    training job (two with --chain) where train is named, each other stage's job."""
+    training job (two with --chain) where train is named, each other stage's job (a
+    rehearsal's after its prepare job read the dataset it makes: stages.chained)."""
+    from ...payloads import stages
     plans: list[Plan] = []
-    for name in options.stages:
+    for name, one in stages.chained(spec, options.stages):
+        if options.every is not None and name in ("export", "eval"):
+            continue
         if name != "train":
-            plans.append(plan_stage(spec, name, options.sources, options.step))
+            plans.append(plan_stage(one, name, options.sources, options.step))
         elif options.chain:
-            plans += [plan(spec, "compile"), plan(spec, "train")]
+            plans += [plan(one, "compile"), plan(one, "train")]
         else:
-            plans.append(plan(spec))
+            plans.append(plan(one))
+    if options.every is not None:   # the export and eval jobs' work, done as training goes
+        plans.append(plan_follow(one, options.stages, options.every))
     return plans
 
 
@@ -206,10 +229,18 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
     prepare(spec, strict=True, say=options.say)   # the payload snapshot the script points at
     check(spec, options)
     plans = _plans(spec, options)
-    ids = slurm_client.submit_chain(*plans)
-    stages = [name for name in options.stages
+    ids = slurm_client.submit_chain(*plans, last_follows=options.every is not None)
+    stages = [name for name in _job_stages(options)
               for _ in range(2 if name == "train" and options.chain else 1)]
     return Submitted(ids, stages=tuple(stages))
+
+
+def _job_stages(options: SubmitOptions) -> list[str]:
+    """Each job's stage, in order: with --every, the follower does export's and eval's work."""
+    if options.every is None:
+        return list(options.stages)
+    from ...payloads import follow
+    return [n for n in options.stages if n not in ("export", "eval")] + [follow.STAGE]
 
 
 def check(spec: JobSpec, options: SubmitOptions) -> None:

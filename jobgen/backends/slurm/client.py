@@ -60,16 +60,26 @@ def submit(plan: Plan, extra: Sequence[str] = ()) -> str:
     return parse_job_id(_run(sbatch_argv(extra), stdin=plan.text))
 
 
-def submit_chain(*plans: Plan) -> tuple[str, ...]:
+def follows(first: str) -> list[str]:
+    """A follower job (jobgen/payloads/follow.py) starts once the one before has started, not
+    ended, and is told its id (JOBGEN_FOLLOW_JOB) to follow it until squeue no longer lists it;
+    it is cancelled where that job is (an invalid dependency)."""
+    from ...payloads.follow import SLURM_ENV
+    return [f"--dependency=after:{first}", "--kill-on-invalid-dep=yes",
+            f"--export=ALL,{SLURM_ENV}={first}"]
+
+
+def submit_chain(*plans: Plan, last_follows: bool = False) -> tuple[str, ...]:
     """Jobs that each start once the one before succeeded (see `after`): compile and training,
-    a stage before them."""
+    a stage before them; `last_follows`: the last one follows the one before (`follows`)."""
     ids: list[str] = []
-    for plan in plans:
-        ids.append(submit(plan, after(ids[-1]) if ids else ()))
+    for k, plan in enumerate(plans):
+        link = follows if last_follows and k == len(plans) - 1 else after
+        ids.append(submit(plan, link(ids[-1]) if ids else ()))
     return tuple(ids)
 
 
-def dry_run(plans: Sequence[Plan]) -> str:
+def dry_run(plans: Sequence[Plan], last_follows: bool = False) -> str:
     """What `jobgen submit` runs for `plans` (one job, or the two of a chain), as a bash script
     that does exactly that: each sbatch command with its script on stdin, printing the job ids
     as `jobgen submit` does."""
@@ -83,7 +93,8 @@ def dry_run(plans: Sequence[Plan]) -> str:
     for i, plan in enumerate(plans, 1):
         # A here-document delimiter that the script cannot contain: its own hash.
         end = "JOBGEN_SCRIPT_" + hashlib.sha256(plan.text.encode()).hexdigest()[:16]
-        extra = after("${job_%d%%%%;*}" % (i - 1)) if ids else []
+        link = follows if last_follows and i == len(plans) else after
+        extra = link("${job_%d%%%%;*}" % (i - 1)) if ids else []
         argv = " ".join(shlex.quote(a) for a in sbatch_argv()) + "".join(
             f' "{a}"' if "$" in a else f" {shlex.quote(a)}" for a in extra)
         text = plan.text if plan.text.endswith("\n") else plan.text + "\n"
