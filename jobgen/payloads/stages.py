@@ -102,6 +102,25 @@ def _rehearsal(spec: JobSpec, fmt: str, sources: tuple[str, ...]) -> StageWork:
     return StageWork(program="smoke/prepare_data.py", tasks=(tuple(args),), notes=notes)
 
 
+# Model-References' bertPrep.py downloads this (WikiDownloader.py); its size as Wikipedia said
+# (Wikipedia:Size of Wikipedia: 22.14 GB compressed on 2 July 2023, about 1 GB more a year).
+WIKIPEDIA_DUMP = "https://dumps.wikimedia.org/enwiki/latest/enwiki-latest-pages-articles.xml.bz2"
+
+
+def _bert_sample(spec: JobSpec) -> str:
+    nltk_data = spec.data_path("nltk_data")
+    return (f"prepare: no --from: the job downloads the English Wikipedia dump that "
+            f"Model-References' bertPrep.py uses ({WIKIPEDIA_DUMP}, over 22 GB compressed, "
+            "plus the text extracted from it: the data folder needs room for both, the node "
+            "memory for the text), extracts its articles with WikiExtractor (the wikiextractor "
+            "package), splits them into sentences with NLTK's English punkt_tab model (from "
+            f"NLTK_DATA or {nltk_data}, read offline; where neither has it, the job first "
+            f"fetches it there with NLTK's downloader, as `python -m nltk.downloader -d "
+            f"{nltk_data} punkt_tab` would), and writes the shards into "
+            f"{spec.data_path(spec.recipe.data.path)}; the node's Python needs wikiextractor "
+            "and nltk (jobgen's data extra; the dl1-deepspeed image has both)")
+
+
 def _tokenized(fmt: str, spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
     """payload/common/prepare_tokenized.py with the recipe's tokenizer (data.tokenizer): the
     packed blocks, or BERT's hdf5 shards (jobgen/payloads/upstream/prepare_tokenized.json)."""
@@ -112,10 +131,6 @@ def _tokenized(fmt: str, spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
     if data.shards > 1:
         raise ConfigError(f"{spec.source}: data.shards={data.shards} is for Megatron datasets "
                           "(--set data.shards=1)")
-    if fmt == "bert_hdf5" and not sources:
-        raise ConfigError(f"{spec.source}: --stage prepare needs --from for BERT: Model-"
-                          "References makes its text from a Wikipedia dump with WikiExtractor, "
-                          "which the stage does not run (give that text, or your own)")
     args = ["--format", fmt, "--data-dir", spec.site.paths.data_dir, "--path", data.path,
             "--tokenizer", data.tokenizer, "--seq-length", str(model.seq_length),
             "--workers", str(spec.site.slurm.cpus_per_task)]
@@ -123,10 +138,10 @@ def _tokenized(fmt: str, spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
         args += ["--max-predictions", str(model.max_predictions)]
     if sources:
         args += ["--from", *sources]
-    notes = [] if sources else [
+    notes = [] if sources else [_bert_sample(spec) if fmt == "bert_hdf5" else (
         f"prepare: no --from: the job fetches the tutorial's corpus (wikicorpus raw_en) and "
         f"reads its raw text into {spec.data_path(data.path)} (datasets >= 4 no longer runs "
-        "the wikicorpus loading script)"]
+        "the wikicorpus loading script)")]
     if not posixpath.isabs(data.tokenizer) and "/" in data.tokenizer:
         notes.append(f"prepare: tokenizer {data.tokenizer} comes from the Hugging Face hub; a "
                      "gated one reads HF_TOKEN from the job's environment on the node (export "

@@ -5,22 +5,29 @@
   tutorial's wikicorpus raw_en, read from its archive (datasets >= 4 no longer runs its script);
 - bert_hdf5 (Habana DeepSpeed BERT): documents spread over training shards by sentence count,
   each shard's masked-LM/next-sentence samples made as Model-References' create_pretraining_data.py
-  makes them (payload/smoke/bert_samples.py), one process per shard.
-Facts and commits: jobgen/payloads/upstream/prepare_tokenized.json. A gated tokenizer reads
-HF_TOKEN from the environment. Written under a temporary name, renamed when whole; bad input: 78.
+  makes them (payload/smoke/bert_samples.py), one process per shard; without --from, bertPrep.py's
+  Wikipedia dump through WikiExtractor, an article a line, split by NLTK's punkt.
+Facts, commits: jobgen/payloads/upstream/prepare_tokenized.json. Gated tokenizers read HF_TOKEN.
+Written under a temporary name, renamed when whole; bad input: 78.
 """
 from __future__ import annotations
 
 import argparse
+import bz2
+import contextlib
+import importlib.util
+import io
 import json
 import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +42,9 @@ CONFIG_ERROR = 78
 GROUP_BATCH = 1000          # datasets' default map batch: get_dataset.py cuts blocks per batch
 WIKICORPUS = "https://www.cs.upc.edu/~nlp/wikicorpus/raw.en.tgz"   # the raw_en config's archive
 TRAINING_SHARDS = 256       # bertPrep.py's --n_training_shards
+# bertPrep.py's wikicorpus_en download (WikiDownloader.py), and what its sharding splits with.
+WIKIPEDIA = "https://dumps.wikimedia.org/enwiki/latest/enwiki-latest-pages-articles.xml.bz2"
+PUNKT = "tokenizers/punkt_tab/english/"     # NLTK's punkt model (nltk >= 3.8.2's tab format)
 BERT_SEED, DUPE_FACTOR = 12345, 5   # bertPrep.py's defaults, named in the recipes' data.path
 
 
@@ -133,6 +143,131 @@ def _rows(args: argparse.Namespace, work: Path) -> Iterator[dict[str, str]]:
         yield {"text": text}
 
 
+# --- BERT without --from: bertPrep.py's Wikipedia ---------------------------------------------
+
+def punkt(data_dir: Path) -> Callable[[str], list[str]]:
+    """NLTK's sentence splitter with its English punkt model, read from NLTK_DATA, NLTK's own
+    folders or DATA_DIR/nltk_data; where none has it, fetched into DATA_DIR/nltk_data by NLTK's
+    downloader first (before the dump, so a node that cannot reach it stops in seconds)."""
+    try:
+        import nltk
+    except ImportError:
+        raise Refused("nltk is not installed on this node (pip install nltk: jobgen's data "
+                      "extra; the dl1-deepspeed image has it)") from None
+    where = data_dir / "nltk_data"
+    if str(where) not in nltk.data.path:
+        nltk.data.path.append(str(where))
+    try:
+        nltk.data.find(PUNKT)
+    except LookupError:
+        say(f"NLTK's punkt_tab model is not on this node: fetching it into {where}")
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            try:
+                nltk.download("punkt_tab", download_dir=str(where), quiet=True,
+                              raise_on_error=True)
+            except Exception as exc:  # noqa: BLE001  (the downloader raises what urllib raised)
+                raise Refused(f"NLTK's punkt_tab model: not in NLTK_DATA or {where}, and NLTK's "
+                              f"downloader failed ({' '.join(str(exc).split())}); put it there "
+                              f"with `python -m nltk.downloader -d {where} punkt_tab`") from None
+        try:
+            nltk.data.find(PUNKT)
+        except LookupError:
+            raise Refused(f"NLTK's downloader put no {PUNKT} under {where}") from None
+    from nltk.tokenize import sent_tokenize
+    return sent_tokenize
+
+
+def _dump(source: str, work: Path) -> tuple[Path, str]:
+    """(the dump as a local file whose name ends as its compression does, how it was named):
+    an https:// dump downloaded into `work`, a file:// URL or a path read where it is."""
+    if source.startswith("https://"):
+        target = work / (Path(urllib.parse.urlparse(source).path).name or "dump.xml.bz2")
+        say(f"downloading {source}")
+        fetch(source, target)
+        path = target
+    else:
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(source).path)
+                    if source.startswith("file://") else source)
+        if not path.is_file():
+            raise Refused(f"--wiki-dump {source}: missing or not a regular file")
+    try:
+        with path.open("rb") as fh:
+            packed = fh.read(3) == b"BZh"
+        with (bz2.open(path, "rb") if packed else path.open("rb")) as fh:
+            head = fh.read(1 << 16)
+    except (OSError, EOFError) as exc:
+        raise Refused(f"--wiki-dump {source}: cannot be read ({exc})") from None
+    if b"<mediawiki" not in head:
+        raise Refused(f"--wiki-dump {source}: not a MediaWiki XML export (no <mediawiki> "
+                      "element at its start)")
+    if packed != (path.suffix == ".bz2"):      # WikiExtractor decompresses by the name
+        named = work / ("dump.xml.bz2" if packed else "dump.xml")
+        named.symlink_to(path.resolve())
+        path = named
+    return path, source
+
+
+def extract(dump: Path, shown: str, out: Path, workers: int) -> None:
+    """WikiExtractor as bertPrep.py runs it (-b 100M --processes N -o OUT), its log lines passed
+    on; it can exit 0 on an error, so the files it wrote are judged by the caller."""
+    if importlib.util.find_spec("wikiextractor") is None:
+        raise Refused("wikiextractor is not installed on this node (pip install wikiextractor: "
+                      "jobgen's data extra; the dl1-deepspeed image has it)")
+    argv = [sys.executable, "-m", "wikiextractor.WikiExtractor", str(dump), "-b", "100M",
+            "--processes", str(workers), "-o", str(out)]
+    last = ""
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          errors="replace") as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.strip():
+                last = line.strip()
+                print(f"prepare: WikiExtractor: {last}", flush=True)
+    if proc.returncode != 0:
+        raise Refused(f"--wiki-dump {shown}: WikiExtractor failed (exit {proc.returncode}: "
+                      f"{last or 'no message'})")
+
+
+def wiki_articles(extracted: Path) -> Iterator[str]:
+    """Each extracted article as one line, as bertPrep.py's text_formatting writes it: the lines
+    after its title, empty ones left out, each right-stripped and followed by a space (the
+    sharding strips the line's end); articles with no text are left out, as sharding skips
+    blank lines. Files in name order (upstream takes glob's order)."""
+    for name in sorted(extracted.glob("*/wiki_*")):
+        lines: list[str] = []
+        inside = False
+        with name.open(encoding="utf-8", newline="\n") as fh:
+            for line in fh:
+                if line.startswith("<doc id="):
+                    inside, lines = True, []
+                elif line.startswith("</doc>"):
+                    inside = False
+                    article = "".join(f"{x.rstrip()} " for x in lines[1:] if x != "\n").rstrip()
+                    if article.strip():
+                        yield article
+                elif inside:
+                    lines.append(line)
+
+
+def wikipedia(args: argparse.Namespace, work: Path) -> list[list[str]]:
+    """bertPrep.py's wikicorpus_en text, each article's sentences as NLTK's punkt splits them."""
+    say(f"no --from: Model-References' bertPrep.py text: the English Wikipedia dump "
+        f"({args.wiki_dump}) through WikiExtractor, an article a line, NLTK punkt sentences")
+    split = punkt(args.data_dir)
+    dump, shown = _dump(args.wiki_dump, work)
+    extract(dump, shown, work / "extracted", args.workers)
+    docs = []
+    for article in wiki_articles(work / "extracted"):
+        sentences = [s for s in split(article) if s.strip()]
+        if sentences:
+            docs.append(sentences)
+    if not docs:
+        raise Refused(f"--wiki-dump {shown}: WikiExtractor found no article with text in it")
+    say(f"{len(docs):,} articles, {sum(map(len, docs)):,} sentences")
+    return docs
+
+
 # --- the tokenizer --------------------------------------------------------------------------
 
 def tokenizer_source(args: argparse.Namespace) -> str:
@@ -197,11 +332,11 @@ def hf_blocks(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> s
     return f"{len(blocks):,} blocks of {args.seq_length} tokens"
 
 
-def _balanced(docs: list[str], shards: int) -> list[list[str]]:
-    """Documents over shards, longest (in sentences) first to the shard with fewest sentences;
-    each shard keeps its documents in input order."""
+def _balanced(docs: list[Any], shards: int) -> list[list[Any]]:
+    """Documents (text, or a list of its sentences) over shards, longest (in sentences) first
+    to the shard with fewest sentences; each shard keeps its documents in input order."""
     import corpus
-    counts = [len(corpus.sentences(d)) for d in docs]
+    counts = [len(d) if isinstance(d, list) else len(corpus.sentences(d)) for d in docs]
     loads, picked = [0] * shards, [[] for _ in range(shards)]  # type: ignore[var-annotated]
     for k in sorted(range(len(docs)), key=lambda k: -counts[k]):
         lightest = min(range(shards), key=loads.__getitem__)
@@ -210,7 +345,7 @@ def _balanced(docs: list[str], shards: int) -> list[list[str]]:
     return [[docs[k] for k in sorted(ks)] for ks in picked]
 
 
-def _one_shard(job: tuple[int, list[str], Path, Path, str, dict[str, int]]) -> tuple[int, str]:
+def _one_shard(job: tuple[int, list[Any], Path, Path, str, dict[str, int]]) -> tuple[int, str]:
     """Shard `n`: create_pretraining_data.py's work on one text shard, seeded as each of
     bertPrep.py's runs is (the same seed for every shard)."""
     import bert_samples
@@ -225,7 +360,7 @@ def _one_shard(job: tuple[int, list[str], Path, Path, str, dict[str, int]]) -> t
 
 def bert_hdf5(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> str:
     tokenizer = load_tokenizer(tokenizer_source(args), "bert")
-    docs = list(texts(args, work))
+    docs: list[Any] = list(texts(args, work)) if args.from_ else wikipedia(args, work)
     if not docs:
         raise Refused(f"--from {' '.join(args.from_)}: holds no text")
     shards = min(args.shards, len(docs))
@@ -272,6 +407,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=TRAINING_SHARDS)
     p.add_argument("--from", dest="from_", nargs="+", default=[],
                    help="text or JSONL: local paths, s3:// or https:// objects")
+    p.add_argument("--wiki-dump", default=WIKIPEDIA,
+                   help="bert_hdf5 without --from: the Wikipedia dump (default: bertPrep.py's); "
+                        "a path or file:// URL reads a copy already there")
     return p.parse_args(argv)
 
 

@@ -103,8 +103,9 @@ class Pairs:
                 "next_sentence_labels": int(is_random)}
 
 
-def tokenized(docs: list[str], vocab_file: Path) -> tuple[Any, list[list[list[int]]]]:
-    """The trainer's tokenizer on the vocabulary, and each document's sentences as ids."""
+def tokenized(docs: list[Any], vocab_file: Path) -> tuple[Any, list[list[list[int]]]]:
+    """The trainer's tokenizer on the vocabulary, and each document's sentences as ids (a
+    document is its text, or already a list of its sentences)."""
     import transformers
     # From its folder: transformers 5 ignores a vocab_file argument (a vocabulary of specials).
     tok = transformers.BertTokenizerFast.from_pretrained(str(vocab_file.parent),
@@ -114,7 +115,7 @@ def tokenized(docs: list[str], vocab_file: Path) -> tuple[Any, list[list[list[in
         raise PayloadError(f"{vocab_file}: {lines} entries, but the tokenizer loaded {len(tok)}")
     documents = []
     for doc in docs:
-        said = corpus.sentences(doc)
+        said = doc if isinstance(doc, list) else corpus.sentences(doc)
         ids = tok(said, add_special_tokens=False)["input_ids"] if said else []
         sentences = [s for s in ids if s]
         if sentences:
@@ -122,7 +123,7 @@ def tokenized(docs: list[str], vocab_file: Path) -> tuple[Any, list[list[list[in
     return tok, documents
 
 
-def write(folder: Path, stem: str, docs: list[str], vocab_file: Path,
+def write(folder: Path, stem: str, docs: list[Any], vocab_file: Path,
           args: argparse.Namespace) -> str:
     """The shards, into ``folder``; returns what was written, in words."""
     import h5py
