@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import pytest
 from click.testing import Result
+from test_batch_client import aws, moto_inprocess, moto_url  # noqa: E402,F401 (fixtures)
 
 from jobgen.runs import ledger
 
@@ -116,7 +117,7 @@ def test_the_ledger_keeps_each_jobs_stage_and_reads_old_records() -> None:
 
 @pytest.mark.moto
 def test_submit_stages_chains_on_batch_and_status_cancel_name_each_stage(
-        jobgen: Jobgen, aws: str) -> None:
+        jobgen: Jobgen, aws: str) -> None:  # noqa: F811
     from test_batch_client import _aws, run_name
     name = run_name()
     result = jobgen("submit", "neox20b", "--backend", "batch", "--stages", "prepare,train",

@@ -91,7 +91,10 @@ def test_a_smoke_step_exports_loads_with_transformers_alone_and_is_proven(neox: 
     result = export(neox, "--step", "8", root="proven")
     assert result.returncode == 0, result.stderr
     folder = neox / "proven" / "step-8"
-    assert result.stdout.startswith(f"smoke-export: {folder}: exported and proven: loss ")
+    # The last line: DeepSpeed, imported by transformers where accelerate is installed, may
+    # print its accelerator warning on stdout first.
+    assert result.stdout.splitlines()[-1].startswith(
+        f"smoke-export: {folder}: exported and proven: loss ")
     assert sorted(p.name for p in (neox / "proven").iterdir()) == ["step-8"]   # no temporary
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "jobgen-export.json",
@@ -191,13 +194,13 @@ def _unsealed(folder: Path) -> tuple[list[str], str]:
 
 def _other_family(folder: Path) -> tuple[list[str], str]:
     return (["--family", "llama"],
-            f"{folder / 'run/checkpoints/step_00000012/state.pt'}: holds another model: a "
+            f"{folder / 'run/checkpoints/step_00000008/state.pt'}: holds another model: a "
             "gpt_neox model, the flags say --family llama")
 
 
 def _other_shape(folder: Path) -> tuple[list[str], str]:
     return (["--num-layers", "3"],
-            f"{folder / 'run/checkpoints/step_00000012/state.pt'}: holds another model than the "
+            f"{folder / 'run/checkpoints/step_00000008/state.pt'}: holds another model than the "
             "flags describe (missing gpt_neox.layers.2.attention.dense.bias, "
             "gpt_neox.layers.2.attention.dense.weight, "
             "gpt_neox.layers.2.attention.query_key_value.bias ...)")
@@ -292,7 +295,8 @@ def test_a_zero1_bert_step_exports_and_is_proven_and_bert1p5b_wiring_is_caught(
 
     shards = make_shards(tmp_path / "shards")
     tok = bert_tokenizer(tmp_path / "tokenizer")
-    runs = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],
+    # bf16's tolerance is the fast test_the_tolerance_per_precision_and_the_sampling_term's.
+    runs = {"fp32": ["--precision", "fp32"],
             "large": ["--precision", "fp32", "--layer-norm-large-model"]}
     flags = {name: BERT + extra + ["--input-dir", str(shards),
                                    "--output-dir", str(tmp_path / name)]
@@ -304,7 +308,7 @@ def test_a_zero1_bert_step_exports_and_is_proven_and_bert1p5b_wiring_is_caught(
         return run(BERT_EXPORT, *flags[name], "--tokenizer", str(tok), "--export-root",
                    str(tmp_path / f"export-{name}"), "--step", "4", *extra, cwd=tmp_path)
 
-    for name in ("fp32", "bf16"):
+    for name in ("fp32",):
         result = export(name)
         assert result.returncode == 0, result.stderr
         proof = record(tmp_path / f"export-{name}" / "step-4")["proof"]

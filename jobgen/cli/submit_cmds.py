@@ -308,7 +308,7 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
 @click.option("--every", type=int, metavar="K",
               help="Training with --smoke: a follower beside it exports and scores each sealed "
                    "step that is a multiple of K as training goes (RUN/export/step-N, "
-                   "RUN/eval/step-N.json), as `jobgen submit --every K` does on Slurm.")
+                   "RUN/eval/step-N.json), as `jobgen submit --every K` does on a cluster.")
 @click.option("--stages", "stage_list", default=None, metavar="A,B",
               help="With --every: train,export (no scores) or train,export,eval (the default).")
 def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Optional[str],

@@ -48,6 +48,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                        help="a permanent failure exits 78 (a node's code: no retry cures it)")
 
 
+CHOSEN: list[str] = []   # why the default step is not the newest, for run() to say
+
+
 def sealed_step(root: Path, step: int | None, metrics: Path | None = None,
                 prog: str = "export") -> checkpoints.Checkpoint:
     """The complete checkpoint to export: ``step``, or the newest that can be proven (the
@@ -63,9 +66,10 @@ def sealed_step(root: Path, step: int | None, metrics: Path | None = None,
         newest = complete[-1].step
         if not provable or provable[-1].step == newest:
             return complete[-1]
-        print(f"{prog}: step {provable[-1].step}, the newest sealed step that can be proven: "
-              f"the trainer logged no step {newest + 1} after the newest, {newest} (--step "
-              f"{newest} exports it unproven)", flush=True)
+        # Said once the export is done (run()): a refusal stays one line.
+        CHOSEN.append(f"{prog}: step {provable[-1].step}, the newest sealed step that can be "
+                      f"proven: the trainer logged no step {newest + 1} after the newest, "
+                      f"{newest} (--step {newest} exports it unproven)")
         return provable[-1]
     for ckpt in complete:
         if ckpt.step == step:
@@ -240,6 +244,8 @@ def run(main: Callable[[], tuple[Path, dict[str, Any]]], prog: str, on_node: boo
     except (PayloadError, export_check.Mismatch) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return failed
+    for line in CHOSEN:
+        print(line, file=sys.stderr)
     proof = record["proof"]
     if proof["ok"] is None:
         print(f"{prog}: {folder}: exported, unproven: {proof['reason']}")

@@ -13,7 +13,8 @@ import json
 import sys
 from typing import Any
 
-OURS = ("jobgen", "common", "smoke", "habana_deepspeed", "export_hf", "export_check")
+OURS = ("jobgen", "common", "smoke", "habana_deepspeed", "export_hf", "export_check",
+        "smp_fsdp", "train_fsdp", "fsdp_model", "export_smp")
 
 
 def micro_batches(path: str) -> list[dict[str, Any]]:

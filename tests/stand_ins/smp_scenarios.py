@@ -1,13 +1,14 @@
 """Runs payload/smp_fsdp/train_fsdp.py's trainer under torchrun with the torch.sagemaker
 stand-in installed, for tests/test_smp_fsdp.py: each rank writes what it saw as JSON.
 
-usage: torchrun ... smp_scenarios.py train-save|load|plain-norm OUT_DIR TRAINER_FLAG...
+usage: torchrun ... smp_scenarios.py train-save|load|plain-norm|run OUT_DIR TRAINER_FLAG...
 
 - train-save: one step with the clip out of reach (the norm it reports, and the norm of the same
   step on the plain, unsharded Hugging Face model), two more steps, a checkpoint, and each rank's
   own model tensors (its FSDP shard of its TP slice) saved aside with torch.save.
 - load: a fresh trainer resumes from that checkpoint; are its tensors the ones saved aside?
 - plain-norm: without the stand-in (FSDP2): the first step's norm, and the unsharded model's.
+- run: the program itself (train_fsdp.main: its loop, checkpoints and metrics.jsonl), with SMP.
 """
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def reference_norm(trainer: Any) -> float:
 
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
+    if scenario == "run":
+        raise SystemExit(train_fsdp.main(sys.argv[3:]))
     args = train_fsdp.parse_args(sys.argv[3:])
     trainer = train_fsdp.FsdpTrainer(args, "launcher")
     rank = trainer.rank
