@@ -8,8 +8,9 @@ a big dataset gets), each program in a fresh process with the nodes' interpreter
 (JOBGEN_PYTHON, else this one), the programs taking turns round by round: the stage's Megatron
 writer (payload/smoke/prepare_data.py), NeMo's preprocessing loop as its tutorial runs it (NeMo
 is not installed here: its loop, rebuilt below, on megatron-core's writer), the cluster's
-blocks writer (payload/common/prepare_tokenized.py), `tokenizers`' encode_batch (the limit), and
-two tasks on halves at once against one on all (the job array's speed-up).
+blocks writer (payload/common/prepare_tokenized.py), `tokenizers`' encode_batch and
+encode_batch_fast (the faster is the limit), and two tasks on halves at once, each on its share
+of the cores, against one on all (the job array's speed-up).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,7 @@ PREFIX, VOCAB, MERGES = ("gpt2/my-gpt2_text_document", "gpt2/gpt2-vocab.json",
                          "gpt2/gpt2-merges.txt")
 SEQ = 4096          # llama2-7b's blocks
 CHUNK = 25          # preprocess_data_for_megatron.py's imap chunk
+METHODS = ("encode_batch", "encode_batch_fast")   # tokenizers' batch encoders: the limit
 _TOK: Any = None    # an upstream worker's tokenizer (_encoder_init)
 
 
@@ -125,9 +128,10 @@ def upstream(source: str, vocab: str, merges: str, prefix: str, workers: int) ->
     builder.finalize(f"{prefix}.idx")
 
 
-def limit(source: str, tokenizer: str, out: str, eod: bool) -> None:
-    """`tokenizers`' encode_batch on the documents already in memory (timed alone), then the
-    ids written as one uint16 stream (an end-of-text token after each document where `eod`)."""
+def limit(source: str, tokenizer: str, out: str, eod: bool, method: str) -> None:
+    """`tokenizers`' `method` (encode_batch, or encode_batch_fast: no offsets) on the documents
+    already in memory (timed alone), then the ids written as one uint16 stream (an end-of-text
+    token after each document where `eod`)."""
     import numpy
     import tokenizers
     with open(source, encoding="utf-8") as fh:
@@ -136,16 +140,17 @@ def limit(source: str, tokenizer: str, out: str, eod: bool) -> None:
         tok = tokenizers.Tokenizer.from_file(tokenizer)
     else:
         vocab, merges = tokenizer.split(",")
-        tok = tokenizers.ByteLevelBPETokenizer(vocab, merges)
-    start = time.perf_counter()
-    encoded = tok.encode_batch(docs)
-    took = time.perf_counter() - start
+        tok = tokenizers.Tokenizer.from_str(
+            tokenizers.ByteLevelBPETokenizer(vocab, merges).to_str())
+    start, cpu = time.perf_counter(), time.process_time()
+    encoded = getattr(tok, method)(docs)
+    took, cpu = time.perf_counter() - start, time.process_time() - cpu
     tail = [tok.token_to_id("<|endoftext|>")] if eod else []
     stream = numpy.array([t for e in encoded for t in (*e.ids, *tail)], dtype=numpy.uint16)
     stream.tofile(out)
     numpy.array([len(e.ids) + len(tail) for e in encoded], dtype=numpy.int64).tofile(
         f"{out}.len")
-    print(json.dumps({"seconds": took, "tokens": int(stream.size)}))
+    print(json.dumps({"seconds": took, "cpu": cpu, "tokens": int(stream.size)}))
 
 
 # --- the parent -----------------------------------------------------------------------------
@@ -155,8 +160,10 @@ def started(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def wall(*argvs: list[str], cwd: Path) -> tuple[float, list[str]]:
-    """Seconds until every command, started together, has ended; their outputs."""
+def wall(*argvs: list[str], cwd: Path) -> tuple[float, float, list[str]]:
+    """Seconds until every command, started together, has ended; the CPU seconds they used
+    (every thread, every child); their outputs."""
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     begin = time.perf_counter()
     procs = [started(argv, cwd) for argv in argvs]
     outs = []
@@ -166,7 +173,8 @@ def wall(*argvs: list[str], cwd: Path) -> tuple[float, list[str]]:
             sys.exit(f"prepare_bench: {' '.join(argv[:3])} failed ({proc.returncode}):\n"
                      f"{err[-3000:]}")
         outs.append(out)
-    return time.perf_counter() - begin, outs
+    took, now = time.perf_counter() - begin, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return took, now.ru_utime + now.ru_stime - cpu.ru_utime - cpu.ru_stime, outs
 
 
 def megatron_stage(work: Path, data: str, source: str, args: argparse.Namespace) -> list[str]:
@@ -174,6 +182,11 @@ def megatron_stage(work: Path, data: str, source: str, args: argparse.Namespace)
             "--path", PREFIX, "--vocab-file", VOCAB, "--merge-file", MERGES,
             "--seq-length", "2048", "--vocab-size", str(args.vocab_size),
             "--seed", str(args.seed), "--from", str(work / source)]
+
+
+def threads(count: int) -> list[str]:
+    """A command prefix giving each process `count` encoding threads (rayon's pool)."""
+    return ["env", f"RAYON_NUM_THREADS={count}"]
 
 
 def blocks_stage(work: Path, data: str, source: str, workers: int, tok: Path) -> list[str]:
@@ -188,18 +201,21 @@ def check_tokens(work: Path) -> list[str]:
     import numpy
     said = []
     stage_bin = (work / "m1" / f"{PREFIX}.bin").read_bytes()
-    assert stage_bin == (work / "limit-megatron.u16").read_bytes(), \
-        "the stage's .bin differs from encode_batch's ids + <|endoftext|>"
+    for method in METHODS:
+        assert stage_bin == (work / f"limit-megatron-{method}.u16").read_bytes(), \
+            f"the stage's .bin differs from {method}'s ids + <|endoftext|>"
+        assert (work / f"limit-blocks-{method}.u16").read_bytes() == \
+            (work / "limit-blocks-encode_batch.u16").read_bytes()
     said.append("megatron: the stage's .bin == encode_batch's ids + <|endoftext|>, "
-                "document by document")
+                "document by document (and encode_batch_fast's)")
     for ext in ("bin", "idx"):
         assert (work / "m1" / f"{PREFIX}.{ext}").read_bytes() == \
             (work / f"upstream.{ext}").read_bytes(), f"the stage's .{ext} differs from upstream's"
     said.append("megatron: the stage's .bin and .idx == the upstream loop's, byte for byte")
     import datasets
-    stream = numpy.fromfile(work / "limit-blocks.u16", dtype=numpy.uint16)
-    ends = numpy.concatenate([[0], numpy.cumsum(numpy.fromfile(work / "limit-blocks.u16.len",
-                                                               dtype=numpy.int64))])
+    stream = numpy.fromfile(work / "limit-blocks-encode_batch.u16", dtype=numpy.uint16)
+    ends = numpy.concatenate([[0], numpy.cumsum(numpy.fromfile(
+        work / "limit-blocks-encode_batch.u16.len", dtype=numpy.int64))])
     # The limit's stream, cut into blocks per 1,000 documents as get_dataset.py cuts them.
     want = []
     count = len(ends) - 1
@@ -214,6 +230,9 @@ def check_tokens(work: Path) -> list[str]:
     assert numpy.array_equal(got["labels"], expected)
     said.append(f"hf_blocks: the stage's {len(expected):,} blocks == encode_batch's ids, "
                 "concatenated and cut per 1,000 documents")
+    one = datasets.load_from_disk(str(work / "h1p1" / "wiki_4k")).with_format("numpy")
+    assert numpy.array_equal(one["input_ids"], expected), "1 process cut other blocks"
+    said.append("hf_blocks: the 1-process run's blocks == the default's (a process per core)")
     return said
 
 
@@ -222,28 +241,31 @@ def programs(work: Path, tok: Path, args: argparse.Namespace,
     """The programs on one input (work/all.jsonl and its halves), each as its commands."""
     me = [PY, str(Path(__file__).resolve()), "--child"]
     vocab, merges = (str(work / "m1" / p) for p in (VOCAB, MERGES))
+    half = max(1, cores // 2)       # each array task's share of the cores, as Slurm gives it
+    limits = {f"{family}: {method} (limit)": [
+        [*me, "limit", str(work / "all.jsonl"), tokenizer,
+         str(work / f"limit-{family.split('_')[-1]}-{method}.u16"), eod, method]]
+        for family, tokenizer, eod in (("megatron", f"{vocab},{merges}", "eod"),
+                                       ("hf_blocks", str(tok / "tokenizer.json"), "-"))
+        for method in METHODS}
     return {
         "megatron: stage (prepare_data.py), 1 task": [
             megatron_stage(work, "m1", "all.jsonl", args)],
         "megatron: NeMo's loop, tutorial flags": [
             [*me, "upstream", str(work / "all.jsonl"), vocab, merges,
              str(work / "upstream"), str(cores)]],
-        "megatron: encode_batch (limit)": [
-            [*me, "limit", str(work / "all.jsonl"), f"{vocab},{merges}",
-             str(work / "limit-megatron.u16"), "eod"]],
-        "megatron: stage, 2 tasks on halves": [
-            megatron_stage(work, "m2a", "a.jsonl", args),
-            megatron_stage(work, "m2b", "b.jsonl", args)],
-        f"hf_blocks: stage (prepare_tokenized.py), 1 task, --workers {cores}": [
+        **{k: v for k, v in limits.items() if k.startswith("megatron")},
+        f"megatron: stage, 2 tasks on halves, {half} thread(s) each": [
+            [*threads(half), *megatron_stage(work, "m2a", "a.jsonl", args)],
+            [*threads(half), *megatron_stage(work, "m2b", "b.jsonl", args)]],
+        f"hf_blocks: stage (prepare_tokenized.py), 1 task, --workers {cores} (default)": [
             blocks_stage(work, "h1", "all.jsonl", cores, tok)],
-        "hf_blocks: stage, 1 task, --workers 1": [
-            blocks_stage(work, "h1w1", "all.jsonl", 1, tok)],
-        "hf_blocks: encode_batch (limit)": [
-            [*me, "limit", str(work / "all.jsonl"), str(tok / "tokenizer.json"),
-             str(work / "limit-blocks.u16"), "-"]],
-        "hf_blocks: stage, 2 tasks on halves, --workers 1": [
-            blocks_stage(work, "h2a", "a.jsonl", 1, tok),
-            blocks_stage(work, "h2b", "b.jsonl", 1, tok)],
+        f"hf_blocks: stage, 1 task, 1 process of {cores} threads": [
+            [*threads(cores), *blocks_stage(work, "h1p1", "all.jsonl", 1, tok)]],
+        **{k: v for k, v in limits.items() if k.startswith("hf_blocks")},
+        f"hf_blocks: stage, 2 tasks on halves, --workers {half} each": [
+            blocks_stage(work, "h2a", "a.jsonl", half, tok),
+            blocks_stage(work, "h2b", "b.jsonl", half, tok)],
     }
 
 
@@ -263,7 +285,7 @@ def main() -> None:
         if kind == "upstream":
             upstream(rest[0], rest[1], rest[2], rest[3], int(rest[4]))
         else:
-            limit(rest[0], rest[1], rest[2], rest[3] == "eod")
+            limit(rest[0], rest[1], rest[2], rest[3] == "eod", rest[4])
         return
     if args.scale < 2 or args.rounds < 1 or args.mb <= 0:
         parser.error("--scale must be at least 2, --rounds at least 1, --mb above 0")
@@ -289,31 +311,33 @@ def main() -> None:
         for size, docs in sizes.items():
             (work / size).mkdir(exist_ok=True)
             write_jsonl(work / size / "all.jsonl", docs)
-            if size == "small":
-                write_jsonl(work / size / "a.jsonl", docs[:len(docs) // 2])
-                write_jsonl(work / size / "b.jsonl", docs[len(docs) // 2:])
+            write_jsonl(work / size / "a.jsonl", docs[:len(docs) // 2])
+            write_jsonl(work / size / "b.jsonl", docs[len(docs) // 2:])
             mb[size] = (work / size / "all.jsonl").stat().st_size / 1e6
             commands[size] = programs(work / size, tok, args, cores)
         names = list(commands["small"])
-        # The arrays run on the small input only: what they show is each task's start-up.
-        both = [n for n in names if "halves" not in n]
         samples: dict[tuple[str, str], list[float]] = {
-            (size, name): [] for size in sizes for name in names
-            if size == "small" or name in both}
+            (size, name): [] for size in sizes for name in names}
+        cpus: dict[tuple[str, str], list[float]] = {key: [] for key in samples}
         tokens: dict[tuple[str, str], int] = {}
+        loads = [os.getloadavg()[0]]
         for turn in range(args.rounds):
             for name in names:
                 # Both sizes of a program side by side, the order swapped each round.
                 for size in (("small", "large") if turn % 2 == 0 else ("large", "small")):
                     if (size, name) not in samples:
                         continue
-                    took, outs = wall(*commands[size][name], cwd=work / size)
+                    took, cpu, outs = wall(*commands[size][name], cwd=work / size)
                     if "limit" in name:
                         said = json.loads(outs[0])
-                        took = said["seconds"]
+                        took, cpu = said["seconds"], said["cpu"]
                         tokens[size, name.split(":")[0]] = said["tokens"]
                     samples[size, name].append(took)
-                    print(f"  {size} {name}: {took:.2f} s", file=sys.stderr, flush=True)
+                    cpus[size, name].append(cpu)
+                    loads.append(os.getloadavg()[0])
+                    print(f"  {size} {name}: {took:.2f} s, {cpu:.2f} CPU s (load "
+                          f"{loads[-1]:.2f})",
+                          file=sys.stderr, flush=True)
         checks = {size: check_tokens(work / size) for size in sizes}
         blocks = {size: len(datasets.load_from_disk(str(work / size / "h1" / "wiki_4k")))
                   for size in sizes}
@@ -324,40 +348,60 @@ def main() -> None:
           f"{args.scale - 1} more parts from the same lexicon; seed {args.seed}); {cores} cores; "
           f"interpreter {PY}")
     print(f"medians of {args.rounds} interleaved rounds, both sizes in each; "
-          f"{took_all:.0f} s in all")
+          f"{took_all:.0f} s in all; 1-minute load average {min(loads):.2f} to {max(loads):.2f} "
+          f"(median {statistics.median(loads):.2f})")
     for size in sizes:
         print(f"tokens, {size}: megatron {tokens[size, 'megatron']:,} (vocabulary "
               f"{args.vocab_size}, <|endoftext|> included), hf_blocks "
               f"{tokens[size, 'hf_blocks']:,} ({blocks[size]:,} blocks of {SEQ})")
     med = {key: statistics.median(s) for key, s in samples.items()}
+    gain = {name: med["large", name] - med["small", name] for name in names}
     families = ("megatron", "hf_blocks")
+    # The limit, on each measure: the faster of tokenizers' two batch encoders.
+    tops = {family: [n for n in names if n.startswith(family) and "limit" in n]
+            for family in families}
     for size in sizes:
         print(f"{size} input, {mb[size]:.1f} MB: median, tokens/s, share of the limit's tokens/s")
         for family in families:
-            top = next(n for n in names if n.startswith(family) and "limit" in n)
-            for name in (n for n in names if n.startswith(family) and (size, n) in med):
+            top = min(med[size, n] for n in tops[family])
+            for name in (n for n in names if n.startswith(family)):
                 rate = tokens[size, family] / med[size, name]
-                print(f"  {name:<58} {med[size, name]:7.2f} s  {rate / 1e3:8.0f} k tok/s  "
-                      f"{med[size, top] / med[size, name]:5.2f} of the limit")
+                print(f"  {name:<64} {med[size, name]:7.2f} s  {rate / 1e3:8.0f} k tok/s  "
+                      f"{top / med[size, name]:5.2f} of the limit")
     print("marginal, small to large: (tokens_large - tokens_small) / (median_large - "
           "median_small), and its share of the limit's marginal rate")
-    gain = {name: med["large", name] - med["small", name] for name in both}
     for family in families:
         more = tokens["large", family] - tokens["small", family]
-        top = next(n for n in names if n.startswith(family) and "limit" in n)
-        for name in (n for n in both if n.startswith(family)):
-            if gain[name] <= 0 or gain[top] <= 0:
-                print(f"  {name:<58} {gain[name]:+7.2f} s for {more:+,} tokens: no rate "
+        top = min(gain[n] for n in tops[family])
+        for name in (n for n in names if n.startswith(family)):
+            if gain[name] <= 0 or top <= 0:
+                print(f"  {name:<64} {gain[name]:+7.2f} s for {more:+,} tokens: no rate "
                       "(the large input was not slower; rerun on a quieter machine)")
                 continue
-            print(f"  {name:<58} {gain[name]:+7.2f} s for {more:+,} tokens  "
-                  f"{more / gain[name] / 1e3:8.0f} k tok/s  {gain[top] / gain[name]:5.2f} "
+            print(f"  {name:<64} {gain[name]:+7.2f} s for {more:+,} tokens  "
+                  f"{more / gain[name] / 1e3:8.0f} k tok/s  {top / gain[name]:5.2f} "
                   "of the limit's")
+    # CPU seconds move less than wall seconds when other work shares the cores.
+    cpu_med = {key: statistics.median(c) for key, c in cpus.items()}
+    cpu_gain = {name: cpu_med["large", name] - cpu_med["small", name] for name in names}
+    print("CPU seconds (every thread and process), medians small / large; marginal tokens per "
+          "CPU second, and its share of the limit's")
+    for family in families:
+        more = tokens["large", family] - tokens["small", family]
+        top = min(cpu_gain[n] for n in tops[family])
+        for name in (n for n in names if n.startswith(family)):
+            rate = (f"{more / cpu_gain[name] / 1e3:8.0f} k tok/CPU s  "
+                    f"{top / cpu_gain[name]:5.2f} of the limit's" if cpu_gain[name] > 0 < top
+                    else "no rate")
+            print(f"  {name:<64} {cpu_med['small', name]:6.2f} / {cpu_med['large', name]:6.2f}"
+                  f" CPU s  {rate}")
     for family in families:
         one = next(n for n in names if n.startswith(family))
         two = next(n for n in names if n.startswith(family) and "halves" in n)
-        print(f"{family}: 2-task array speed-up over 1 task (small input): "
-              f"{med['small', one] / med['small', two]:.2f}x")
+        print(f"{family}: 2-task array speed-up over 1 task: "
+              + ", ".join(f"{size} {med[size, one] / med[size, two]:.2f}x" for size in sizes)
+              + (f", marginal {gain[one] / gain[two]:.2f}x" if min(gain[one], gain[two]) > 0
+                 else ""))
     stage, nemo = names[0], names[1]
     print("megatron: the stage is as fast as NeMo's loop times "
           + ", ".join(f"{size} {med[size, nemo] / med[size, stage]:.2f}" for size in sizes)

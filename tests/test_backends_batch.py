@@ -92,6 +92,39 @@ def test_dl1_maps_4_efa_devices_and_is_privileged(write_site: Callable) -> None:
     assert c["instanceType"] == "dl1.24xlarge"
 
 
+HF_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:jobgen/hf-token-AbCdEf"
+
+
+def test_a_sites_secrets_reach_every_container_by_arn_never_as_a_value(
+        write_site: Callable) -> None:
+    """batch.secrets: HF_TOKEN for llama2-7b's gated tokenizer, in the prepare job's and the
+    training job's container `secrets` (valueFrom, fetched by the execution role), not in their
+    environment; an entry that is not a secret's or a parameter's ARN is one line."""
+    from jobgen.backends.batch import stage
+    ssm = "arn:aws:ssm:us-east-1:123456789012:parameter/jobgen/wandb"
+    site = write_site("dl1-batch", {"batch.secrets": {"HF_TOKEN": HF_SECRET, "WANDB_KEY": ssm}})
+    spec = api.job_spec("llama2-7b", 4, site=str(site), backend="batch")
+    train = container(json.loads(api.plan(spec).text))       # validated against botocore too
+    (argv,) = stage.argvs(spec, "prepare", ())
+    prepare = stage.job_definition(spec, "prepare", argv)["containerProperties"]
+    for c in (train, prepare):
+        assert c["secrets"] == [{"name": "HF_TOKEN", "valueFrom": HF_SECRET},
+                                {"name": "WANDB_KEY", "valueFrom": ssm}]
+        assert not {"HF_TOKEN", "WANDB_KEY"} & {e["name"] for e in c["environment"]}
+    assert "secrets" not in container(definition("llama2-7b", 4))   # the site names none
+    import re
+    for arn in ("hf_AbCdEf0123", "arn:aws:s3:::bucket/token",
+                "arn:aws:ssm:us-east-1:1234:parameter/x"):
+        bad = write_site("dl1-batch", {"batch.secrets": {"HF_TOKEN": arn}})
+        with pytest.raises(JobgenError, match=f"batch.secrets.HF_TOKEN: '{re.escape(arn)}' is "
+                                              "not the ARN of a Secrets Manager secret"):
+            api.job_spec("llama2-7b", 4, site=str(bad), backend="batch")
+    roleless = write_site("dl1-batch", {"batch.secrets": {"HF_TOKEN": HF_SECRET}},
+                          delete=["batch.execution_role_arn"])
+    with pytest.raises(JobgenError, match="HF_TOKEN: needs batch.execution_role_arn"):
+        api.job_spec("llama2-7b", 4, site=str(roleless), backend="batch")
+
+
 def test_retry_strategy_retries_host_failures_and_exits_on_the_rest() -> None:
     retry = definition("neox20b", 4)["retryStrategy"]
     conditions = retry["evaluateOnExit"]

@@ -101,6 +101,36 @@ def test_a_vocabulary_larger_than_the_token_dtype_is_found(tmp_path: Path) -> No
     assert "tokens are uint16, which cannot hold a vocabulary of 70000" in done.stderr
 
 
+def test_a_tokenizer_or_token_ids_past_the_models_vocabulary_are_refused(tmp_path: Path) -> None:
+    """GPT-2's vocab.json against model.vocab_size as NeMo pads it, and the ids of the first and
+    last MiB of each .bin (an id only in the last MiB is found too)."""
+    torch = pytest.importorskip("torch")
+    numpy = pytest.importorskip("numpy")
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    megatron(tmp_path / "corpus_text_document", [100, 200, 300])       # ids 0..299
+    done = check(megatron_want(tmp_path, vocab_size=480, vocab_padded=496))
+    assert done.returncode == 78
+    assert done.stderr.strip() == (
+        f"error: data: recipes/neox20b.yaml: data.vocab_file, model.vocab_size: "
+        f"{tmp_path}/vocab.json: 500 tokens, more than model.vocab_size 480 (the trainer pads "
+        "it to 496) holds")
+    assert check(megatron_want(tmp_path, vocab_size=480, vocab_padded=512)).returncode == 0
+    done = check(megatron_want(tmp_path, vocab_file="", vocab_size=256))
+    assert done.returncode == 78
+    assert done.stderr.strip().endswith(
+        "data.path: " f"{tmp_path}/corpus_text_document.bin: token id 299 in its first or last "
+        "MiB, not below model.vocab_size 256")
+    assert check(megatron_want(tmp_path, vocab_file="", vocab_size=256,
+                               vocab_padded=320)).returncode == 0
+    builder = indexed.IndexedDatasetBuilder(f"{tmp_path}/long.bin", dtype=numpy.uint16)
+    builder.add_document(torch.zeros(1_500_000, dtype=torch.int64), [1_500_000])   # 3 MB
+    builder.add_document(torch.tensor([4000]), [1])
+    builder.finalize(f"{tmp_path}/long.idx")
+    done = check(megatron_want(tmp_path, prefixes=[f"{tmp_path}/long"], vocab_size=1000))
+    assert done.returncode == 78 and "long.bin: token id 4,000 in its first or last MiB" in \
+        done.stderr
+
+
 def test_a_dataset_smaller_than_one_global_batch_is_refused(tmp_path: Path) -> None:
     megatron(tmp_path / "corpus_text_document", [40])
     done = check(megatron_want(tmp_path, global_batch=8))
@@ -131,7 +161,9 @@ def test_a_thousand_shards_are_judged_in_seconds(tmp_path: Path) -> None:
         os.link(f"{first}.idx", f"{shard}.idx")
         prefixes.append(str(shard))
     started = time.monotonic()
-    done = check(megatron_want(tmp_path, prefixes=prefixes, planned_samples=0))
+    # Its ids run to 4,095: a tokenizer of 4,096 tokens (the check samples the ids too).
+    done = check(megatron_want(tmp_path, prefixes=prefixes, planned_samples=0,
+                               vocab_file=vocab(tmp_path / "vocab4k.json", 4096)))
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert "1000 shard(s) of uint16, 255,000 samples, 4,096,000 tokens" in done.stdout
@@ -162,6 +194,31 @@ def test_hugging_face_blocks(tmp_path: Path) -> None:
     assert "no attention_mask, labels column" in done.stderr
 
 
+def test_blocks_whose_tokenizer_or_ids_pass_the_models_vocabulary_are_refused(
+        tmp_path: Path) -> None:
+    """The tokenizer the prepare stage saves with the blocks (tokenizer.json), and the ids of
+    the first and last block, against model.vocab_size."""
+    datasets = pytest.importorskip("datasets")
+    tokenizers = pytest.importorskip("tokenizers")
+    rows = {"input_ids": [list(range(32))] * 9 + [[150] + [1] * 31]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "blocks"))
+    want = {"format": "hf_blocks", "recipe": "recipes/llama2-7b.yaml", "key": "data.path",
+            "path": str(tmp_path / "blocks"), "seq_length": 32, "vocab_size": 200,
+            "global_batch": 4, "columns": ["input_ids"]}
+    assert check(want).returncode == 0
+    done = check({**want, "vocab_size": 100})
+    assert done.returncode == 78
+    assert done.stderr.strip().endswith(f"{tmp_path}/blocks: token id 150 in its first or last "
+                                        "block, not below model.vocab_size 100")
+    words = tokenizers.models.WordLevel({f"w{i}": i for i in range(240)}, unk_token="w0")
+    tokenizers.Tokenizer(words).save(str(tmp_path / "blocks" / "tokenizer.json"))
+    done = check(want)
+    assert done.returncode == 78
+    assert done.stderr.strip() == (
+        "error: data: recipes/llama2-7b.yaml: data.tokenizer, model.vocab_size: "
+        f"{tmp_path}/blocks/tokenizer.json: 240 tokens, more than model.vocab_size 200 holds")
+
+
 def test_bert_shards_checked_by_the_trainers_own_reader(tmp_path: Path) -> None:
     h5py = pytest.importorskip("h5py")
     numpy = pytest.importorskip("numpy")
@@ -181,6 +238,23 @@ def test_bert_shards_checked_by_the_trainers_own_reader(tmp_path: Path) -> None:
     done = check(want)
     assert done.returncode == 0, done.stderr
     assert "2 shard(s) of hdf5, 12 samples, 2 epochs planned" in done.stdout
+    (folder / "vocab.txt").write_text("".join(f"w{i}\n" for i in range(30600)))
+    done = check(want)
+    assert done.returncode == 78
+    assert done.stderr.strip().endswith(
+        "bert1.5b.yaml: data.tokenizer, model.vocab_size: " f"{folder}/vocab.txt: 30,600 tokens, "
+        "more than model.vocab_size 30,528 holds")
+    (folder / "vocab.txt").write_text("".join(f"w{i}\n" for i in range(30522)))
+    assert check(want).returncode == 0
+    with h5py.File(folder / "wikicorpus_en_training_0.hdf5", "a") as shard:
+        shard["input_ids"][5, 3] = 40000
+    done = check(want)
+    assert done.returncode == 78
+    assert done.stderr.strip().endswith("wikicorpus_en_training_0.hdf5: token id 40,000 in its "
+                                        "first or last 64 samples, not below model.vocab_size "
+                                        "30,528")
+    with h5py.File(folder / "wikicorpus_en_training_0.hdf5", "a") as shard:
+        shard["input_ids"][5, 3] = 0
     with h5py.File(folder / "wikicorpus_en_training_1.hdf5", "a") as shard:
         del shard["masked_lm_ids"]
     done = check(want)

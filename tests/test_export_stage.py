@@ -66,12 +66,6 @@ def test_the_batch_export_job_is_a_single_node_container_job(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("args, line", [
-    (["render", "neox20b", "--stage", "export"],
-     "error: recipes/neox20b.yaml: --stage export is not available for payload neuron_nemo yet "
-     "(only for --smoke rehearsals: docs/model-out.md)"),
-    (["render", "llama2-7b", "--stage", "export"],
-     "error: recipes/llama2-7b.yaml: --stage export is not available for payload "
-     "neuronx_distributed yet (only for --smoke rehearsals: docs/model-out.md)"),
     (["run", "neox20b", "--stage", "export"],
      "error: --stage export: on this machine it exports a rehearsal's checkpoints (add --smoke)"),
     (["run", "neox20b", "--smoke", "--stage", "prepare", "--step", "4"],
@@ -177,3 +171,30 @@ def test_a_rehearsal_exports_into_its_run_folder_and_transformers_alone_loads_it
     assert "proof" in json.loads((run / "export" / "step-24" / "jobgen-export.json").read_text())
     last = json.loads((run / "jobgen-run.json").read_text())["submissions"][-1]["export"]
     assert (last["step"], last["outcome"]) == (24, "unproven")
+
+
+def test_a_bert_runs_export_takes_the_vocabulary_prepare_wrote_and_bert1_5b_is_refused(
+        tmp_path: Path) -> None:
+    """A BERT run's own export (not a rehearsal's): export_bert.py with the training pass's
+    flags and the vocab.txt that the prepare stage writes beside the shards; its own parser
+    takes every word. bert1.5b's LayerNorm placement has no BertConfig: refused at render."""
+    text = ok(jobgen(tmp_path, "render", "bert-large",
+                     "--stage", "export", "--step", "6"))
+    assert "PROGRAM=habana_deepspeed/export_bert.py\n" in text
+    block = re.search(r"^ARGS=\(\n(.*?)^\)\n", text, re.M | re.S)
+    assert block is not None
+    words = [w.strip() for w in block.group(1).splitlines()]
+    program = Path(__file__).resolve().parents[1] / "payload" / "habana_deepspeed" / \
+        "export_bert.py"
+    parsed = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; sys.argv[0] = sys.argv.pop(1); "
+         "m = runpy.run_path(sys.argv[0]); a = m['parse_args'](sys.argv[1:]); "
+         "print(a.tokenizer_files[0], a.input_dir, a.step, a.micro_batches, a.on_node)",
+         str(program), *words], capture_output=True, text=True, timeout=120, check=False)
+    assert parsed.returncode == 0, parsed.stderr[-2000:]
+    vocab, data, step, micro, node = parsed.stdout.split()
+    assert vocab == f"{data}/vocab.txt" and "wikicorpus_en" in data
+    assert (step, micro, node) == ("6", "8", "True")
+    done = jobgen(tmp_path, "render", "bert1.5b", "--stage", "export")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("\n") == 1 and "model.layer_norm_large_model" in done.stderr

@@ -264,8 +264,7 @@ def test_a_controller_that_ran_the_gate_is_not_asked_again(tmp_path: Path) -> No
 # --- the data check before the compile pass (contract.sh) --------------------------------------
 
 @pytest.mark.parametrize("is_main, shared, want, status", [
-    ("1", "1", "missing", 78),   # the main node of a shared disk checks
-    ("0", "1", "missing", 0),    # ... and only it
+    ("1", "1", "missing", 78),   # the main node of a shared disk checks (the others wait: below)
     ("0", "0", "missing", 78),   # every node checks its own disk
     ("1", "1", "", 0),           # a job that reads no dataset (a rehearsal's made-up batches)
 ])
@@ -277,7 +276,8 @@ def test_the_data_check_before_the_compile_pass(tmp_path: Path, is_main: str, sh
                        "key": "data.path", "seq_length": 8, "vocab_size": 100,
                        "global_batch": 1, "planned_samples": 1,
                        "prefixes": [str(tmp_path / "gpt2" / "my-gpt2_text_document")]})
-    env = {"JOBGEN_DATA": data if want else "", "JOBGEN_PAYLOAD_DIR": str(ROOT / "payload")}
+    env = {"JOBGEN_DATA": data if want else "", "JOBGEN_PAYLOAD_DIR": str(ROOT / "payload"),
+           "JOBGEN_LOG_DIR": str(tmp_path)}
     proc = stage("contract", "flow_data_check", is_main, shared, env=env,
                  script=f'FLOW_PYTHON="{sys.executable}" && "$@"')
     assert proc.returncode == status, proc.stderr
@@ -286,6 +286,40 @@ def test_the_data_check_before_the_compile_pass(tmp_path: Path, is_main: str, sh
         assert proc.stderr.rstrip().endswith("the data check failed; no pass started")
     else:
         assert proc.stderr == ""
+    # The main node of a shared disk publishes its verdict for the others; no other node does.
+    verdict = tmp_path / "data.verdict"
+    assert (verdict.read_text() == "78 /\n") if (want and shared == "1") else not verdict.exists()
+
+
+def test_the_other_nodes_of_a_shared_disk_wait_for_the_main_nodes_data_verdict(
+        tmp_path: Path) -> None:
+    """A node that is not the main one starts nothing until the main node's verdict is in the
+    attempt's log folder, then stops as it did; a verdict of another attempt is not this one's,
+    and the wait is bounded by the rendezvous timeout."""
+    import sys
+    data = '{"format": "megatron", "seq_length": 8, "prefixes": ["%s"]}' % (tmp_path / "none")
+    env = {"JOBGEN_DATA": data, "JOBGEN_PAYLOAD_DIR": str(ROOT / "payload"),
+           "JOBGEN_LOG_DIR": str(tmp_path), "JOBGEN_RDZV_TIMEOUT": "20", "JOBGEN_ATTEMPT": "3"}
+    text = f'source "{STAGES}/base.sh" && source "{STAGES}/contract.sh" && ' \
+        f'FLOW_PYTHON="{sys.executable}" && flow_data_check "$@"'
+    other = subprocess.Popen(["bash", "-c", text, "stage", "0", "1"], text=True,
+                             env={"PATH": "/usr/bin:/bin", **env}, stderr=subprocess.PIPE)
+    main = stage("contract", "flow_data_check", "1", "1", env=env,
+                 script=f'FLOW_PYTHON="{sys.executable}" && "$@"')
+    assert main.returncode == 78 and "none.idx: missing" in main.stderr
+    _, said = other.communicate(timeout=30)
+    assert other.returncode == 78, said
+    assert said == "jobgen: the main node's data check failed (its log says why); no pass " \
+                   "started\n"
+    for verdict, status, line in (
+            ("0 3/\n", 0, ""),
+            ("0 2/\n", 1, f"no verdict of the main node's data check in {tmp_path}/data.verdict "
+                          "within 1 s; no pass started"),
+            ("1 3/\n", 1, "the main node's data check could not run (status 1)")):
+        (tmp_path / "data.verdict").write_text(verdict)
+        proc = stage("contract", "flow_data_check", "0", "1",
+                     env={**env, "JOBGEN_RDZV_TIMEOUT": "1"}, script='FLOW_PYTHON=false && "$@"')
+        assert proc.returncode == status and line in proc.stderr, proc.stderr
 
 
 # --- the contract (contract.sh) -----------------------------------------------------------------

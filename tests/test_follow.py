@@ -56,7 +56,7 @@ def test_the_follower_starts_after_training_starts_and_runs_the_export_and_eval_
     words = _args(script)
     run = "/fsx/jobgen/runs/neox20b-4n-smoke"
     own = dict(zip(words[:words.index("+export")], words[1:words.index("+export")]))
-    assert own["--checkpoints"] == f"{run}/train/checkpoints"
+    assert "--checkpoints" not in own and own["--metrics"] == f"{run}/train/metrics.jsonl"
     assert own["--every"] == "8" and own["--slurm-job-env"] == "JOBGEN_FOLLOW_JOB"
     export = words[words.index("+export") + 1:words.index("+eval")]
     assert export[0] == "smoke/export_smoke.py" and "--step" not in export
@@ -131,7 +131,7 @@ def _log(metrics: Path, *steps: int) -> None:
 STAND_IN = """\
 import json, pathlib, sys
 args = sys.argv[1:]
-step = args[args.index("--step") + 1]
+{listing}step = args[args.index("--step") + 1]
 root = pathlib.Path(args[args.index("{flag}") + 1])
 with open(root.parent / "calls.txt", "a") as out:
     out.write("{what} " + step + "\\n")
@@ -139,19 +139,34 @@ with open(root.parent / "calls.txt", "a") as out:
 """
 
 
+# An export's --list-sealed, as smoke/export_smoke.py's: export_hf's own listing of jobgen's seals
+# under RUN/train/checkpoints (RUN/export is --export-root); it fails while RUN/unlisted exists.
+LISTING = f"""\
+if "--list-sealed" in args:
+    sys.path.insert(0, {str(ROOT / "payload")!r})
+    from common import export_hf
+    run = pathlib.Path(args[args.index("--export-root") + 1]).parent
+    if (run / "unlisted").exists():
+        sys.exit("stand-in: error: " + str(run / "train" / "checkpoints") + ": unreadable")
+    sys.exit(export_hf.list_sealed(
+        lambda: export_hf.sealed_steps(run / "train" / "checkpoints"), "stand-in", False))
+"""
+
+
 def _stand_ins(tmp: Path) -> tuple[list[str], list[str]]:
-    """An export program that publishes RUN/export/step-S (as export_hf.publish does, with its
-    record) and an eval program that writes RUN/eval/step-S.json; both log their calls."""
+    """An export program that lists the sealed steps (LISTING) and publishes RUN/export/step-S
+    (as export_hf.publish does, with its record), and an eval program that writes
+    RUN/eval/step-S.json; both log their calls."""
     export = tmp / "export_stand_in.py"
-    export.write_text(STAND_IN.format(flag="--export-root", what="export", body=textwrap.dedent(
-        """\
+    export.write_text(STAND_IN.format(
+        flag="--export-root", what="export", listing=LISTING, body=textwrap.dedent("""\
         (root / f"step-{step}").mkdir(parents=True)
         (root / f"step-{step}" / "jobgen-export.json").write_text("{}")
         sys.exit(3 if step == "24" else 0)   # the last: unproven, still exported
         """)))
     scored = tmp / "eval_stand_in.py"
-    scored.write_text(STAND_IN.format(flag="--eval-root", what="eval", body=textwrap.dedent(
-        """\
+    scored.write_text(STAND_IN.format(
+        flag="--eval-root", what="eval", listing="", body=textwrap.dedent("""\
         assert args.index("--step") < args.index("--")   # eval_step.py's own flags come first
         root.mkdir(exist_ok=True)
         (root / f"step-{step}.json").write_text("{}")
@@ -162,8 +177,7 @@ def _stand_ins(tmp: Path) -> tuple[list[str], list[str]]:
 
 def _args_for(tmp: Path, export: list[str], scored: list[str], every: int) -> list[str]:
     run = tmp / "run"
-    return ["--checkpoints", str(run / "train" / "checkpoints"),
-            "--metrics", str(run / "train" / "metrics.jsonl"),
+    return ["--metrics", str(run / "train" / "metrics.jsonl"),
             "--export-root", str(run / "export"), "--eval-root", str(run / "eval"),
             "--every", str(every), "--until", str(tmp / "ended"), "--poll", "0.01",
             "+export", *export, "+eval", *scored]
@@ -178,9 +192,9 @@ def test_the_follower_takes_sealed_multiples_of_k_once_the_next_step_is_logged_o
         _save(root, step)
     _save(root, 20, seal=False)              # being written: no COMPLETE marker yet
     _log(metrics, *range(1, 18))            # 16 sealed, 17 logged: all of 8 and 16 are ready
-    assert follow_steps.wanted(root, 8) == [8, 16]
-    assert follow_steps.wanted(root, 4) == [4, 8, 12, 16]
     export, scored = _stand_ins(tmp_path)
+    assert follow_steps.wanted(export, 8) == [8, 16]
+    assert follow_steps.wanted(export, 4) == [4, 8, 12, 16]
     args, export_words, eval_words = follow_steps.parse(_args_for(tmp_path, export, scored, 8))
     calls = tmp_path / "run" / "calls.txt"
     moments: list[str] = []
@@ -243,11 +257,12 @@ def test_a_failed_export_is_said_and_the_follower_goes_on_then_exits_with_its_st
     for step in (2, 4):
         _save(root, step)
     failing = tmp_path / "fails.py"
-    failing.write_text("import sys\nsys.exit(78 if '2' in sys.argv[-1:] else 0)\n")
+    failing.write_text("import pathlib, sys\nargs = sys.argv[1:]\n" + LISTING +
+                       "sys.exit(78 if '2' in sys.argv[-1:] else 0)\n")
     _, scored = _stand_ins(tmp_path)
     (tmp_path / "ended").write_text("")
     args, export_words, eval_words = follow_steps.parse(_args_for(
-        tmp_path, [str(failing)], scored, 2))
+        tmp_path, [str(failing), "--export-root", str(tmp_path / "run" / "export")], scored, 2))
     status = follow_steps.follow(args, export_words, eval_words, lambda: True)
     assert status == 78
     out = capsys.readouterr().out
@@ -257,10 +272,10 @@ def test_a_failed_export_is_said_and_the_follower_goes_on_then_exits_with_its_st
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["--every", "2"], "+export PROGRAM ARGS... is required"),
-    (["--checkpoints", "c", "--metrics", "m", "--export-root", "e", "--eval-root", "v",
+    (["--metrics", "m", "--export-root", "e", "--eval-root", "v",
       "--every", "0", "--until", "f", "+export", "p"], "--every 0: K must be at least 1"),
-    (["--checkpoints", "c", "--metrics", "m", "--export-root", "e", "--eval-root", "v",
-      "--every", "2", "--slurm-job-env", "JOBGEN_TEST_NO_SUCH_VAR", "+export", "p"],
+    (["--metrics", "m", "--export-root", "e", "--eval-root", "v", "--every", "2",
+      "--slurm-job-env", "JOBGEN_TEST_NO_SUCH_VAR", "+export", "p"],
      "--slurm-job-env JOBGEN_TEST_NO_SUCH_VAR: holds no Slurm job id"),
 ])
 def test_the_followers_bad_input_is_one_line_exit_2_and_78_on_a_node(
@@ -271,6 +286,146 @@ def test_the_followers_bad_input_is_one_line_exit_2_and_78_on_a_node(
                               capture_output=True, text=True, check=False, timeout=60)
         assert done.returncode == code and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_listing_that_fails_is_said_in_one_line_and_asked_again_at_the_next_sweep(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "run" / "train" / "checkpoints"
+    root.parent.mkdir(parents=True)
+    for step in (2, 4):
+        _save(root, step)
+    _log(root.parent / "metrics.jsonl", *range(1, 6))
+    (tmp_path / "run" / "unlisted").write_text("")     # the shared disk hiccups: listing fails
+    export, scored = _stand_ins(tmp_path)
+    args, export_words, eval_words = follow_steps.parse(_args_for(tmp_path, export, scored, 2))
+    polls: list[str] = []
+
+    def sleep(_: float) -> None:
+        polls.append("")
+        (tmp_path / "run" / "unlisted").unlink()
+
+    status = follow_steps.follow(args, export_words, eval_words, lambda: bool(polls), sleep)
+    assert status == 0 and len(polls) == 1
+    assert (tmp_path / "run" / "calls.txt").read_text() == \
+        "export 2\neval 2\nexport 4\neval 4\n"
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "listing the sealed steps" in line]
+    assert said == [f"follow: listing the sealed steps failed (status 1: stand-in: error: {root}: "
+                    "unreadable); asking again at the next sweep"], out
+    assert "0 skipped, 0 failed" in out        # a failed listing prunes nothing
+
+
+def test_a_listing_that_still_fails_after_training_ended_ends_the_follower_with_its_status(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "unlisted").write_text("")
+    export, scored = _stand_ins(tmp_path)
+    args, export_words, eval_words = follow_steps.parse(_args_for(tmp_path, export, scored, 2))
+    status = follow_steps.follow(args, export_words, eval_words, lambda: True, lambda _: None)
+    assert status == 1
+    out = capsys.readouterr().out
+    assert out.count("listing the sealed steps failed") == follow_steps.LAST_TRIES
+    assert "3 times since training ended; giving up" in out
+
+
+def _taken(monkeypatch: pytest.MonkeyPatch, export: list[str], every: int,
+           run: Path) -> list[int]:
+    """The steps the follower exports, training over (every sealed step's turn has come): its
+    listing is the real export's --list-sealed; the export itself is recorded, not run."""
+    taken: list[int] = []
+
+    def export_step(words: list[str]) -> int:
+        assert words[:len(export)] == export
+        taken.append(int(words[words.index("--step") + 1]))
+        return 0
+    monkeypatch.setattr(follow_steps, "child", export_step)
+    args, export_words, _ = follow_steps.parse([
+        "--metrics", str(run / "train" / "metrics.jsonl"), "--export-root", str(run / "export"),
+        "--eval-root", str(run / "eval"), "--every", str(every), "--until", str(run),
+        "+export", *export])
+    assert follow_steps.follow(args, export_words, [], lambda: True, lambda _: None) == 0
+    return taken
+
+
+def test_on_a_nemo_run_the_follower_takes_the_complete_kth_steps_the_export_takes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NeMo's layout (TP 2, PP 2, xser; tests/stand_ins/nemo_checkpoint.py): steps 2, 3 and 6
+    whole, step 4 with one rank's tensor file missing (a save cut off)."""
+    from tests import test_export_nemo as nemo
+    run = tmp_path / "run"
+    ranks = nemo.nemo_checkpoint.rank_states(nemo._model(64).state_dict(), nemo.TP, nemo.PP,
+                                             nemo.LAYERS, nemo.HIDDEN // nemo.HEADS)
+    for step in (2, 3, 4, 6):
+        for (t, p), state in ranks.items():
+            path = run / "nemo" / "checkpoints" / f"tp_rank_{t:02d}_pp_rank_{p:03d}" / \
+                nemo.NAME.format(step, step * nemo.GBS)
+            nemo.nemo_checkpoint.save(nemo.nemo_checkpoint.lightning(state, step), path, True)
+            if step == 4 and (t, p) == (nemo.TP - 1, nemo.PP - 1):
+                (path.with_name(path.name + ".tensors") / "tensor_0.pt").unlink()
+    (run / "train").mkdir()
+    export = ["neuron_nemo/export_neox.py", *nemo.overrides(run, "unread"),
+              "--tokenizer-files", "v.json", "m.txt", "--export-root", str(run / "export"),
+              "--on-node"]
+    assert _taken(monkeypatch, export, 2, run) == [2, 6]
+    began = time.monotonic()
+    assert follow_steps.sealed(export) == [2, 3, 6]
+    print(f"export_neox.py --list-sealed: {time.monotonic() - began:.2f} s")
+    # The export's own choice agrees: each listed step is chosen by --step, 4 is refused.
+    args = nemo.program.parse_args(export[1:])
+    layout, root, metrics = nemo.program.placed(nemo.program.Overrides(args.overrides))
+    assert metrics == run / "train" / "metrics.jsonl"
+    for step in (2, 3, 6):
+        assert nemo.program.sealed(root, layout, step, metrics)[0].step == step
+    with pytest.raises(nemo.program.PayloadError, match="step 4 is not complete"):
+        nemo.program.sealed(root, layout, 4, metrics)
+    # A whole file the export would refuse (no consumed_samples in its name): the listing
+    # fails as the export would, in one line (the follower asks again at its next sweep).
+    for (t, p), state in ranks.items():
+        nemo.nemo_checkpoint.save(nemo.nemo_checkpoint.lightning(state, 8), root /
+                                  f"tp_rank_{t:02d}_pp_rank_{p:03d}" / "megatron_neox--step=8.ckpt",
+                                  True)
+    with pytest.raises(follow_steps.Unlisted) as refused:
+        follow_steps.sealed(export)
+    assert refused.value.status == 78
+    assert str(refused.value).startswith("status 78: nemo-export: error: ")
+    assert str(refused.value).endswith("no consumed_samples= in its name (not a NeMo checkpoint "
+                                       "callback's file)")
+
+
+def test_on_an_nxd_run_the_follower_takes_the_kth_steps_nxd_sealed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NxD's layout (tests/test_export_llama.py's nxd_step): 2, 3, 4 and 8 sealed with NxD's
+    done file, 6 without it (being written)."""
+    from tests import test_export_llama as nxd
+    for step in (2, 3, 4, 6, 8):
+        nxd.nxd_step(tmp_path / "checkpoints", step, sealed=step != 6)
+    export = [str(nxd.EXPORT), *nxd.trainer_flags(tmp_path), "--tokenizer", str(tmp_path),
+              "--export-root", str(tmp_path / "export"), "--on-node"]
+    assert _taken(monkeypatch, export, 2, tmp_path) == [2, 4, 8]
+    assert _taken(monkeypatch, export, 4, tmp_path) == [4, 8]
+    began = time.monotonic()
+    follow_steps.sealed(export)
+    print(f"export_llama.py --list-sealed: {time.monotonic() - began:.2f} s")
+    sys.path.insert(0, str(nxd.EXPORT.parent))
+    import export_llama
+    assert [c.step for c in export_llama.sealed(tmp_path / "checkpoints")] == \
+        follow_steps.sealed(export) == [2, 3, 4, 8]
+
+
+def test_list_sealed_prints_the_steps_one_a_line_or_refuses_in_one_line(tmp_path: Path) -> None:
+    """smoke/export_smoke.py's, by path as the follower runs it: jobgen's seals."""
+    root = tmp_path / "train" / "checkpoints"
+    for step in (3, 1, 2):
+        _save(root, step, seal=step != 2)
+    words = [sys.executable, str(ROOT / "payload" / "smoke" / "export_smoke.py"),
+             "--output-dir", str(tmp_path / "train"), "--tokenizer-seed", "1",
+             "--export-root", str(tmp_path / "export"), "--list-sealed"]
+    began = time.monotonic()
+    done = subprocess.run(words, capture_output=True, text=True, check=False, timeout=60)
+    took = time.monotonic() - began
+    assert (done.returncode, done.stdout, done.stderr) == (0, "1\n3\n", ""), done.stderr
+    assert not (tmp_path / "export").exists()
+    print(f"export_smoke.py --list-sealed: {took:.2f} s")
 
 
 # --- slow: the rehearsal ------------------------------------------------------------------------

@@ -109,6 +109,42 @@ def test_main_node_does_not_train_when_another_node_failed_to_compile(tmp_path: 
     assert (logs / "node-0" / "job.status").read_text() == "1 compile\n"
 
 
+def test_no_node_of_a_shared_disk_starts_its_launcher_on_data_the_check_refuses(
+        tmp_path: Path) -> None:
+    """Two nodes of a shared disk (as `jobgen run --nodes 2` starts them): the main node's data
+    check refuses the dataset and publishes its verdict, the other node waits for it: neither
+    starts its launcher, both end with 78 at the data check."""
+    import json
+    import sys
+    payload = tmp_path / "payload"
+    (payload / "fake").mkdir(parents=True)
+    (payload / "fake" / "launch.sh").write_text(FAKE_LAUNCHER)
+    (payload / "common").symlink_to(FLOW.parent)
+    logs = tmp_path / "logs"
+    data = json.dumps({"format": "megatron", "recipe": "recipes/neox20b.yaml", "key": "data.path",
+                       "seq_length": 8, "prefixes": [str(tmp_path / "gpt2" / "doc")]})
+    env = {"PATH": "/usr/bin:/bin", "MASTER_PORT": "29500", "MASTER_ADDR": "127.0.0.1",
+           "JOBGEN_RUN_DIR": str(tmp_path), "JOBGEN_PAYLOAD_DIR": str(payload),
+           "JOBGEN_LAUNCHER": "fake/launch.sh", "JOBGEN_WORKERS_PER_NODE": "1",
+           "JOBGEN_WORKDIR": str(tmp_path), "JOBGEN_PROGRAM": "train.py",
+           "JOBGEN_COMPILE_CACHE": str(tmp_path / "cache"), "JOBGEN_COMPILE_KEY": "k",
+           "JOBGEN_CACHE_VAR": "NEURON_COMPILE_CACHE_URL", "JOBGEN_SHARED_FS": "1",
+           "JOBGEN_SETUP_ON": "main", "JOBGEN_NNODES": "2", "JOBGEN_LOG_DIR": str(logs),
+           "JOBGEN_DATA": data, "JOBGEN_PYTHON": sys.executable, "JOBGEN_RDZV_TIMEOUT": "30",
+           "RECORD": str(tmp_path / "calls")}
+    nodes = [subprocess.Popen(["bash", str(FLOW), "node", "0"], text=True,
+                              stderr=subprocess.PIPE, env={**env, "JOBGEN_NODE_RANK": str(rank),
+                                                           "JOBGEN_IS_MAIN": str(int(rank == 0))})
+             for rank in (1, 0)]
+    said = [node.communicate(timeout=60)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [78, 78], said
+    assert not (tmp_path / "calls").exists()          # no launcher started, on either node
+    assert "gpt2/doc.idx: missing" in said[1]
+    assert "the main node's data check failed" in said[0]
+    for rank in (0, 1):
+        assert (logs / f"node-{rank}" / "job.status").read_text() == "78 data\n"
+
+
 def test_the_fsx_client_setting_is_applied_where_the_site_asks_and_lctl_exists(
         tmp_path: Path) -> None:
     """slurm.lustre_max_dirty_mb (JOBGEN_LUSTRE_MAX_DIRTY_MB): lctl set_param on the node, as

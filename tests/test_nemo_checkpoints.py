@@ -159,7 +159,7 @@ def test_zero1_optimizer_files_belong_to_the_checkpoint(tmp_path: Path) -> None:
                        resume.optimizer_name(name))
     unit = resume.units(tmp_path, layout)[0]
     assert resume.complete(unit, layout)
-    shutil.rmtree(tmp_path / "tp_rank_01_pp_rank_000" / "optim" / "dp_rank_001")
+    shutil.rmtree(tmp_path / "mp_rank_01" / "optim" / "dp_rank_001")
     assert not resume.complete(unit, layout)
     resume.remove(tmp_path, unit)
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
@@ -167,7 +167,26 @@ def test_zero1_optimizer_files_belong_to_the_checkpoint(tmp_path: Path) -> None:
 
 # --- NeMo's checkpoint callback, as d22aabf and pytorch-lightning 1.8.6 run it ----------------
 
-FOLDERS = resume.rank_folders(2, 1)      # TP 2 x PP 1: model_parallel_size 2
+def inject(tp_rank: int, pp_rank: int, tp: int, pp: int) -> str:
+    """The rank folder nemo/utils/model_utils.py inject_model_parallel_rank (d22aabf L598-617)
+    saves a rank into: none for one rank, ``mp_rank_TT`` without pipeline stages, else
+    ``tp_rank_TT_pp_rank_PPP`` (written here from upstream, not from resume.py)."""
+    if tp * pp <= 1:
+        return ""
+    if pp == 1:
+        return f"mp_rank_{tp_rank:02d}"
+    return f"tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:03d}"
+
+
+FOLDERS = [inject(t, 0, 2, 1) for t in range(2)]      # TP 2 x PP 1: model_parallel_size 2
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (8, 1), (2, 2), (8, 4), (1, 4)])
+def test_resume_looks_in_the_folders_nemo_saves_each_rank_into(tp: int, pp: int) -> None:
+    """pythia6.9b (TP 8, PP 1) saves into mp_rank_TT: resume.py once looked for
+    tp_rank_TT_pp_rank_000 there and never found a checkpoint to resume from."""
+    want = [inject(t, p, tp, pp) for t in range(tp) for p in range(pp)]
+    assert resume.rank_folders(tp, pp) == [w for w in want if w]
 
 
 def uninject(path: str) -> str:

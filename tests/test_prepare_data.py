@@ -258,3 +258,46 @@ def test_a_rehearsal_reads_a_prepared_dataset_after_the_data_check(tmp_path: Pat
     bin_file.write_bytes(bin_file.read_bytes()[:-2])
     done = check(tmp_path, want)
     assert done.returncode == 78 and "(truncated, or not its pair)" in done.stderr
+
+
+def _prepare_data() -> Any:
+    sys.path[:0] = [str(ROOT / "payload"), str(ROOT / "payload" / "smoke")]
+    import prepare_data
+    return prepare_data
+
+
+def test_the_rehearsals_bpe_is_trained_on_a_spread_sample_of_a_large_input(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past TRAIN_SAMPLE characters the BPE reads every k-th document (training cost stays
+    bounded): its vocabulary is the one trained on that sample, not on the whole input."""
+    tokenizers = pytest.importorskip("tokenizers")
+    prepare_data = _prepare_data()
+    # A word found only in the odd documents: frequent enough to become one token when read.
+    docs = [f"the quiet road {'zyxwvq ' * 40 if n % 2 else ''}ran north" for n in range(200)]
+    monkeypatch.setattr(prepare_data, "TRAIN_SAMPLE", sum(map(len, docs)) // 2)
+    vocab = prepare_data.gpt2_bpe(docs, 300).get_vocab()
+    sample = tokenizers.ByteLevelBPETokenizer()
+    sample.train_from_iterator(docs[::2], vocab_size=300, min_frequency=2,
+                               special_tokens=[prepare_data.EOD], show_progress=False)
+    assert vocab == sample.get_vocab() and "Ġzyxwvq" not in vocab
+    monkeypatch.setattr(prepare_data, "TRAIN_SAMPLE", sum(map(len, docs)))
+    assert "Ġzyxwvq" in prepare_data.gpt2_bpe(docs, 300).get_vocab()
+
+
+def test_chunked_encoding_is_each_documents_ids_then_eod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Megatron writer's chunks (several here) join into encode_batch's ids, <|endoftext|>
+    after each document, with each document's length."""
+    numpy = pytest.importorskip("numpy")
+    tokenizers = pytest.importorskip("tokenizers")
+    prepare_data = _prepare_data()
+    docs = documents(60)
+    tok = prepare_data.gpt2_bpe(docs, 400)
+    eod = tok.token_to_id(prepare_data.EOD)
+    monkeypatch.setattr(prepare_data, "ENCODE_CHUNK", sum(map(len, docs)) // 7)
+    plain = tokenizers.Tokenizer.from_str(tok.to_str())
+    chunks = list(prepare_data.encoded_chunks(plain, docs, eod, numpy.uint16))
+    assert len(chunks) >= 7
+    want = [[*e.ids, eod] for e in tok.encode_batch(docs)]
+    assert numpy.concatenate([flat for flat, _ in chunks]).tolist() == sum(want, [])
+    assert numpy.concatenate([n for _, n in chunks]).tolist() == [len(w) for w in want]
+    assert all(flat.dtype == numpy.uint16 for flat, _ in chunks)

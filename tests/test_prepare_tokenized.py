@@ -194,3 +194,16 @@ def test_wikicorpus_articles_are_read_as_its_loading_script_gave_them(tmp_path: 
         "Anarchism\n\n\n\nAnarchism is a political philosophy caf\xe9.",
         "Autism is a disorder."]
     assert "wikicorpus_llama2_tokenized_4k" in UPSTREAM["hf_blocks"]["facts"][-1]
+
+
+def test_workers_are_cores_a_process_of_one_thread_each() -> None:
+    """--workers is the cores the task has: a process per core on one encoding thread (an
+    oversubscribed 2 x 2 was slower than 1 process here), never more processes than 1,000-row
+    batches, the cores left over going to their threads."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    import prepare_tokenized as pt
+    assert [pt.tokenizing_processes(w, 1_000_000) for w in (1, 2, 16, 128)] == [
+        (1, 1), (2, 1), (16, 1), (128, 1)]
+    assert pt.tokenizing_processes(128, 2_999) == (2, 64)     # two 1,000-row batches' worth
+    assert pt.tokenizing_processes(2, 1_999) == (1, 2)
+    assert pt.tokenizing_processes(128, 999) == (1, 128)

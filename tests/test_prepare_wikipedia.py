@@ -120,6 +120,28 @@ def test_the_bert_job_without_from_fetches_bertpreps_wikipedia_and_says_so() -> 
     assert "WikiExtractor" in note[0] and "punkt_tab" in note[0]
 
 
+def test_from_a_mediawiki_dump_renders_wiki_dump_quoted_once() -> None:
+    """`--from DUMP.xml.bz2` on a BERT recipe: prepare_tokenized.py's --wiki-dump, the path one
+    shell word however it is spelt; with another input, or on another recipe, one line."""
+    dump = "/fsx/my dumps/it's $(touch x) enwiki.xml.bz2"
+    proc = subprocess.run([str(JOBGEN_EXE), "render", "bert-large", "--stage", "prepare",
+                           "--from", dump], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    block = proc.stdout.split("ARGS=(\n", 1)[1].split("\n)\n", 1)[0]
+    words = subprocess.run(["bash", "-c", f'ARGS=(\n{block}\n)\nprintf "%s\\0" "${{ARGS[@]}}"'],
+                           capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+    assert words[-2:] == ["--wiki-dump", dump] and "--from" not in words
+    assert "is a MediaWiki dump" in proc.stderr and "no --from" not in proc.stderr
+    for recipe, extra in (("bert-large", ["--from", "s3://b/more.txt"]), ("llama2-7b", [])):
+        proc = subprocess.run([str(JOBGEN_EXE), "render", recipe, "--stage", "prepare",
+                               "--from", "/fsx/enwiki.xml", *extra], capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().endswith("a MediaWiki dump (.xml, .xml.bz2) is read only by "
+                                            "the BERT recipes' prepare stage, as its one --from")
+
+
 def test_wikipedia_articles_are_an_article_a_line_split_by_punkt(tmp_path: Path) -> None:
     need("wikiextractor", "nltk")
     prepare_tokenized = program()

@@ -189,12 +189,12 @@ def test_a_truncated_bin_stops_the_rehearsal_before_its_compile_pass(tmp_path: P
     assert done.returncode == 78, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"^\[node 0\] .*recipes/neox20b\.yaml: data\.path: .*"
                      r"my-gpt2_text_document\.bin", done.stdout, re.M), done.stdout[-3000:]
-    # The main node judged the shared data folder and ended with it (78: not retried); no
-    # node trained a step. (Node 1 does not wait for that check: it starts its compile pass and
-    # is stopped at the rendezvous when the main node ends.)
+    # The main node judged the shared data folder and ended with it (78: not retried); node 1
+    # waited for its verdict (data.verdict) and ended alike, neither starting a pass.
     logs = tmp_path / "jobgen-runs" / "neox20b-2n-smoke" / "logs"
     ended = sorted(p.read_text() for p in logs.glob("*/node-0/job.status"))
     assert ended == ["0 prepare\n", "78 data\n"], ended     # the stage's job, then this one
-    assert not list(logs.glob("*/node-0/compile.log"))
+    assert [p.read_text() for p in logs.glob("*/node-1/job.status")] == ["78 data\n"]
+    assert not list(logs.glob("*/node-*/compile.log"))
     assert '"event": "step"' not in done.stdout
     assert (time.monotonic() - started) < 60

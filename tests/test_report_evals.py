@@ -287,3 +287,55 @@ def test_the_stage_jobs_of_a_run_are_not_allocations_of_its_training(
     after = json.loads(report(run, capsys, "--json"))
     assert after == before
     assert [a["job"] for a in after["timeline"]["allocations"]] == ["7", "7", "7"]
+
+
+def _export(run: Path, step: int, proof: dict[str, Any]) -> None:
+    """An export's folder as payload/common/export_hf.py publishes it (its record last)."""
+    folder = run / "export" / f"step-{step}"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}\n")
+    (folder / "jobgen-export.json").write_text(json.dumps(
+        {"step": step, "checkpoint": f"/runs/train/checkpoints/step_{step:08d}",
+         "consumed_samples": step * BATCH, "proof": proof}, indent=1) + "\n")
+
+
+def test_the_report_lists_each_export_with_its_proof_in_text_and_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster's export job leaves its outcome in RUN/export/step-N/jobgen-export.json: the
+    report shows it (a folder still being written, or a temporary one, is not an export)."""
+    run = make_run(tmp_path)
+    before = report(run, capsys)
+    _export(run, 8, {"ok": True, "precision": "bf16", "logged_loss": 5.8119,
+                     "measured_loss": 5.8301, "allowed": 0.116})
+    _export(run, 12, {"ok": None, "precision": "bf16", "reason": "no step 13"})
+    (run / "export" / "step-16").mkdir()                  # being written: no record yet
+    (run / "export" / ".step-20.tmp-99").mkdir()          # export_hf.py's temporary name
+    out = report(run, capsys)
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("exports ("))
+    assert lines[start + 1:start + 3] == [
+        "  step        8  proven: 5.8301 against 5.8119 (bf16)  export/step-8",
+        "  step       12  unproven (bf16)  export/step-12"]
+    assert lines[start - 1] == "" and lines[start + 3:start + 4] in ([], [""])
+    assert lines[:start - 1] + lines[start + 3:] == before.splitlines()
+    data = json.loads(report(run, capsys, "--json"))
+    assert [(e["step"], e["outcome"], e["measured_loss"], e["logged_loss"], e["folder"])
+            for e in data["exports"]] == [(8, "proven", 5.8301, 5.8119, "export/step-8"),
+                                          (12, "unproven", None, None, "export/step-12")]
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda p: p.write_text('{"step": 8, "proof": '), "not an export's record (not JSON)"),
+    (lambda p: p.write_text('{"step": 4, "proof": {"ok": true}}'),
+     "not an export's record of step 8"),
+    (_fifo, "is a FIFO, not a regular file"),
+])
+def test_a_bad_export_record_is_one_line_and_status_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, says: str) -> None:
+    run = make_run(tmp_path)
+    (run / "export" / "step-8").mkdir(parents=True)
+    bad = run / "export" / "step-8" / "jobgen-export.json"
+    make(bad)
+    assert main(["report", "--run-dir", str(run), "--no-sacct"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"{bad}: " in err and says in err, err

@@ -93,7 +93,8 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
                    "step scored by lm-eval into RUN/eval); Slurm, Batch.")
 @click.option("--from", "sources", multiple=True, metavar="PATH",
               help="--stage prepare: its input (text or JSONL, local or s3://); repeatable: "
-                   "one array task and one shard (data.shards) per input.")
+                   "one array task and one shard (data.shards) per input. BERT: or one "
+                   "MediaWiki dump (.xml, .xml.bz2), made into text as bertPrep.py does.")
 @click.option("--step", type=click.IntRange(min=0), metavar="N",
               help="--stage export: the sealed step to export (default: the newest sealed "
                    "one the trainer logged a step after, when the job starts); --stage eval: "

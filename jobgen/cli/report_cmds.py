@@ -43,12 +43,14 @@ def report_cmd(run: Optional[str], run_dir: Optional[Path], html_path: Optional[
         from ..reporting import html
         html.write(made, html_path)
     if as_json:
-        data = text.as_json(made.timeline, made.account, made.curves, made.name, made.evals)
+        data = text.as_json(made.timeline, made.account, made.curves, made.name, made.evals,
+                            made.exports)
         click.echo(json.dumps(data, indent=2, allow_nan=False))
         return
     # Host names and messages come from the run's files: no control character reaches the
     # terminal (errors.printable, line by line).
-    shown = text.text(made.timeline, made.account, made.curves, made.name, made.evals)
+    shown = text.text(made.timeline, made.account, made.curves, made.name, made.evals,
+                      made.exports)
     click.echo("".join(printable(line) + "\n" for line in shown.splitlines()), nl=False)
     for what, path in (("html", html_path), ("plot", plot_path)):
         if path is not None:

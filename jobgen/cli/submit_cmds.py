@@ -42,7 +42,8 @@ from .param_types import _Backends, _Seconds
                    "eval (an exported step scored by lm-eval).")
 @click.option("--from", "sources", multiple=True, metavar="PATH",
               help="The prepare stage's input (text or JSONL, local or s3://); repeatable: one "
-                   "array task and one shard (data.shards) per input.")
+                   "array task and one shard (data.shards) per input. BERT: or one MediaWiki "
+                   "dump (.xml, .xml.bz2), made into text as bertPrep.py does.")
 @click.option("--step", type=click.IntRange(min=0), metavar="N",
               help="The step the export stage exports and the eval stage scores (default: "
                    "when each job starts, the newest sealed step the trainer logged a step "

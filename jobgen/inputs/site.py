@@ -156,6 +156,11 @@ def load_file(path: Path, shown: str) -> Site:
         said = region_problem(region) if region is not None else None
         if said is not None:
             raise ConfigError(f"{shown}: {key}: {schema.describe(region)} {said}")
+    batch = site.batch
+    for name, arn in ((batch.secrets or {}).items() if batch is not None else ()):
+        said = secret_problem(name, arn, batch.execution_role_arn if batch else None)
+        if said is not None:
+            raise ConfigError(f"{shown}: batch.secrets.{name}: {said}")
     for section in (site.batch, site.sagemaker, site.eks):
         if section is not None and section.repository is not None:
             # Docker's reference grammar, before any service is asked to pull from it.
@@ -181,6 +186,28 @@ def load_file(path: Path, shown: str) -> Site:
                           "not an Amazon ECR repository: push jobgen's images to one and write "
                           "ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME")
     return site
+
+
+# A Batch container secret's valueFrom: a Secrets Manager secret's ARN (with an optional
+# :json-key:version-stage:version-id) or an SSM parameter's.
+SECRET_ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:(secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:"
+                           r"[A-Za-z0-9/_+=.@-]+(:[^:\s]*){0,3}|ssm:[a-z0-9-]+:[0-9]{12}:"
+                           r"parameter/[A-Za-z0-9/_.-]+)")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def secret_problem(name: str, arn: Any, execution_role: Optional[str]) -> Optional[str]:
+    """What is wrong with one batch.secrets entry, or None."""
+    if not ENV_NAME_RE.fullmatch(name) or name.startswith(("JOBGEN_", "AWS_BATCH_")):
+        return ("is not a variable name the job may set (letters, digits, _; not JOBGEN_* "
+                "or AWS_BATCH_*)")
+    if not isinstance(arn, str) or not SECRET_ARN_RE.fullmatch(arn):
+        return (f"{schema.describe(arn)} is not the ARN of a Secrets Manager secret "
+                "(arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME) or an SSM parameter "
+                "(arn:aws:ssm:REGION:ACCOUNT:parameter/NAME)")
+    if not execution_role:
+        return "needs batch.execution_role_arn: the role that reads the secret for the container"
+    return None
 
 
 def _check_least(section: Any, key: str, shown: str) -> None:

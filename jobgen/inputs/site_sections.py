@@ -107,6 +107,10 @@ class BatchSite:
     max_nodes: int = least(0, 16)
     rendezvous_timeout_s: int = least(1, 900)  # how long nodes wait for each other before failing
     smoke: Optional[CpuInstance] = None  # where `--smoke` jobs run (no accelerators needed)
+    # Variables every container reads from Secrets Manager or SSM Parameter Store (the container's
+    # `secrets`: NAME -> valueFrom ARN, fetched with execution_role_arn), never a rendered value:
+    # HF_TOKEN for a gated tokenizer.
+    secrets: Optional[dict[str, str]] = None
 
 
 @record

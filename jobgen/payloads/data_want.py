@@ -17,6 +17,12 @@ def _train_share(splits: Optional[str]) -> float:
     return parts[0] / sum(parts) if parts and sum(parts) > 0 else 1.0
 
 
+def _padded(vocab: int, multiple: int) -> int:
+    """NeMo's padded vocabulary: the next multiple of make_vocab_size_divisible_by (which
+    neuron_nemo.py sets to parallelism.tensor) times the tensor-parallel size."""
+    return -(-vocab // multiple) * multiple
+
+
 def wanted(spec: JobSpec, declared: tuple[str, ...]) -> Optional[dict[str, Any]]:
     """The data check's input for this job, whose trainer declares `declared` (its payload
     record's `data`), or None where it reads no dataset (it declares none; a rehearsal where no
@@ -36,7 +42,11 @@ def wanted(spec: JobSpec, declared: tuple[str, ...]) -> Optional[dict[str, Any]]
         "planned_samples": spec.global_batch_size * (t.max_steps if t else
                                                      rec.schedule.max_steps),
     }
+    if t:
+        want["vocab_key"] = "the rehearsal vocab_size"   # else model.vocab_size
     if fmt == "megatron":
+        if not t:   # NeMo pads it (jobgen/payloads/upstream/neuron_nemo.json: vocab_padding)
+            want["vocab_padded"] = _padded(rec.model.vocab_size, rec.parallelism.tensor ** 2)
         want["prefixes"] = spec.data_prefixes()
         want["train_share"] = _train_share(rec.data.splits)
         if rec.data.vocab_file:

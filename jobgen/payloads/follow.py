@@ -33,11 +33,13 @@ def check(names: Sequence[str], every: Optional[int], step: Optional[int] = None
 def work(spec: JobSpec, names: Sequence[str], every: int,
          ends: Sequence[str]) -> stages.StageWork:
     """The follower's job: its own flags, `ends` (how training's end is seen), then the export
-    stage's program and flags (+export) and, where eval is named, the eval stage's (+eval)."""
+    stage's program and flags (+export: the follower asks it for the sealed steps too) and,
+    where eval is named, the eval stage's (+eval)."""
     check(names, every)
     export = stages.work("export", spec)
-    own = ["--checkpoints", posixpath.join(spec.run_dir, "train", "checkpoints"),
-           "--metrics", posixpath.join(spec.run_dir, "train", "metrics.jsonl"),
+    # Which steps are sealed is the export's to say (its --list-sealed); metrics.jsonl is under
+    # RUN/train for every payload (NeMo's relayed there from RUN/nemo, as export_neox.py reads).
+    own = ["--metrics", posixpath.join(spec.run_dir, "train", "metrics.jsonl"),
            "--export-root", posixpath.join(spec.run_dir, stages.EXPORT_ROOT),
            "--eval-root", posixpath.join(spec.run_dir, stages.EVAL_ROOT),
            "--every", str(every), *ends, "--on-node",
@@ -47,4 +49,6 @@ def work(spec: JobSpec, names: Sequence[str], every: int,
         scored = stages.work("eval", spec)
         own += ["+eval", scored.program, *scored.tasks[0]]
         notes += scored.notes
-    return stages.StageWork(program=PROGRAM, tasks=(tuple(own),), notes=tuple(notes))
+    # Where the export needs a training node (NeMo's, NxD's: their readers), the follower too.
+    return stages.StageWork(program=PROGRAM, tasks=(tuple(own),), notes=tuple(notes),
+                            training_node=export.training_node)

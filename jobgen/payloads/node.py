@@ -30,6 +30,7 @@ NODE_FACTS = {
     "JOBGEN_LOG_DIR": "this attempt's log folder (node-R/PASS.log, PASS.status, job.status)",
     "JOBGEN_RUN_COMPILE": "1 or 0 where a controller decided the compile pass for all nodes",
     "JOBGEN_HEALTH_DONE": "1 where a controller ran the health gate on every node already",
+    "JOBGEN_ATTEMPT": "the attempt a service numbers (EKS: JobSet's restarts + 1), where it does",
 }
 
 

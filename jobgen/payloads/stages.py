@@ -22,6 +22,7 @@ class StageWork:
     program: str
     tasks: tuple[tuple[str, ...], ...]
     notes: tuple[str, ...] = ()
+    training_node: bool = False     # on a node of the training partition, not the prepare one
 
 
 # (spec, the --from inputs, the --step N or None): the stage's job.
@@ -121,6 +122,33 @@ def _bert_sample(spec: JobSpec) -> str:
             "and nltk (jobgen's data extra; the dl1-deepspeed image has both)")
 
 
+DUMP_SUFFIXES = (".xml", ".xml.bz2")   # a MediaWiki XML export, as Wikipedia's dumps are named
+
+
+def _wiki_dump(spec: JobSpec, fmt: str, sources: tuple[str, ...]) -> str:
+    """The --from that names a MediaWiki dump (BERT's Wikipedia source, read as bertPrep.py
+    reads the one it downloads: prepare_tokenized.py --wiki-dump), or ""."""
+    dumps = [s for s in sources if s.lower().endswith(DUMP_SUFFIXES)]
+    if not dumps:
+        return ""
+    if fmt != "bert_hdf5" or len(sources) > 1:
+        raise ConfigError(f"{spec.source}: --from {dumps[0]}: a MediaWiki dump (.xml, .xml.bz2) "
+                          "is read only by the BERT recipes' prepare stage, as its one --from")
+    if dumps[0].startswith("s3://"):
+        raise ConfigError(f"{spec.source}: --from {dumps[0]}: a MediaWiki dump is read from a "
+                          "path the node sees, a file:// or an https:// URL (copy it from S3 to "
+                          "the shared file system first)")
+    return dumps[0]
+
+
+def _dump_note(spec: JobSpec, dump: str) -> str:
+    return (f"prepare: --from {dump} is a MediaWiki dump: the job makes its text as "
+            "Model-References' bertPrep.py makes Wikipedia's (WikiExtractor, then NLTK's punkt_tab "
+            f"from NLTK_DATA or {spec.data_path('nltk_data')}) and writes the shards into "
+            f"{spec.data_path(spec.recipe.data.path)}; the node's Python needs wikiextractor "
+            "and nltk")
+
+
 def _tokenized(fmt: str, spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
     """payload/common/prepare_tokenized.py with the recipe's tokenizer (data.tokenizer): the
     packed blocks, or BERT's hdf5 shards (jobgen/payloads/upstream/prepare_tokenized.json)."""
@@ -136,9 +164,13 @@ def _tokenized(fmt: str, spec: JobSpec, sources: tuple[str, ...]) -> StageWork:
             "--workers", str(spec.site.slurm.cpus_per_task)]
     if fmt == "bert_hdf5":
         args += ["--max-predictions", str(model.max_predictions)]
-    if sources:
+    dump = _wiki_dump(spec, fmt, sources)
+    if dump:
+        args += ["--wiki-dump", dump]
+    elif sources:
         args += ["--from", *sources]
-    notes = [] if sources else [_bert_sample(spec) if fmt == "bert_hdf5" else (
+    notes = [_dump_note(spec, dump)] if dump else [] if sources else [
+        _bert_sample(spec) if fmt == "bert_hdf5" else (
         f"prepare: no --from: the job fetches the tutorial's corpus (wikicorpus raw_en) and "
         f"reads its raw text into {spec.data_path(data.path)} (datasets >= 4 no longer runs "
         "the wikicorpus loading script)")]
@@ -168,7 +200,7 @@ def _prepare(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> St
     return PREPARE[fmt](spec, sources)
 
 
-# --- export: payload/smoke/export_smoke.py, payload/habana_deepspeed/export_bert.py -----------
+# --- export: smoke/export_smoke.py, habana_deepspeed/export_bert.py, neuron_nemo/export_neox.py
 
 EXPORT_ROOT = "export"              # RUN/export/step-N/ (docs/model-out.md)
 
@@ -193,15 +225,16 @@ def _tokenizer_args(spec: JobSpec, declared: tuple[str, ...]) -> tuple[str, ...]
 def _export(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> StageWork:
     """The payload's export program with the training pass's own flags (the model's shape and
     where its data is), the run's tokenizer, RUN/export and the step (default: the newest
-    sealed one that can be proven, when the job starts). Only rehearsals have one yet
+    sealed one that can be proven, when the job starts). Rehearsals, NeMo's and NxD's own runs
     (docs/model-out.md)."""
     from . import for_spec
     name = spec.recipe.payload
     if spec.rehearsal is None and name == "habana_deepspeed":
-        raise ConfigError(f"{spec.source}: --stage export is not available for payload {name}'s "
-                          "own runs yet: the recipe names no tokenizer (BERT's vocab.txt) to save "
-                          "with the model; run habana_deepspeed/export_bert.py with "
-                          "--tokenizer-files VOCAB (docs/model-out.md), or rehearse with --smoke")
+        return _bert_export(spec, step)
+    if spec.rehearsal is None and name == "neuronx_distributed":
+        return _nxd_export(spec, step)
+    if spec.rehearsal is None and name == "neuron_nemo":
+        return _nemo_export(spec, step)
     if spec.rehearsal is None:
         raise ConfigError(f"{spec.source}: --stage export is not available for payload {name} "
                           "yet (only for --smoke rehearsals: docs/model-out.md)")
@@ -213,6 +246,80 @@ def _export(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> Sta
             "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
             *(("--step", str(step)) if step is not None else ()), "--on-node")
     return StageWork(program=program, tasks=(args,))
+
+
+BERT_PROOF_MICRO_BATCHES = 8   # of a global batch of 65,536 samples: the proof's sample
+
+
+def _bert_export(spec: JobSpec, step: Optional[int]) -> StageWork:
+    """payload/habana_deepspeed/export_bert.py with the training pass's flags and the vocab.txt
+    the prepare stage wrote beside the shards (the trainer's WordPiece vocabulary), proven on
+    the step's first micro-batches. bert1.5b's LayerNorm placement has no BertConfig: refused
+    here, before a node is spent (the program refuses it too)."""
+    from . import for_spec
+    if spec.recipe.model.layer_norm_large_model:
+        raise ConfigError(f"{spec.source}: model.layer_norm_large_model: --stage export cannot "
+                          "make a Hugging Face BERT of it: this LayerNorm placement has no "
+                          "BertConfig, and stock BertForPreTraining would load the weights and "
+                          "compute another function (docs/model-out.md)")
+    proof = min(BERT_PROOF_MICRO_BATCHES, spec.global_batch_size // spec.micro_batch_size)
+    args = (*for_spec(spec).train_args,
+            "--tokenizer-files", posixpath.join(spec.data_path(spec.recipe.data.path),
+                                                "vocab.txt"),
+            "--micro-batches", str(proof),
+            "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
+            *(("--step", str(step)) if step is not None else ()), "--on-node")
+    return StageWork(program="habana_deepspeed/export_bert.py", tasks=(args,))
+
+
+NXD_PROOF_MICRO_BATCHES = 8   # a 7B model's fp32 forward of 4,096 tokens: about a minute on CPU
+
+
+def _nxd_export(spec: JobSpec, step: Optional[int]) -> StageWork:
+    """payload/neuronx_distributed/export_llama.py on a node of the training kind (NxD's
+    converter loads the xser saves with torch_xla), with the tokenizer prepare saved beside the
+    blocks (or data.tokenizer's own folder), proven on the first micro-batches of the step."""
+    from . import for_spec
+    data = spec.recipe.data
+    tokenizer = (data.tokenizer if data.tokenizer and posixpath.isabs(data.tokenizer)
+                 else spec.data_path(data.path))
+    proof = min(NXD_PROOF_MICRO_BATCHES, spec.global_batch_size // spec.micro_batch_size)
+    args = (*for_spec(spec).train_args, "--tokenizer", tokenizer,
+            "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
+            "--micro-batches", str(proof),
+            *(("--step", str(step)) if step is not None else ()), "--on-node")
+    return StageWork(program="neuronx_distributed/export_llama.py", tasks=(args,),
+                     training_node=True)
+
+
+NEMO_PROOF_MICRO_BATCHES = 8   # a whole step of a 20B model is hours of fp32 on a CPU
+
+
+def _nemo_export(spec: JobSpec, step: Optional[int]) -> StageWork:
+    """payload/neuron_nemo/export_neox.py with the training pass's Hydra overrides (the model's
+    shape, parallelism, checkpoint folder and data), the recipe's GPT-2 BPE files and precision."""
+    from . import for_spec
+    data = spec.recipe.data
+    if not data.vocab_file or not data.merge_file:
+        raise ConfigError(f"{spec.source}: --stage export: data.vocab_file and data.merge_file "
+                          "name the tokenizer NeMo trained with, which the export saves")
+    if spec.recipe.model.rotary_percentage < 1:
+        # payload/neuron_nemo/export_neox.py's PARTIAL_ROTARY: refused before a node is spent.
+        raise ConfigError(f"{spec.source}: model.rotary_percentage "
+                          f"{spec.recipe.model.rotary_percentage:g}: --stage export cannot make "
+                          "a GPT-NeoX of it: neuronx-nemo-megatron's partial rotary embedding is "
+                          "not GPT-NeoX's, and no Hugging Face config computes it "
+                          "(docs/model-out.md); a model trained with 1.0 exports")
+    proof = min(NEMO_PROOF_MICRO_BATCHES, spec.global_batch_size // spec.micro_batch_size)
+    args = (*for_spec(spec).train_args,
+            "--tokenizer-files", spec.data_path(data.vocab_file), spec.data_path(data.merge_file),
+            "--precision", "fp32" if spec.recipe.precision == "fp32" else "bf16",
+            "--micro-batches", str(proof),
+            "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
+            *(("--step", str(step)) if step is not None else ()), "--on-node")
+    # On a node of the training kind: the trainer's Python (NeMo's xser loader where it imports),
+    # and the memory a 20B merge needs (the ranks' tensors, then the model: 2 x 80 GB in fp32).
+    return StageWork(program="neuron_nemo/export_neox.py", tasks=(args,), training_node=True)
 
 
 # --- eval: payload/common/eval_step.py (which export), then eval_lm.py (lm-eval) -------------

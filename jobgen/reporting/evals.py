@@ -3,6 +3,7 @@ payload/common/eval_lm.py adds (the step, samples and tokens trained). Per evalu
 top-level task's headline metric (accuracy first: acc, acc_norm, exact_match, ... as lm-eval
 names them) with its stderr, for the report's section, its JSON and its charts. A file there
 that is not lm-eval's results (unparsable, too large, not a regular file) is one line naming it.
+Also the exports they scored: RUN/export/step-N/jobgen-export.json, each one's proof.
 """
 from __future__ import annotations
 
@@ -64,6 +65,56 @@ class Change:
     first: float
     last: float
     change: float
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """An export's folder and its proof (payload/common/export_hf.py writes the record)."""
+    step: int
+    outcome: str                 # proven, unproven (no logged step after it)
+    measured_loss: Optional[float]
+    logged_loss: Optional[float]
+    precision: Optional[str]
+    folder: str                  # relative to the run's folder
+
+
+EXPORT_FILE = re.compile(r"step-(0|[1-9][0-9]{0,11})")   # export_hf.py's; not its temporary
+EXPORT_RECORD = "jobgen-export.json"
+MAX_EXPORT_RECORD = 1 << 20
+
+
+def exports(run_dir: Path) -> tuple[Exported, ...]:
+    """Every complete RUN/export/step-N/ (its record there), by step; () where there is none.
+    A record that is not an export's is one line naming it."""
+    from ..payloads.stages import EXPORT_ROOT
+    folder = run_dir / EXPORT_ROOT
+    try:
+        steps = sorted((int(m.group(1)), p) for p in folder.iterdir()
+                       if (m := EXPORT_FILE.fullmatch(p.name)))
+    except OSError:
+        return ()
+    out = []
+    for step, path in steps:
+        record = path / EXPORT_RECORD
+        try:
+            body = json.loads(fsio.read_bytes(record, MAX_EXPORT_RECORD).decode("utf-8"))
+        except FileNotFoundError:   # not complete (a failed export leaves no folder)
+            continue
+        except OSError as exc:
+            raise ConfigError(f"{record}: cannot read: {exc.strerror or exc}") from None
+        except (ValueError, RecursionError):
+            raise ConfigError(f"{record}: not an export's record (not JSON)") from None
+        proof = body.get("proof") if isinstance(body, dict) else None
+        if not isinstance(proof, dict) or body.get("step") != step:
+            raise ConfigError(f"{record}: not an export's record of step {step} (its step and "
+                              "proof)")
+        outcome = {True: "proven", None: "unproven"}.get(proof.get("ok"), "failed")
+        precision = proof.get("precision")
+        out.append(Exported(step, outcome, _number(proof.get("measured_loss")),
+                            _number(proof.get("logged_loss")),
+                            precision if isinstance(precision, str) else None,
+                            str(path.relative_to(run_dir))))
+    return tuple(out)
 
 
 def read(run_dir: Path) -> tuple[Evaluated, ...]:

@@ -27,6 +27,7 @@ def page(r: Report) -> str:
         charts[1:1] = [f"<p>lm-eval's scores of the exported steps ({len(r.evals)} "
                        f"evaluated): each task's headline metric against {axis}</p>",
                        svg.eval_legend(r), *svg.eval_charts(r)]
+    account = text.text(r.timeline, r.account, r.curves, r.name, r.evals, r.exports)
     body = [f"<h1>jobgen report: {escape(r.name)}</h1>",
             f"<p>effective utilisation <b>{100 * r.account.utilisation:.2f} %</b> of "
             f"{r.account.allocated_h:.3f} allocated node-hours</p>",
@@ -37,8 +38,7 @@ def page(r: Report) -> str:
             svg.curves_legend(r),
             *charts,
             "<h2>account</h2>",
-            f"<pre>{escape(text.text(r.timeline, r.account, r.curves, r.name, r.evals))}"
-            "</pre>"]
+            f"<pre>{escape(account)}</pre>"]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><meta name=\"viewport\" "
             "content=\"width=device-width\"><title>jobgen report "
             f"{escape(r.name)}</title><style>{STYLE}</style></head><body>"

@@ -21,6 +21,7 @@ class Report:
     account: Account
     curves: Curves
     evals: tuple[evaluations.Evaluated, ...] = ()   # RUN/eval/step-N.json, by step
+    exports: tuple[evaluations.Exported, ...] = ()  # RUN/export/step-N/, by step
 
 
 def locate(ref: Optional[str], run_dir: Optional[Path],
@@ -71,6 +72,7 @@ def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
     takes only the cluster's figures, and a bad results file must not hide them)."""
     name, folder = locate(ref, run_dir, say)
     evals = evaluations.read(folder) if with_evals else ()
+    exports = evaluations.exports(folder) if with_evals else ()
     curves = read(folder)
     tensorboard = [(p["time"], p["step"]) for p in curves.series if p.get("source") ==
                    "tensorboard"]
@@ -78,4 +80,4 @@ def make(ref: Optional[str], run_dir: Optional[Path], use_sacct: bool = True,
     if not timeline.allocations and not curves.series and not evals:
         raise ConfigError(f"{folder}: no allocation logs (logs/JOB/node-K, restart-N or "
                           "attempt-N) and no metrics: nothing to report yet")
-    return Report(name, timeline, account(timeline), curves, evals)
+    return Report(name, timeline, account(timeline), curves, evals, exports)

@@ -43,7 +43,8 @@ def plan_options(a: Account) -> list[str]:
 
 
 def text(t: Timeline, a: Account, curves: Curves, name: str,
-         evals: Sequence[evaluations.Evaluated] = ()) -> str:
+         evals: Sequence[evaluations.Evaluated] = (),
+         exports: Sequence[evaluations.Exported] = ()) -> str:
     running = bool(t.allocations) and t.allocations[-1].ending == "running"
     lines = [f"run {name}: {len(t.allocations)} allocation(s) on {a.nodes} node(s)"
              + (f", {_clock(t.allocations[0].start)} to {_clock(t.allocations[-1].end)} UTC"
@@ -110,6 +111,9 @@ def text(t: Timeline, a: Account, curves: Curves, name: str,
         if alloc.excluded:
             lines.append(f"  health gate: allocation {alloc.index} left out "
                          f"{', '.join(alloc.excluded)}")
+    if exports:
+        lines.append("")
+        lines += exported(exports)
     if evals:
         lines.append("")
         lines += evaluation(evals)
@@ -130,6 +134,19 @@ def _score(value: float) -> str:
 
 def _tokens(value: Optional[int]) -> str:
     return "-" if value is None else f"{value:,}"
+
+
+def exported(exports: Sequence[evaluations.Exported]) -> list[str]:
+    """One row per exported step: its folder and its proof (the exported model's loss on the
+    step after it against the trainer's)."""
+    lines = ["exports (Hugging Face folders, RUN/export/step-N: the proof, the exported "
+             "model's loss against the trainer's)"]
+    for e in exports:
+        losses = "" if e.measured_loss is None or e.logged_loss is None else \
+            f": {e.measured_loss:.6g} against {e.logged_loss:.6g}"
+        lines.append(f"  step {e.step:>8}  {e.outcome}{losses}"
+                     f"{f' ({e.precision})' if e.precision else ''}  {e.folder}")
+    return lines
 
 
 def evaluation(evals: Sequence[evaluations.Evaluated]) -> list[str]:
@@ -178,13 +195,16 @@ def _clean(value: Any) -> Any:
 
 
 def as_json(t: Timeline, a: Account, curves: Curves, name: str,
-            evals: Sequence[evaluations.Evaluated] = ()) -> dict[str, Any]:
+            evals: Sequence[evaluations.Evaluated] = (),
+            exports: Sequence[evaluations.Exported] = ()) -> dict[str, Any]:
     data: dict[str, Any] = {"run": name, "timeline": dataclasses.asdict(t),
                             "account": dataclasses.asdict(a),
                             "parts": {k: h for k, h in a.parts},
                             "plan_options": plan_options(a),
                             "curves": {"series": curves.series, "marks": curves.marks,
                                        "restarts": curves.restarts}}
+    if exports:   # likewise for RUN/export/step-N/
+        data["exports"] = [dataclasses.asdict(e) for e in exports]
     if evals:   # a run with no RUN/eval/step-N.json prints what it printed before
         data["eval"] = [dataclasses.asdict(e) for e in evals]
         data["eval_change"] = [dataclasses.asdict(c) for c in evaluations.changes(evals)]

@@ -3,11 +3,13 @@
 ``data_check.py node|cli`` reads what to expect from JOBGEN_DATA (JSON; jobgen/job/data.py
 decides it from the job spec) and prints one line per problem, naming the recipe key and the
 file, then one summary line. Exit 0 when the data can be trained on, 78 on a node (no retry can
-cure it) or 2 at the command line when it cannot. It reads headers, sizes and metadata only,
-never the tokens, so a thousand shards take seconds.
+cure it) or 2 at the command line when it cannot. It reads headers, sizes, metadata and the
+tokenizer's small files, and of the tokens a bounded sample (the first and last MiB of a few
+shards), so a thousand shards take seconds.
 """
 from __future__ import annotations
 
+import array
 import json
 import math
 import os
@@ -25,10 +27,18 @@ IDX_DTYPES = {1: ("uint8", 1, 2**8), 2: ("int8", 1, 2**7), 3: ("int16", 2, 2**15
               4: ("int32", 4, 2**31), 5: ("int64", 8, 2**63), 6: ("float64", 8, 0),
               7: ("double", 8, 0), 8: ("uint16", 2, 2**16)}
 MAX_VOCAB_FILE = 64 << 20   # a tokenizer's vocabulary file read whole, at most this many bytes
+SAMPLE_BYTES = 1 << 20      # the token ids read from each end of a sampled .bin
+SAMPLED_SHARDS = 16         # at most this many .bin files sampled, spread over the list
+TYPECODES = {"uint8": "B", "int8": "b", "int16": "h", "uint16": "H", "int32": "i", "int64": "q"}
 
 
 class Problem(Exception):
-    """One thing wrong with the data: already phrased as the line the user reads."""
+    """One thing wrong with the data: already phrased as the line the user reads; `key` names
+    the recipe keys it is about where they are not the dataset's own (data.path)."""
+
+    def __init__(self, line: str, key: str = "") -> None:
+        super().__init__(line)
+        self.key = key
 
 
 class Unchecked(Problem):
@@ -56,16 +66,20 @@ def _read_at(fd: int, offset: int, size: int, path: Path) -> bytes:
     return data
 
 
-def vocabulary_size(path: Path) -> int:
-    """Entries in a GPT-2-style vocab.json."""
+def _small_file(path: Path) -> bytes:
     fd = _open_regular(path)
     try:
         size = os.fstat(fd).st_size
         if size > MAX_VOCAB_FILE:
             raise Problem(f"{path}: {size} bytes, more than a vocabulary file holds")
-        text = _read_at(fd, 0, size, path)
+        return _read_at(fd, 0, size, path)
     finally:
         os.close(fd)
+
+
+def vocabulary_size(path: Path) -> int:
+    """Entries in a GPT-2-style vocab.json."""
+    text = _small_file(path)
     try:
         vocab = json.loads(text)
     except (ValueError, UnicodeDecodeError):
@@ -73,6 +87,72 @@ def vocabulary_size(path: Path) -> int:
     if not isinstance(vocab, dict) or not vocab:
         raise Problem(f"{path}: not a JSON vocabulary (token -> id)")
     return len(vocab)
+
+
+def tokenizer_json_size(path: Path) -> int:
+    """The distinct ids of a Hugging Face tokenizer.json: its model's vocabulary (BPE and
+    WordPiece: token -> id; Unigram: a list of [token, score]) and its added tokens."""
+    try:
+        found = json.loads(_small_file(path))
+        vocab = found["model"]["vocab"]
+        ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+        ids.update(int(t["id"]) for t in found.get("added_tokens") or ())
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise Problem(f"{path}: not a Hugging Face tokenizer.json") from None
+    return len(ids)
+
+
+def vocab_txt_size(path: Path) -> int:
+    """Lines of a BERT vocab.txt (a token a line; its line number is the token's id)."""
+    text = _small_file(path)
+    return text.count(b"\n") + (0 if not text or text.endswith(b"\n") else 1)
+
+
+def model_vocabulary(want: dict[str, Any]) -> tuple[int, str]:
+    """(the rows of the model's embedding: model.vocab_size as the trainer pads it, its words)."""
+    vocab = int(want.get("vocab_size") or 0)
+    padded = max(vocab, int(want.get("vocab_padded") or 0))
+    said = f"{want.get('vocab_key', 'model.vocab_size')} {vocab:,}"
+    return padded, said + (f" (the trainer pads it to {padded:,})" if padded != vocab else "")
+
+
+def check_tokenizer_size(tokens: int, path: Path, key: str, want: dict[str, Any]) -> None:
+    """A tokenizer with more tokens than the model has rows: its ids past them cannot train."""
+    rows, said = model_vocabulary(want)
+    if rows and tokens > rows:
+        model_key = want.get("vocab_key", "model.vocab_size")
+        raise Problem(f"{path}: {tokens:,} tokens, more than {said} holds", f"{key}, {model_key}")
+
+
+def check_ids(low: int, high: int, path: Path, where: str, want: dict[str, Any],
+              tokenizer: int = 0) -> None:
+    """Sampled token ids against the model's rows (else the tokenizer's size)."""
+    rows, said = model_vocabulary(want)
+    if not rows and tokenizer:
+        rows, said = tokenizer, f"the tokenizer's {tokenizer:,} tokens"
+    if low < 0:
+        raise Problem(f"{path}: token id {low} in {where}: ids cannot be negative")
+    if rows and high >= rows:
+        raise Problem(f"{path}: token id {high:,} in {where}, not below {said}")
+
+
+def sampled_ids(binary: Path, dtype: str, size: int) -> tuple[int, int]:
+    """(lowest, highest) token id in the first and last SAMPLE_BYTES of a .bin."""
+    width = array.array(TYPECODES[dtype]).itemsize
+    head = min(size, SAMPLE_BYTES) // width * width
+    tail_start = max(head, -(-(size - SAMPLE_BYTES) // width) * width)
+    fd = _open_regular(binary)
+    try:
+        chunks = [_read_at(fd, 0, head, binary),
+                  _read_at(fd, tail_start, size - tail_start, binary)]
+    finally:
+        os.close(fd)
+    ids = array.array(TYPECODES[dtype])
+    for chunk in chunks:
+        ids.frombytes(chunk)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return (min(ids), max(ids)) if ids else (0, 0)
 
 
 def megatron_shard(prefix: str, vocab: int) -> dict[str, Any]:
@@ -118,19 +198,26 @@ def megatron_shard(prefix: str, vocab: int) -> dict[str, Any]:
                       f"{last_pointer + last_size * width} (truncated, or not its pair)")
     if vocab > limit:
         raise Problem(f"{idx}: tokens are {name}, which cannot hold a vocabulary of {vocab}")
-    return {"dtype": name, "documents": docs - 1, "tokens": bin_size // width}
+    return {"dtype": name, "documents": docs - 1, "tokens": bin_size // width, "bytes": bin_size}
 
 
 def check_megatron(want: dict[str, Any]) -> dict[str, Any]:
     vocab = int(want.get("vocab_size") or 0)
+    tokenizer = 0
     if want.get("vocab_file"):
-        vocab = vocabulary_size(Path(want["vocab_file"]))
+        tokenizer = vocab = vocabulary_size(Path(want["vocab_file"]))
+        check_tokenizer_size(vocab, Path(want["vocab_file"]), "data.vocab_file", want)
     prefixes = [p for p in want.get("prefixes", []) if p]
     if not prefixes:
         raise Problem("names no dataset prefix")
     share = float(want.get("train_share", 1.0))
     seq = int(want["seq_length"])
     shards = [megatron_shard(p, vocab) for p in prefixes]
+    step = max(1, -(-len(prefixes) // SAMPLED_SHARDS))
+    for n in sorted({*range(0, len(prefixes), step), len(prefixes) - 1}):
+        binary = Path(prefixes[n] + ".bin")
+        low, high = sampled_ids(binary, shards[n]["dtype"], shards[n]["bytes"])
+        check_ids(low, high, binary, "its first or last MiB", want, tokenizer)
     tokens = sum(s["tokens"] for s in shards)
     samples = sum(max(0, math.floor(s["tokens"] * share) - 1) // seq for s in shards)
     return {"shards": len(shards), "dtype": "/".join(sorted({s["dtype"] for s in shards})),
@@ -175,6 +262,12 @@ def check_hf_blocks(want: dict[str, Any]) -> dict[str, Any]:
     if length != int(want["seq_length"]):
         raise Problem(f"{folder}: blocks of {length} tokens, not the recipe's "
                       f"model.seq_length {want['seq_length']}")
+    tokenizer = 0
+    if (folder / "tokenizer.json").is_file():   # the prepare stage saves its tokenizer here
+        tokenizer = tokenizer_json_size(folder / "tokenizer.json")
+        check_tokenizer_size(tokenizer, folder / "tokenizer.json", "data.tokenizer", want)
+    ends = [*data[0]["input_ids"], *data[len(data) - 1]["input_ids"]]
+    check_ids(min(ends), max(ends), folder, "its first or last block", want, tokenizer)
     return {"shards": len(data.cache_files) or 1, "dtype": dtype, "samples": len(data),
             "tokens": len(data) * length}
 
@@ -189,10 +282,21 @@ def check_bert_hdf5(want: dict[str, Any]) -> dict[str, Any]:
         raise Unchecked(f"{want['path']}: cannot be checked here: {exc.name} is not installed "
                       f"(pip install {exc.name})") from None
     folder = Path(want["path"])
+    if (folder / "vocab.txt").is_file():        # the prepare stage writes the shards' vocabulary
+        check_tokenizer_size(vocab_txt_size(folder / "vocab.txt"), folder / "vocab.txt",
+                             "data.tokenizer", want)
     try:
         files = bert_data.find_training_files(folder)
         counts = [bert_data.check_shard(f, int(want["seq_length"]), int(want["max_predictions"]))
                   for f in files]
+        if files:                              # the ids of the first shard's ends
+            import h5py
+            with h5py.File(files[0], "r") as shard:
+                rows = shard["input_ids"]
+                ends = [rows[:64], rows[max(0, len(rows) - 64):]] if len(rows) else []
+            if ends:
+                check_ids(min(int(e.min()) for e in ends), max(int(e.max()) for e in ends),
+                          files[0], "its first or last 64 samples", want)
     except PayloadError as exc:
         raise Problem(str(exc)) from None
     return {"shards": len(files), "dtype": "hdf5", "samples": sum(counts)}
@@ -207,6 +311,8 @@ def run(want: dict[str, Any]) -> tuple[list[str], str, bool]:
     try:
         found = CHECKS[want["format"]](want)
     except Problem as exc:
+        if exc.key:
+            where = f"{want.get('recipe', 'the recipe')}: {exc.key}"
         return [f"{where}: {exc}"], "", not isinstance(exc, Unchecked)
     problems = []
     batch = int(want.get("global_batch") or 0)

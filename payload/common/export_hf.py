@@ -46,20 +46,46 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                             "(default: all of them, as the trainer logged)")
     group.add_argument("--on-node", action="store_true",
                        help="a permanent failure exits 78 (a node's code: no retry cures it)")
+    group.add_argument("--list-sealed", action="store_true",
+                       help="instead of an export: print the steps it could export (complete, "
+                            "as it judges them), one a line, oldest first, and exit 0")
 
 
 CHOSEN: list[str] = []   # why the default step is not the newest, for run() to say
+SEAL = f"{checkpoints.MARKER} and every node's part"   # jobgen's own seal (checkpoints.py)
+
+
+def sealed_steps(root: Path) -> list[checkpoints.Checkpoint]:
+    """The steps jobgen's seals mark complete under ``root``, oldest first: what an export of a
+    trainer that seals with checkpoints.py chooses from (and --list-sealed prints)."""
+    return checkpoints.list_checkpoints(root)[0]
+
+
+def list_sealed(complete: Callable[[], list[checkpoints.Checkpoint]], prog: str,
+                on_node: bool) -> int:
+    """--list-sealed: print the steps of ``complete`` (the export's own choice of steps), one a
+    line, oldest first; exit 0, or say in one line why they cannot be listed (2, 78 on a node)."""
+    try:
+        steps = sorted(c.step for c in complete())
+    except (PayloadError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return PERMANENT_ON_NODE if on_node else 2
+    sys.stdout.write("".join(f"{s}\n" for s in steps))
+    return 0
 
 
 def sealed_step(root: Path, step: int | None, metrics: Path | None = None,
-                prog: str = "export") -> checkpoints.Checkpoint:
+                prog: str = "export", complete: list[checkpoints.Checkpoint] | None = None,
+                seal: str | None = None,
+                tag: Callable[[int], str] = checkpoints.tag_for) -> checkpoints.Checkpoint:
     """The complete checkpoint to export: ``step``, or the newest that can be proven (the
     trainer's ``metrics`` log the step after it; said in one line where that is not the newest,
-    which is taken where none can); refused in one line."""
-    complete, _ = checkpoints.list_checkpoints(root)
+    which is taken where none can); refused in one line. A trainer whose engine seals its own
+    saves gives its ``complete`` ones (oldest first), the ``seal`` and its folders' ``tag``."""
+    if complete is None:
+        complete, seal = sealed_steps(root), SEAL
     if not complete:
-        raise PayloadError(f"{root}: no complete checkpoint (none sealed with "
-                           f"{checkpoints.MARKER} and every node's part)")
+        raise PayloadError(f"{root}: no complete checkpoint (none sealed with {seal})")
     if step is None:
         logged = export_check.logged_steps(metrics) if metrics is not None else set()
         provable = [c for c in complete if c.step + 1 in logged]
@@ -75,7 +101,7 @@ def sealed_step(root: Path, step: int | None, metrics: Path | None = None,
         if ckpt.step == step:
             return ckpt
     steps = ", ".join(str(c.step) for c in complete)
-    raise PayloadError(f"{root / checkpoints.tag_for(step)}: step {step} is not complete "
+    raise PayloadError(f"{root / tag(step)}: step {step} is not complete "
                        f"(not sealed: being written, or its save failed); complete: {steps}")
 
 

@@ -1,12 +1,13 @@
 """Follow a training job: export, then score, every K-th sealed step while it trains.
 
-A step S with S % K == 0 is taken once it is sealed (checkpoints.py) and the trainer logged
-step S+1 (so that its export can be proven), or once training has ended; oldest first, one at a
-time: the program after ``+export`` (the export, its flags) with ``--step S``, then the one after
-``+eval`` (eval_step.py, its flags) with ``--step S``. A step exported (scored) already is not
-done again; a step pruned before its turn is skipped in one line. Training has ended once squeue
-no longer lists its job (``--slurm-job-env VAR`` holds its id) or ``--until FILE`` exists; then
-one last sweep, and the exit: 0, else the first failed export's or eval's status.
+A step S with S % K == 0 is taken once the export lists it sealed (the program after
+``+export``, its flags and ``--list-sealed``, each sweep; a failed listing is said and retried)
+and the trainer logged step S+1 (so that its export can be proven), or once training has ended;
+oldest first, one at a time: that program with ``--step S``, then the one after ``+eval``
+(eval_step.py, its flags) with ``--step S``. A step exported (scored) already is not done again;
+a step pruned before its turn is skipped in one line. Training has ended once squeue no longer
+lists its job (``--slurm-job-env VAR`` holds its id) or ``--until FILE`` exists; then one last
+sweep, and the exit: 0, else the first failed export's, eval's or listing's status.
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from typing import Callable
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent)]
 
-from common import checkpoints, export_check
+from common import export_check
 
 PROG = "follow"
 PERMANENT_ON_NODE = 78
 UNPROVEN = 3                  # export_hf.run: exported, but no logged step to prove it with
 EXPORT_RECORD = "jobgen-export.json"
+LAST_TRIES = 3               # listings that may fail after training has ended, before the exit
+LISTING_TIMEOUT = 600.0      # seconds: a listing that hangs (a stuck shared disk) has failed
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE"})   # squeue's states of a job that will not run again
 
@@ -35,10 +38,38 @@ class FollowError(Exception):
     """Bad input: one line, exit 2 (78 with --on-node)."""
 
 
-def wanted(root: Path, every: int) -> list[int]:
-    """The sealed steps under ``root`` that are multiples of ``every`` (oldest first)."""
-    complete, _ = checkpoints.list_checkpoints(root)
-    return [c.step for c in complete if c.step > 0 and c.step % every == 0]
+class Unlisted(Exception):
+    """The export could not list its sealed steps this time (said in one line; asked again)."""
+
+    def __init__(self, line: str, status: int) -> None:
+        super().__init__(line)
+        self.status = status
+
+
+def sealed(export_words: list[str]) -> list[int]:
+    """The steps the export would take (``--list-sealed``: its own choice of complete steps),
+    oldest first; Unlisted where it fails or answers with anything but steps."""
+    try:
+        proc = subprocess.run([sys.executable, str(_program(export_words[0])), *export_words[1:],
+                               "--list-sealed"], capture_output=True, text=True,
+                              timeout=LISTING_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise Unlisted(f"no answer in {LISTING_TIMEOUT:g} s", 1) from None
+    except OSError as exc:
+        raise Unlisted(str(exc), 1) from None
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        raise Unlisted(f"status {proc.returncode}: {said[-1] if said else 'said nothing'}",
+                       proc.returncode)
+    lines = proc.stdout.split()
+    if not all(line.isdigit() for line in lines):
+        raise Unlisted(f"answered {proc.stdout.strip()[:200]!r}, not steps, one a line", 1)
+    return sorted(int(line) for line in lines)
+
+
+def wanted(export_words: list[str], every: int) -> list[int]:
+    """The sealed steps the export lists that are multiples of ``every`` (oldest first)."""
+    return [s for s in sealed(export_words) if s > 0 and s % every == 0]
 
 
 def exported(export_root: Path, step: int) -> bool:
@@ -83,7 +114,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
                                 usage=f"{PROG} [options] +export PROGRAM ARGS... "
                                       "[+eval PROGRAM ARGS...]")
-    p.add_argument("--checkpoints", type=Path, required=True, help="the trainer's checkpoints")
     p.add_argument("--metrics", type=Path, required=True, help="the trainer's metrics.jsonl")
     p.add_argument("--export-root", type=Path, required=True)
     p.add_argument("--eval-root", type=Path, required=True)
@@ -120,12 +150,24 @@ def say(line: str) -> None:
     print(f"{PROG}: {line}", flush=True)
 
 
+def _program(word: str) -> Path:
+    """A program of the payload (relative to its root) or one by absolute path."""
+    program = Path(word)
+    return program if program.is_absolute() else _HERE.parent / program
+
+
 def child(words: list[str]) -> int:
     """One program of the payload, with the interpreter this one runs in."""
-    program = Path(words[0])
-    if not program.is_absolute():
-        program = _HERE.parent / program
-    return subprocess.run([sys.executable, str(program), *words[1:]], check=False).returncode
+    return subprocess.run([sys.executable, str(_program(words[0])), *words[1:]],
+                          check=False).returncode
+
+
+def _listed(export_words: list[str], every: int, step: int) -> bool:
+    """Whether ``step`` is still listed sealed (a failed listing: taken as still there)."""
+    try:
+        return step in wanted(export_words, every)
+    except Unlisted:
+        return True
 
 
 def follow(args: argparse.Namespace, export_words: list[str], eval_words: list[str],
@@ -133,13 +175,25 @@ def follow(args: argparse.Namespace, export_words: list[str], eval_words: list[s
     seen: set[int] = set()
     finished: set[int] = set()
     counts = {"exported": 0, "scored": 0, "skipped": 0, "failed": 0}
-    first_failure = 0
-    say(f"following {args.checkpoints}: every sealed step that is a multiple of {args.every}, "
-        f"exported into {args.export_root}" + (f", scored into {args.eval_root}"
-                                                if eval_words else ""))
+    first_failure = unlisted = 0
+    say(f"following {export_words[0]}'s sealed steps: every one that is a multiple of "
+        f"{args.every}, exported into {args.export_root}" + (f", scored into {args.eval_root}"
+                                                             if eval_words else ""))
     while True:
         over = ended()          # asked first: the sweep after it sees every step saved before
-        sealed = wanted(args.checkpoints, args.every)
+        try:
+            sealed = wanted(export_words, args.every)
+        except Unlisted as exc:  # transient, as a shared disk's hiccup is: asked again
+            unlisted = unlisted + 1 if over else 0   # counted once training has ended
+            if unlisted >= LAST_TRIES:
+                say(f"listing the sealed steps failed ({exc}) {unlisted} times since training "
+                    "ended; giving up")
+                first_failure = first_failure or exc.status or 1
+                break
+            say(f"listing the sealed steps failed ({exc}); asking again at the next sweep")
+            sleep(args.poll)
+            continue
+        unlisted = 0
         logged = export_check.logged_steps(args.metrics)
         seen.update(sealed)
         pending = sorted(seen - finished)
@@ -158,7 +212,7 @@ def follow(args: argparse.Namespace, export_words: list[str], eval_words: list[s
         if not exported(args.export_root, turn):
             say(f"step {turn}: exporting")
             status = child([*export_words, "--step", str(turn)])
-            if status not in (0, UNPROVEN) and turn not in wanted(args.checkpoints, args.every):
+            if status not in (0, UNPROVEN) and not _listed(export_words, args.every, turn):
                 counts["skipped"] += 1
                 say(f"step {turn}: skipped: checkpoint pruning removed it during its export")
                 continue

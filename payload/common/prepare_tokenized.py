@@ -303,6 +303,15 @@ def _install(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
+def tokenizing_processes(workers: int, rows: int) -> tuple[int, int]:
+    """(processes, encoding threads each) for --workers cores: a process per core, each on one
+    encoding thread, so that while one converts and writes its batch (one core: Python) the
+    others encode; never more processes than 1,000-row batches, the cores left over as threads
+    (docs/benchmarks.md, the prepare stage)."""
+    count = max(1, min(workers, rows // GROUP_BATCH))
+    return count, max(1, workers // count)
+
+
 def hf_blocks(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> str:
     import datasets
     from prepare_data import group_texts
@@ -316,8 +325,13 @@ def hf_blocks(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> s
                                           features=datasets.Features(
                                               {"text": datasets.Value("string")}),
                                           cache_dir=str(work / "cache"))
-    procs = args.workers if args.workers > 1 and len(raw) >= 2 * GROUP_BATCH else None
-    say(f"tokenizing {len(raw):,} documents with {source} ({procs or 1} processes)")
+    count, threads = tokenizing_processes(args.workers, len(raw))
+    # Each process's encode_batch threads (rayon's pool starts at the first encode, in the
+    # worker): together no more than --workers cores; a RAYON_NUM_THREADS given is kept.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    procs = count if count > 1 else None
+    say(f"tokenizing {len(raw):,} documents with {source} ({count} processes of "
+        f"{os.environ['RAYON_NUM_THREADS']} encoding threads, --workers {args.workers})")
     tokenized = raw.map(lambda batch: tokenizer(batch["text"]), batched=True,
                         batch_size=GROUP_BATCH, remove_columns=["text"], num_proc=procs)
     # The blocks are cut per 1,000-row batch of the whole stream, as get_dataset.py's one
@@ -400,7 +414,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--path", required=True, help="the recipe's data.path, under --data-dir")
     p.add_argument("--tokenizer", required=True, help="a hub name or a folder (data.tokenizer)")
     p.add_argument("--seq-length", type=int, required=True)
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1,
+                   help="cores to use (the site's cpus_per_task): hf_blocks runs a process "
+                        "per core (at most one per 1,000 documents), bert_hdf5 one per shard")
     p.add_argument("--max-predictions", type=int, default=20)
     p.add_argument("--seed", type=int, default=BERT_SEED)
     p.add_argument("--dupe-factor", type=int, default=DUPE_FACTOR)

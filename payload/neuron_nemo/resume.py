@@ -9,7 +9,7 @@ restore of the whole prefix on every instance) and so makes the same choice.
 Which one: the newest complete checkpoint by the step in NeMo's file name
 (``...--step=400-consumed_samples=...ckpt``), not by modification time as NeMo's exp_manager
 would (after a restore from S3 that is download time, and nodes could disagree). Complete means,
-in every tensor/pipeline rank folder (``tp_rank_TT_pp_rank_PPP``, as the overrides size them):
+in every tensor/pipeline rank folder (``tp_rank_TT_pp_rank_PPP``, ``mp_rank_TT`` at PP 1):
 
 - the ``.ckpt`` file is a whole torch zip archive (its central directory, written last, is there);
 - with ``save_xser`` (neuronx-nemo-megatron's ``parts/serialization.py``), its
@@ -90,9 +90,13 @@ class Layout:
 
 
 def rank_folders(tp: int, pp: int) -> list[str]:
-    """The folders NeMo saves model-parallel ranks into (none for a single rank)."""
+    """The folders NeMo saves model-parallel ranks into (none for a single rank), TP-major:
+    ``mp_rank_TT`` without pipeline stages, as inject_model_parallel_rank (nemo/utils/
+    model_utils.py, d22aabf) names them, else ``tp_rank_TT_pp_rank_PPP``."""
     if tp * pp == 1:
         return []
+    if pp == 1:
+        return [f"mp_rank_{t:02d}" for t in range(tp)]
     return [f"tp_rank_{t:02d}_pp_rank_{p:03d}" for t in range(tp) for p in range(pp)]
 
 

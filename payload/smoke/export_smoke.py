@@ -106,6 +106,9 @@ def export(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list_sealed:   # the steps export() chooses from: the same seals, the same folder
+        return export_hf.list_sealed(
+            lambda: export_hf.sealed_steps(args.output_dir / "checkpoints"), PROG, args.on_node)
     return export_hf.run(lambda: export(args), PROG, args.on_node)
 
 

@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ LLAMA_SPECIALS = ("<unk>", "<s>", "</s>")
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")   # [PAD] is 0, as padding is
 UINT16_LIMIT = 65_500                 # NeMo's (and Megatron's) cut-off for uint16 tokens
 GROUP_BATCH = 1000                    # datasets' map batch: get_dataset.py cuts blocks per batch
+TRAIN_SAMPLE = 2_000_000              # characters the rehearsal's BPE trains on, at most
+ENCODE_CHUNK = 4_000_000              # characters batch-encoded at once (bounds memory)
 
 
 
@@ -72,11 +75,32 @@ def _discard(*paths: Path) -> None:
 # --- megatron -------------------------------------------------------------------------------
 
 def gpt2_bpe(docs: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE trained on every k-th document, k chosen so that about TRAIN_SAMPLE
+    characters spread over the input are read (all of it where it is smaller): training cost
+    stays bounded however large the input; every document is then encoded by what was trained."""
     tokenizers = _need("tokenizers", "tokenizers")
+    step = -(-sum(map(len, docs)) // TRAIN_SAMPLE) or 1
     tok = tokenizers.ByteLevelBPETokenizer()
-    tok.train_from_iterator(docs, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOD],
-                            show_progress=False)
+    tok.train_from_iterator(docs[::step], vocab_size=vocab_size, min_frequency=2,
+                            special_tokens=[EOD], show_progress=False)
     return tok
+
+
+def encoded_chunks(tok: Any, docs: list[str], eod: int,
+                   dtype: Any) -> Iterator[tuple[Any, Any]]:
+    """(tokens, lengths) per chunk of about ENCODE_CHUNK characters: the chunk's documents
+    batch-encoded at once (the Rust side, on every core; no offsets kept), each followed by
+    `eod`, as one numpy array, and each document's length with its `eod`."""
+    import itertools
+
+    import numpy
+    per = max(1, len(docs) * ENCODE_CHUNK // max(1, sum(map(len, docs))))
+    for first in range(0, len(docs), per):
+        ids = [e.ids for e in tok.encode_batch_fast(docs[first:first + per])]
+        lengths = numpy.fromiter(map(len, ids), dtype=numpy.int64, count=len(ids))
+        body = numpy.fromiter(itertools.chain.from_iterable(ids), dtype=dtype,
+                              count=int(lengths.sum()))
+        yield numpy.insert(body, numpy.cumsum(lengths), eod), lengths + 1
 
 
 def megatron(args: argparse.Namespace, docs: list[str]) -> str:
@@ -103,10 +127,14 @@ def megatron(args: argparse.Namespace, docs: list[str]) -> str:
         os.replace(written_merges, tmp_merges)
         builder = indexed.IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
         tokens = 0
-        for encoding in tok.encode_batch(docs):
-            ids = numpy.array(encoding.ids + [eod], dtype=dtype)
-            builder.add_document(ids, [len(ids)])
-            tokens += len(ids)
+        # The same tokenizer as a plain Tokenizer, whose encode_batch_fast the wrapper lacks.
+        plain = _need("tokenizers", "tokenizers").Tokenizer.from_str(tok.to_str())
+        for flat, lengths in encoded_chunks(plain, docs, eod, dtype):
+            # One document, one sequence, as NeMo's add_item + end_document write it.
+            ends = numpy.cumsum(lengths).tolist()
+            for start, end in zip([0, *ends[:-1]], ends):
+                builder.add_document(flat[start:end], [end - start])
+            tokens += len(flat)
         builder.finalize(str(tmp_idx))
         # The index last: until it is in place, the pair does not look whole.
         for tmp, final in ((tmp_vocab, vocab), (tmp_merges, merges),

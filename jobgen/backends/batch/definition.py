@@ -67,6 +67,20 @@ def node_environment(spec: JobSpec, lau: payloads.Launch) -> list[dict[str, str]
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
+def container_secrets(site: Site, environment: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The site's batch.secrets as the container's `secrets` (name, valueFrom): Batch has the
+    execution role fetch each value when the container starts, so none is in the definition.
+    A name the container's environment sets too is refused (which would win is not said)."""
+    assert site.batch is not None
+    secrets = [{"name": k, "valueFrom": v} for k, v in sorted((site.batch.secrets or {}).items())]
+    clash = sorted({s["name"] for s in secrets} & {e["name"] for e in environment})
+    if clash:
+        raise ConfigError(f"site {site.name}: batch.secrets.{clash[0]}: the job's environment "
+                          "sets it too (the recipe's or the node contract's): name another "
+                          "variable")
+    return secrets
+
+
 def _note_save_in_grace(spec: JobSpec) -> None:
     """At a terminate or a time-out Batch stops each node's container with SIGTERM and kills it
     30 s later (the ECS agent's ECS_CONTAINER_STOP_TIMEOUT; Batch's job definition has no field for
@@ -190,6 +204,8 @@ def job_definition(spec: JobSpec) -> dict[str, Any]:
         "logConfiguration": {"logDriver": "awslogs",
                              "options": {"awslogs-group": site.batch.log_group}},
     })
+    if site.batch.secrets:
+        container["secrets"] = container_secrets(site, container["environment"])
     jd: dict[str, Any] = {
         "jobDefinitionName": definition_name(spec),
         "type": "multinode",

@@ -14,7 +14,7 @@ from ...images import catalog as images
 from ...job.spec import JobSpec
 from ...payloads.base import say_once
 from ...plumbing.errors import ConfigError
-from .definition import EVALUATE_ON_EXIT, definition_name
+from .definition import EVALUATE_ON_EXIT, container_secrets, definition_name
 
 # A job depends on at most 20 jobs (SubmitJob's dependsOn).
 MAX_DEPENDS_ON = 20
@@ -45,6 +45,13 @@ def _resources(spec: JobSpec) -> list[dict[str, str]]:
     return [{"type": "VCPU", "value": str(vcpus)}, {"type": "MEMORY", "value": str(memory)}]
 
 
+def _hub_tokenizer(spec: JobSpec) -> bool:
+    """Whether the recipe's tokenizer comes from the Hugging Face hub (a gated one needs
+    HF_TOKEN): a hub name, not a folder (stages.py says so for every backend)."""
+    tokenizer = spec.recipe.data.tokenizer or ""
+    return "/" in tokenizer and not posixpath.isabs(tokenizer)
+
+
 def job_definition(spec: JobSpec, name: str, argv: Sequence[str]) -> dict[str, Any]:
     """The RegisterJobDefinition request of stage `name` (command: its first task's), checked
     offline against botocore's model."""
@@ -70,6 +77,13 @@ def job_definition(spec: JobSpec, name: str, argv: Sequence[str]) -> dict[str, A
         "logConfiguration": {"logDriver": "awslogs",
                              "options": {"awslogs-group": site.batch.log_group}},
     })
+    if site.batch.secrets:      # HF_TOKEN for a gated tokenizer: from the site's secret
+        container["secrets"] = container_secrets(site, container["environment"])
+    elif name == "prepare" and _hub_tokenizer(spec):
+        say_once(f"note: site {site.name}: on Batch a gated tokenizer's HF_TOKEN comes from "
+                 "a secret the site names (batch.secrets: {HF_TOKEN: ARN of a Secrets Manager "
+                 "secret or an SSM parameter}); none is named, so the job reads the hub "
+                 "without a token")
     # Retried where the infrastructure failed (a host gone, an image that would not start);
     # the program's own exit (78: a permanent input error) ends the job.
     retry = [dict(e) for e in EVALUATE_ON_EXIT if "onExitCode" not in e]

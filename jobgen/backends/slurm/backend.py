@@ -118,7 +118,7 @@ def _stage_plan(spec: JobSpec, name: str, summary: str, one_node: bool, work: An
         STAGE_TEMPLATE, job_name=f"{spec.job_name}-{name}", stage=name,
         summary=summary, cpus_per_task=site.slurm.cpus_per_task,
         partition=(site.slurm.prepare_partition or spec.options.get("partition") or "")
-        if one_node else spec.options.get("partition") or "",
+        if one_node and not work.training_node else spec.options.get("partition") or "",
         output="%x-%A_%a.out" if len(work.tasks) > 1 else "%x-%j.out",
         title=f"{spec.recipe.name}: {spec.recipe.description}", source=spec.source,
         site=site.name, payload_dir=spec.payload_dir, payload_digest=spec.payload_digest,

@@ -100,17 +100,65 @@ flow_setup() {
 
 # flow_data_check IS_MAIN SHARED: the dataset judged by its headers before any compile step
 # (common/data_check.py reads what to expect from JOBGEN_DATA): on the main node where the nodes
-# share a disk, else on every node (each reads its own copy). A dataset that cannot be trained on
-# is a configuration error (78): no retry cures it.
+# share a disk, which publishes its verdict for the others (flow_data_verdict), else on every node
+# (each reads its own copy). A dataset that cannot be trained on is a configuration error (78): no
+# retry cures it, and no node starts its launcher.
 flow_data_check() {
   [ -n "${JOBGEN_DATA:-}" ] || return 0
-  [ "$2" != 1 ] || [ "$1" = 1 ] || return 0
+  local status
+  if [ "$2" = 1 ] && [ "$1" != 1 ]; then
+    flow_wait_data_verdict
+    return
+  fi
   "$FLOW_PYTHON" "$JOBGEN_PAYLOAD_DIR/common/data_check.py" node
-  case $? in
+  status=$?
+  [ "$2" != 1 ] || flow_data_verdict "$status"
+  case $status in
     0) return 0 ;;
     "$FLOW_CONFIG_ERROR") flow_say "the data check failed; no pass started"; return "$FLOW_CONFIG_ERROR" ;;
     *) flow_say "the data check could not run; no pass started"; return 1 ;;
   esac
+}
+
+# The main node's verdict in the attempt's log folder: "STATUS ATTEMPT", written under a private
+# name and renamed (as the compile marker is); ATTEMPT tells this attempt's from an earlier one's
+# where a folder outlives one (the service's attempt label, Slurm's job step).
+flow_data_attempt() { printf '%s/%s\n' "${JOBGEN_ATTEMPT:-}" "${SLURM_STEP_ID:-}"; }
+flow_data_verdict() {
+  local file="$JOBGEN_LOG_DIR/data.verdict" tmp="$JOBGEN_LOG_DIR/.data.verdict.$$"
+  { printf '%s %s\n' "$1" "$(flow_data_attempt)" >"$tmp" && mv -f "$tmp" "$file"; } 2>/dev/null || {
+    rm -f "$tmp"
+    flow_say "cannot publish the data check's verdict in $file; the other nodes wait for it in vain"
+  }
+}
+
+# flow_wait_data_verdict: the other nodes of a shared disk wait for the main node's verdict
+# (JOBGEN_RDZV_TIMEOUT, default 900 s), then stop as it did: 78 on data that cannot be trained on.
+flow_wait_data_verdict() {
+  local file="$JOBGEN_LOG_DIR/data.verdict" limit=${JOBGEN_RDZV_TIMEOUT:-900} waited=0 code attempt
+  local want
+  want=$(flow_data_attempt)
+  while :; do
+    code="" attempt=""
+    [ -f "$file" ] && read -r code attempt <"$file"
+    if [ -n "$code" ] && [ "$attempt" = "$want" ]; then
+      case $code in
+        0) return 0 ;;
+        "$FLOW_CONFIG_ERROR") flow_say "the main node's data check failed (its log says why); no pass started"; return "$FLOW_CONFIG_ERROR" ;;
+        *) flow_say "the main node's data check could not run (status $code); no pass started"; return 1 ;;
+      esac
+    fi
+    if [ -n "${FLOW_STOPPING:-}" ]; then
+      flow_say "stopped (SIG$FLOW_STOPPING) while waiting for the main node's data check"
+      return 143
+    fi
+    if [ "$waited" -ge "$limit" ]; then
+      flow_say "no verdict of the main node's data check in $file within $limit s; no pass started"
+      return 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
 }
 
 # flow_lustre_client: the FSx for Lustre client's dirty-data cap the site asks for
