@@ -139,6 +139,7 @@ def exported(run: Path) -> subprocess.CompletedProcess[str]:
     return export(run, "export")
 
 
+@pytest.mark.slow   # the run fixture: a converter run and an export (about 30 s)
 def test_a_step_exports_through_nxds_converter_and_is_proven(
         run: Path, exported: subprocess.CompletedProcess[str]) -> None:
     done, folder = exported, run / "export" / "step-2"
@@ -158,6 +159,7 @@ def test_a_step_exports_through_nxds_converter_and_is_proven(
     assert "sequence_parallel_enabled" not in config   # NxD's attributes stay behind
 
 
+@pytest.mark.slow   # the run fixture: a converter run and an export (about 30 s)
 def test_the_export_loads_with_transformers_alone(
         run: Path, exported: subprocess.CompletedProcess[str]) -> None:
     folder = run / "export" / "step-2"
@@ -170,6 +172,7 @@ def test_the_export_loads_with_transformers_alone(
     assert ours == "[]"   # no module of jobgen's was loaded
 
 
+@pytest.mark.slow   # an export each (10-20 s)
 @pytest.mark.parametrize("broken,says", [
     ("rename", "checkpoints/step_2/model: holds another model than the flags describe (missing "
                "model.layers.0.mlp.gate_proj.weight; unexpected model.layers.0.mlp.gate.weight)"),
@@ -187,6 +190,7 @@ def test_a_broken_conversion_is_one_line_and_leaves_nothing(run: Path, broken: s
     assert not (run / f"broken-{broken}").exists()
 
 
+@pytest.mark.slow   # the run fixture: a converter run and an export (about 30 s)
 def test_a_step_nxd_has_not_sealed_is_refused(run: Path, tmp_path: Path) -> None:
     done = export(run, "unsealed", "--step", "4")
     assert (done.returncode, done.stdout) == (78, "")

@@ -188,7 +188,7 @@ def _export(made: dict[str, Any], run: Path, *extra: str, xser: bool = True,
         "--export-root", str(run / "export"), *extra])
 
 
-@pytest.mark.parametrize("xser", [True, False])
+@pytest.mark.parametrize("xser", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_the_export_loads_in_transformers_alone_and_computes_the_trainers_loss(
         made: dict[str, Any], tmp_path: Path, xser: bool,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,6 +208,7 @@ def test_the_export_loads_in_transformers_alone_and_computes_the_trainers_loss(
     assert abs(record["proof"]["measured_loss"] - made["logged"]) < 1e-5 * made["logged"]
 
 
+@pytest.mark.slow   # an export (about 6 s)
 def test_without_pipeline_stages_the_ranks_are_read_from_nemos_mp_rank_folders(
         made: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _run(made, tmp_path, pp=1)
@@ -272,6 +273,7 @@ def test_a_partial_rotary_model_is_refused_before_its_ranks_are_read(
     assert "not GPT-NeoX's" in err and not (run / "export").exists()
 
 
+@pytest.mark.slow   # an export (about 6 s)
 def test_a_blend_of_two_prefixes_is_read_as_nemo_blends_them(
         made: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Weights 0.1 and 0.9: 9 + 73 samples (ceil(80 w 1.005)), so NeMo blends in 82 bins (fewer

@@ -218,6 +218,7 @@ def test_smp_clip_gives_the_unsharded_models_norm_on_every_rank(
     assert reports[0]["norm"] == pytest.approx(reports[0]["reference_norm"], rel=1e-5)
 
 
+@pytest.mark.slow   # two FSDP2 ranks on gloo (about 20 s)
 def test_plain_fsdp2_clip_gives_the_unsharded_models_norm_on_every_rank(tmp_path: Path) -> None:
     reports = scenario("plain-norm", tmp_path, "--grad-clip", "1e9", ranks=2, tp=1)
     assert reports[0]["norm"] == reports[1]["norm"]
