@@ -231,8 +231,9 @@ def check_tokens(work: Path) -> list[str]:
     said.append(f"hf_blocks: the stage's {len(expected):,} blocks == encode_batch's ids, "
                 "concatenated and cut per 1,000 documents")
     one = datasets.load_from_disk(str(work / "h1p1" / "wiki_4k")).with_format("numpy")
-    assert numpy.array_equal(one["input_ids"], expected), "1 process cut other blocks"
-    said.append("hf_blocks: the 1-process run's blocks == the default's (a process per core)")
+    assert numpy.array_equal(one["input_ids"], expected), "--workers 1 cut other blocks"
+    assert one.features == got.features
+    said.append("hf_blocks: the --workers 1 run's blocks and features == the default's")
     return said
 
 
@@ -260,8 +261,8 @@ def programs(work: Path, tok: Path, args: argparse.Namespace,
             [*threads(half), *megatron_stage(work, "m2b", "b.jsonl", args)]],
         f"hf_blocks: stage (prepare_tokenized.py), 1 task, --workers {cores} (default)": [
             blocks_stage(work, "h1", "all.jsonl", cores, tok)],
-        f"hf_blocks: stage, 1 task, 1 process of {cores} threads": [
-            [*threads(cores), *blocks_stage(work, "h1p1", "all.jsonl", 1, tok)]],
+        "hf_blocks: stage, 1 task, --workers 1 (one encoding thread)": [
+            blocks_stage(work, "h1p1", "all.jsonl", 1, tok)],
         **{k: v for k, v in limits.items() if k.startswith("hf_blocks")},
         f"hf_blocks: stage, 2 tasks on halves, --workers {half} each": [
             blocks_stage(work, "h2a", "a.jsonl", half, tok),

@@ -196,14 +196,25 @@ def test_wikicorpus_articles_are_read_as_its_loading_script_gave_them(tmp_path: 
     assert "wikicorpus_llama2_tokenized_4k" in UPSTREAM["hf_blocks"]["facts"][-1]
 
 
-def test_workers_are_cores_a_process_of_one_thread_each() -> None:
-    """--workers is the cores the task has: a process per core on one encoding thread (an
-    oversubscribed 2 x 2 was slower than 1 process here), never more processes than 1,000-row
-    batches, the cores left over going to their threads."""
+def test_the_rust_encoder_makes_the_transformers_tokenizers_ids_cut_as_group_texts_cuts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """encoded_blocks (encode_batch_fast on the tokenizer's backend, chunks of ENCODE_BATCH
+    documents, cut per 1,000) == tokenizer(text) per 1,000-document map batch through
+    group_texts, BOS and all; chunks here of 2,000 over 2,500 documents: 1,000 + 1,000 | 500."""
+    transformers = pytest.importorskip("transformers")
+    corpus, prepare_data = _smoke()
     sys.path.insert(0, str(PROGRAM.parent))
     import prepare_tokenized as pt
-    assert [pt.tokenizing_processes(w, 1_000_000) for w in (1, 2, 16, 128)] == [
-        (1, 1), (2, 1), (16, 1), (128, 1)]
-    assert pt.tokenizing_processes(128, 2_999) == (2, 64)     # two 1,000-row batches' worth
-    assert pt.tokenizing_processes(2, 1_999) == (1, 2)
-    assert pt.tokenizing_processes(128, 999) == (1, 128)
+    docs = corpus.generated(3, 1_100_000)[:2500]
+    assert len(docs) == 2500
+    prepare_data.llama_tokenizer(docs[:300], 300).save_pretrained(str(tmp_path / "tok"))
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    monkeypatch.setattr(pt, "ENCODE_BATCH", 2000)
+    got = [row.tolist() for rows in pt.encoded_blocks(pt.encoder(tok), iter(docs), 64)
+           for row in rows]
+    want: list[list[int]] = []
+    for first in range(0, len(docs), pt.GROUP_BATCH):
+        batch = dict(tok(docs[first:first + pt.GROUP_BATCH]))
+        want += prepare_data.group_texts(batch, 64)["input_ids"]
+    assert want[0][0] == tok.bos_token_id and len(want) > 20
+    assert got == want

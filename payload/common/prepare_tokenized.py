@@ -138,11 +138,6 @@ def texts(args: argparse.Namespace, work: Path) -> Iterator[str]:
         yield from _documents(path, kind, source)
 
 
-def _rows(args: argparse.Namespace, work: Path) -> Iterator[dict[str, str]]:
-    for text in texts(args, work):
-        yield {"text": text}
-
-
 # --- BERT without --from: bertPrep.py's Wikipedia ---------------------------------------------
 
 def punkt(data_dir: Path) -> Callable[[str], list[str]]:
@@ -303,47 +298,108 @@ def _install(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def tokenizing_processes(workers: int, rows: int) -> tuple[int, int]:
-    """(processes, encoding threads each) for --workers cores: a process per core, each on one
-    encoding thread, so that while one converts and writes its batch (one core: Python) the
-    others encode; never more processes than 1,000-row batches, the cores left over as threads
-    (docs/benchmarks.md, the prepare stage)."""
-    count = max(1, min(workers, rows // GROUP_BATCH))
-    return count, max(1, workers // count)
+ENCODE_BATCH = 8 * GROUP_BATCH   # documents per encode_batch_fast call (rayon splits it)
+
+
+def encoder(tokenizer: Any) -> Any:
+    """The Rust tokenizer that the transformers one wraps, set as its __call__ sets it for a
+    plain tokenizer(text): no truncation, no padding; its post-processor adds the special
+    tokens (Llama's BOS) as add_special_tokens=True does."""
+    rust = tokenizer.backend_tokenizer
+    rust.no_truncation()
+    rust.no_padding()
+    return rust
+
+
+def cut(ids: Any, lengths: Any, block: int) -> Any:
+    """The rows of (n, block) ids that group_texts makes of these documents' ids: each
+    1,000-document batch concatenated, cut into blocks, its remainder dropped."""
+    import numpy
+    ends = numpy.concatenate([[0], numpy.cumsum(lengths)])
+    parts = []
+    for first in range(0, len(lengths), GROUP_BATCH):
+        lo, hi = ends[first], ends[min(first + GROUP_BATCH, len(lengths))]
+        usable = (hi - lo) // block * block
+        parts.append(ids[lo:lo + usable].reshape(-1, block))
+    return numpy.concatenate(parts) if parts else numpy.zeros((0, block), ids.dtype)
+
+
+def encoded_blocks(rust: Any, docs: Iterator[str], block: int) -> Iterator[Any]:
+    """(n, block) int32 arrays of blocks, ENCODE_BATCH documents at a time: a chunk is encoded
+    (rayon's threads, without the GIL) while the next is read and the last joined and cut."""
+    import itertools
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy
+
+    def blocks(encodings: list[Any]) -> Any:
+        rows = [e.ids for e in encodings]
+        lengths = numpy.fromiter(map(len, rows), numpy.int64, len(rows))
+        ids = numpy.fromiter(itertools.chain.from_iterable(rows), numpy.int32,
+                             int(lengths.sum()))
+        return cut(ids, lengths, block)
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = None
+        while chunk := list(itertools.islice(docs, ENCODE_BATCH)):
+            ahead = pool.submit(rust.encode_batch_fast, chunk)
+            if pending is not None:
+                yield blocks(pending.result())
+            pending = ahead
+        if pending is not None:
+            yield blocks(pending.result())
 
 
 def hf_blocks(args: argparse.Namespace, final: Path, tmp: Path, work: Path) -> str:
     import datasets
-    from prepare_data import group_texts
+    import numpy
+    import pyarrow
     datasets.disable_progress_bars()
     source = tokenizer_source(args)
     tokenizer = load_tokenizer(source)
     if args.seq_length > tokenizer.model_max_length:
         raise Refused(f"--tokenizer {source}: model_max_length {tokenizer.model_max_length} is "
                       f"below the recipe's model.seq_length {args.seq_length}")
-    raw = datasets.Dataset.from_generator(_rows, gen_kwargs={"args": args, "work": work},
-                                          features=datasets.Features(
-                                              {"text": datasets.Value("string")}),
-                                          cache_dir=str(work / "cache"))
-    count, threads = tokenizing_processes(args.workers, len(raw))
-    # Each process's encode_batch threads (rayon's pool starts at the first encode, in the
-    # worker): together no more than --workers cores; a RAYON_NUM_THREADS given is kept.
-    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    procs = count if count > 1 else None
-    say(f"tokenizing {len(raw):,} documents with {source} ({count} processes of "
-        f"{os.environ['RAYON_NUM_THREADS']} encoding threads, --workers {args.workers})")
-    tokenized = raw.map(lambda batch: tokenizer(batch["text"]), batched=True,
-                        batch_size=GROUP_BATCH, remove_columns=["text"], num_proc=procs)
-    # The blocks are cut per 1,000-row batch of the whole stream, as get_dataset.py's one
-    # process cuts them: one process here (shards would move the batch boundaries).
-    blocks = tokenized.map(group_texts, batched=True, batch_size=GROUP_BATCH,
-                           fn_kwargs={"block": args.seq_length})
-    if len(blocks) == 0:
-        raise Refused(f"the text makes no block of {args.seq_length} tokens: give more text")
+    # get_dataset.py's columns as its map writes them (datasets' types for a tokenizer's).
+    features = datasets.Features({
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "attention_mask": datasets.List(datasets.Value("int8")),
+        "labels": datasets.List(datasets.Value("int64"))})
+    # One process: encode_batch_fast's threads take the --workers cores (a RAYON_NUM_THREADS
+    # given is kept); 2 processes of 1 thread were slower here (docs/benchmarks.md).
+    os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
+    say(f"tokenizing with {source} ({os.environ['RAYON_NUM_THREADS']} encoding threads, "
+        f"--workers {args.workers})")
+    stream, count, docs = work / "blocks.arrow", 0, 0
+
+    def counted() -> Iterator[str]:
+        nonlocal docs
+        for text in texts(args, work):
+            docs += 1
+            yield text
+
+    block = args.seq_length
+    with pyarrow.OSFile(str(stream), "wb") as sink, \
+            pyarrow.ipc.new_stream(sink, features.arrow_schema) as writer:
+        for rows in encoded_blocks(encoder(tokenizer), counted(), block):
+            if not len(rows):
+                continue
+            offsets = pyarrow.array(numpy.arange(0, rows.size + 1, block, dtype=numpy.int32))
+            flat = rows.reshape(-1)
+            columns = [pyarrow.ListArray.from_arrays(offsets, pyarrow.array(flat)),
+                       pyarrow.ListArray.from_arrays(offsets, pyarrow.array(
+                           numpy.ones(flat.size, numpy.int8))),
+                       pyarrow.ListArray.from_arrays(offsets, pyarrow.array(
+                           flat.astype(numpy.int64)))]
+            writer.write_batch(pyarrow.record_batch(columns, schema=features.arrow_schema))
+            count += len(rows)
+    if count == 0:
+        raise Refused(f"the text makes no block of {block} tokens: give more text")
+    say(f"{docs:,} documents")
     tokenizer.save_pretrained(str(tmp))           # the export stage saves it with the model
-    blocks.save_to_disk(str(tmp))
+    datasets.Dataset.from_file(str(stream)).save_to_disk(str(tmp))
     _install(tmp, final)
-    return f"{len(blocks):,} blocks of {args.seq_length} tokens"
+    return f"{count:,} blocks of {block} tokens"
 
 
 def _balanced(docs: list[Any], shards: int) -> list[list[Any]]:
@@ -415,8 +471,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tokenizer", required=True, help="a hub name or a folder (data.tokenizer)")
     p.add_argument("--seq-length", type=int, required=True)
     p.add_argument("--workers", type=int, default=1,
-                   help="cores to use (the site's cpus_per_task): hf_blocks runs a process "
-                        "per core (at most one per 1,000 documents), bert_hdf5 one per shard")
+                   help="cores to use (the site's cpus_per_task): hf_blocks encodes on that "
+                        "many threads, bert_hdf5 runs a process per shard")
     p.add_argument("--max-predictions", type=int, default=20)
     p.add_argument("--seed", type=int, default=BERT_SEED)
     p.add_argument("--dupe-factor", type=int, default=DUPE_FACTOR)
