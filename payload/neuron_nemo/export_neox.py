@@ -209,28 +209,6 @@ class _Reference:
         pass
 
 
-class _Anything:
-    """Any other class the checkpoint's pickle names (callback state, hyper-parameters): inert."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "_Anything":
-        return object.__new__(cls)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, item: Any) -> None:
-        pass
-
-    def extend(self, items: Any) -> None:
-        pass
-
-
 class _Unpickler(pickle.Unpickler):
     """torch.load's unpickler for a NeMo ``.ckpt``: torch's tensor classes, plain containers,
     placeholders for TensorReference and for anything else (nothing of theirs runs)."""
@@ -252,7 +230,7 @@ class _Unpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "copyreg" and name == "_reconstructor":
             return lambda cls, base, state: cls()
-        return type(name, (_Anything,), {})
+        return type(name, (resume.Stub,), {})   # inert: nothing of theirs runs
 
 
 _PICKLE = types.ModuleType("nemo_checkpoint_pickle")

@@ -100,10 +100,10 @@ def rank_folders(tp: int, pp: int) -> list[str]:
     return [f"tp_rank_{t:02d}_pp_rank_{p:03d}" for t in range(tp) for p in range(pp)]
 
 
-class _Stub:
+class Stub:
     """Whatever class a pickle names, so a checkpoint's references are read without torch."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "_Stub":
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Stub":
         return object.__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -137,14 +137,14 @@ class _References(pickle.Unpickler):
         if name == "TensorReference":
             unpickler = self
 
-            class Reference(_Stub):
-                def __new__(cls, *args: Any, **kwargs: Any) -> "_Stub":
+            class Reference(Stub):
+                def __new__(cls, *args: Any, **kwargs: Any) -> "Stub":
                     unpickler.count += 1
                     return object.__new__(cls)
             return Reference
         if module == "copyreg" and name == "_reconstructor":
             return lambda cls, base, state: cls()
-        return type(name, (_Stub,), {})
+        return type(name, (Stub,), {})
 
     def persistent_load(self, pid: Any) -> None:
         return None
