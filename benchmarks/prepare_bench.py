@@ -128,6 +128,31 @@ def upstream(source: str, vocab: str, merges: str, prefix: str, workers: int) ->
     builder.finalize(f"{prefix}.idx")
 
 
+def get_dataset(source: str, tokenizer: str, out: str) -> None:
+    """NxD's examples/training/llama/get_dataset.py as its tutorial runs it (4f95471), on this
+    JSONL instead of wikicorpus: AutoTokenizer from the folder, a batched `datasets.map` of
+    tokenizer(text), then group_texts (concatenate, cut into SEQ-token blocks per batch of
+    1,000, labels a copy), save_to_disk. Its datasets cache is a fresh folder (a first run)."""
+    from itertools import chain
+
+    import datasets
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    cache = tempfile.mkdtemp(prefix="get-dataset-cache-", dir=str(Path(out).parent))
+    raw = datasets.load_dataset("json", data_files=source, cache_dir=cache)
+    columns = raw["train"].column_names
+
+    def group_texts(examples: dict[str, Any]) -> dict[str, Any]:
+        joined = {k: list(chain(*examples[k])) for k in examples}
+        total = len(joined[next(iter(examples))]) // SEQ * SEQ
+        result = {k: [t[i:i + SEQ] for i in range(0, total, SEQ)] for k, t in joined.items()}
+        result["labels"] = result["input_ids"].copy()
+        return result
+
+    tokenized = raw.map(lambda ex: tok(ex["text"]), batched=True, remove_columns=columns)
+    tokenized.map(group_texts, batched=True)["train"].save_to_disk(out)
+
+
 def limit(source: str, tokenizer: str, out: str, eod: bool, method: str) -> None:
     """`tokenizers`' `method` (encode_batch, or encode_batch_fast: no offsets) on the documents
     already in memory (timed alone), then the ids written as one uint16 stream (an end-of-text
@@ -234,6 +259,10 @@ def check_tokens(work: Path) -> list[str]:
     assert numpy.array_equal(one["input_ids"], expected), "--workers 1 cut other blocks"
     assert one.features == got.features
     said.append("hf_blocks: the --workers 1 run's blocks and features == the default's")
+    theirs = datasets.load_from_disk(str(work / "get_dataset")).with_format("numpy")
+    assert numpy.array_equal(theirs["input_ids"], expected), "get_dataset.py cut other blocks"
+    assert numpy.array_equal(theirs["labels"], expected)
+    said.append("hf_blocks: the stage's blocks == get_dataset.py's")
     return said
 
 
@@ -263,6 +292,8 @@ def programs(work: Path, tok: Path, args: argparse.Namespace,
             blocks_stage(work, "h1", "all.jsonl", cores, tok)],
         "hf_blocks: stage, 1 task, --workers 1 (one encoding thread)": [
             blocks_stage(work, "h1p1", "all.jsonl", 1, tok)],
+        "hf_blocks: NxD's get_dataset.py, as its tutorial runs it": [
+            [*me, "get_dataset", str(work / "all.jsonl"), str(tok), str(work / "get_dataset")]],
         **{k: v for k, v in limits.items() if k.startswith("hf_blocks")},
         f"hf_blocks: stage, 2 tasks on halves, --workers {half} each": [
             blocks_stage(work, "h2a", "a.jsonl", half, tok),
@@ -285,6 +316,8 @@ def main() -> None:
         kind, *rest = args.child
         if kind == "upstream":
             upstream(rest[0], rest[1], rest[2], rest[3], int(rest[4]))
+        elif kind == "get_dataset":
+            get_dataset(rest[0], rest[1], rest[2])
         else:
             limit(rest[0], rest[1], rest[2], rest[3] == "eod", rest[4])
         return
@@ -403,6 +436,11 @@ def main() -> None:
               + ", ".join(f"{size} {med[size, one] / med[size, two]:.2f}x" for size in sizes)
               + (f", marginal {gain[one] / gain[two]:.2f}x" if min(gain[one], gain[two]) > 0
                  else ""))
+    blocks = next(n for n in names if n.startswith("hf_blocks: stage"))
+    nxd = next(n for n in names if "get_dataset" in n)
+    print("hf_blocks: the stage is as fast as get_dataset.py's loop times "
+          + ", ".join(f"{size} {med[size, nxd] / med[size, blocks]:.2f}" for size in sizes)
+          + (f", marginal {gain[nxd] / gain[blocks]:.2f}" if gain[blocks] > 0 else ""))
     stage, nemo = names[0], names[1]
     print("megatron: the stage is as fast as NeMo's loop times "
           + ", ".join(f"{size} {med[size, nemo] / med[size, stage]:.2f}" for size in sizes)
