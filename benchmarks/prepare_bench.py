@@ -8,7 +8,8 @@ a big dataset gets), each program in a fresh process with the nodes' interpreter
 (JOBGEN_PYTHON, else this one), the programs taking turns round by round: the stage's Megatron
 writer (payload/smoke/prepare_data.py), NeMo's preprocessing loop as its tutorial runs it (NeMo
 is not installed here: its loop, rebuilt below, on megatron-core's writer), the cluster's
-blocks writer (payload/common/prepare_tokenized.py), `tokenizers`' encode_batch and
+blocks writer (payload/common/prepare_tokenized.py), NxD's get_dataset.py as its tutorial
+runs it (rebuilt below on the same JSONL), `tokenizers`' encode_batch and
 encode_batch_fast (the faster is the limit), and two tasks on halves at once, each on its share
 of the cores, against one on all (the job array's speed-up).
 """
