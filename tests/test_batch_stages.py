@@ -86,12 +86,14 @@ def test_more_inputs_than_batch_can_depend_on_is_one_line(jobgen: Jobgen) -> Non
 
 
 def test_sagemaker_and_eks_say_they_cannot_chain_stages(jobgen: Jobgen) -> None:
-    for backend in ("sagemaker", "eks"):
+    for backend, says in (("sagemaker", "cannot run stages one after another (its jobs cannot "
+                                        "wait for each other)"),
+                          ("eks", "cannot run stages other than train yet (slurm and batch "
+                                  "can)")):
         result = jobgen("submit", "neox20b", "--backend", backend, "--stages",
                         "prepare,train", "--dry-run")
         assert result.exit_code == 2
-        assert f"--backend {backend} cannot run stages other than train yet (slurm and " \
-               "batch can)" in result.stderr
+        assert f"--backend {backend} {says}" in result.stderr
 
 
 def _run(**extra: Any) -> ledger.Run:

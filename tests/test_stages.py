@@ -64,7 +64,8 @@ def test_stages_chain_with_afterok_and_other_backends_say_they_cannot() -> None:
     assert refused.returncode == 2
     assert refused.stderr == (
         "error: jobgen submit: --stages prepare,train: --backend sagemaker cannot run stages "
-        "other than train yet (slurm and batch can) (see 'jobgen submit --help')\n")
+        "one after another (its jobs cannot wait for each other): submit each on its own, "
+        "--stages export once training has completed (see 'jobgen submit --help')\n")
     wrong = jobgen("submit", "neox20b", "--stages", "train,prepare", "--dry-run")
     assert wrong.returncode == 2
     assert "stages in pipeline order, each once (prepare,train,export" in wrong.stderr

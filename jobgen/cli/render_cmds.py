@@ -90,7 +90,7 @@ def show(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Op
               help="The stage's job: train (the two passes), prepare (the dataset the "
                    "recipe's data: section names), export (a sealed step as a Hugging Face "
                    "folder in RUN/export, proven; --smoke rehearsals) or eval (an exported "
-                   "step scored by lm-eval into RUN/eval); Slurm, Batch.")
+                   "step scored by lm-eval into RUN/eval); Slurm, Batch; SageMaker: export.")
 @click.option("--from", "sources", multiple=True, metavar="PATH",
               help="--stage prepare: its input (text or JSONL, local or s3://); repeatable: "
                    "one array task and one shard (data.shards) per input. BERT: or one "

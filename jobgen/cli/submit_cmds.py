@@ -39,7 +39,8 @@ from .param_types import _Backends, _Seconds
               help="Slurm, Batch: the stages to submit, each job after the one before "
                    "(afterok; dependsOn): prepare (the dataset), train (the two passes), "
                    "export (a sealed step as a Hugging Face folder; --smoke rehearsals), "
-                   "eval (an exported step scored by lm-eval).")
+                   "eval (an exported step scored by lm-eval). SageMaker: one at a time "
+                   "(train, or export once training has completed).")
 @click.option("--from", "sources", multiple=True, metavar="PATH",
               help="The prepare stage's input (text or JSONL, local or s3://); repeatable: one "
                    "array task and one shard (data.shards) per input. BERT: or one MediaWiki "
@@ -84,7 +85,14 @@ def _stages(text: str, backend: str, sources: tuple[str, ...],
     """--stages checked: known, in order; a backend that cannot chain them says so."""
     from ..payloads.stages import chain
     names = chain(text)
-    if names != ("train",) and not backends.declaration(backend).takes("stages"):
+    declared = backends.declaration(backend)
+    if names != ("train",) and not declared.takes("stages") and declared.takes("stage"):
+        if len(names) > 1:   # its jobs cannot depend on one another: one at a time
+            raise click.UsageError(f"--stages {text}: --backend {backend} cannot run stages "
+                                   "one after another (its jobs cannot wait for each other): "
+                                   "submit each on its own, --stages export once training "
+                                   "has completed")
+    elif names != ("train",) and not declared.takes("stages"):
         raise click.UsageError(f"--stages {text}: --backend {backend} cannot run stages "
                                f"other than train yet ({_who_takes('stages')} can)")
     if sources and "prepare" not in names:
@@ -298,7 +306,9 @@ def _rehearse_again(run: str, spec: Any, recipe_file: Path, site_file: Path,
                    "rehearsal-sized dataset at the recipe's paths, which train then reads) or "
                    "export (a sealed step of the rehearsal as a Hugging Face model folder in "
                    "RUN/export/step-N, proven against the trainer's logged loss) or eval (an "
-                   "exported step scored by lm-eval on a task made here, RUN/eval/step-N.json).")
+                   "exported step scored by lm-eval on a task made here, RUN/eval/step-N.json)."
+                   " --backend sagemaker: export, as its one-instance job on the run's S3 "
+                   "checkpoints.")
 @click.option("--from", "sources", multiple=True, metavar="FILE",
               help="--stage prepare: the text or JSONL to make the dataset of (repeatable); "
                    "default: a corpus generated from the recipe's seed.")
@@ -327,7 +337,8 @@ def run(recipe: str, nodes: Optional[int], overrides: tuple[str, ...], site: Opt
                                "scheduler")
     if sources and stage != "prepare":
         raise click.UsageError("--from is the prepare stage's input (--stage prepare)")
-    if stage != "train" and run_backend != "local":
+    if stage != "train" and run_backend != "local" and stage not in getattr(
+            backends.module(run_backend, "rehearsal"), "STAGES", ()):
         raise click.UsageError(f"--stage {stage}: `jobgen run` runs it with --backend local")
     from ..payloads.stages import stage as declared_stage
     if step is not None and not declared_stage(stage).takes_step:
@@ -420,12 +431,22 @@ def _run_stage(spec: Any, stage: str, sources: tuple[str, ...], recipe: str,
                step: Optional[int] = None) -> None:
     """`jobgen run --stage NAME`: the stage's job on this machine (jobgen/backends/local/
     stage.py); exits with its status."""
+    from ..backends.local import rehearsal as local_rehearsal
     from ..backends.local import stage as local_stage
     from ..inputs.recipe import locate as locate_recipe
     from ..inputs.site import locate as locate_site
     from ..inputs.userconfig import site as default_site
     from ..payloads import stages
     from ..plumbing.render import shell_quote
+    from ..runs.ledger import local_job_id
+    container = backends.declaration(spec.backend).container
+    if dry_run and container:    # the emulated instance's command: nothing laid out
+        import json
+        instance = backends.module(spec.backend, "rehearsal").stage_instance(
+            spec, stage, "dry-run", write=False)
+        argv, env = instance.command(step, write=False)
+        click.echo(json.dumps({"node": 0, "argv": argv, "env": env}, indent=2))
+        raise SystemExit(0)
     if dry_run and stages.stage(stage).work is not None:   # what it would run, one per task
         made = stages.work(stage, spec, sources, step)
         for task in made.tasks:
@@ -434,18 +455,20 @@ def _run_stage(spec: Any, stage: str, sources: tuple[str, ...], recipe: str,
     train = ["jobgen", "run", recipe, "--nodes", str(spec.nodes),
              *[word for item in overrides for word in ("--set", item)],
              *(["--site", site] if site else []), *(["--run-name", run_name] if run_name else []),
-             "--smoke"]
+             *(["--backend", spec.backend] if spec.backend != "local" else []), "--smoke"]
     again = train[:3] + ["--stage", stage, *[w for s in sources for w in ("--from", s)],
                          *(["--step", str(step)] if step is not None else []), *train[3:]]
     site_ref = site if site is not None else default_site(None)[0]
     if "/" in site_ref or site_ref.endswith((".yaml", ".yml")):
         site_ref = os.path.abspath(site_ref)
+    job_id = local_job_id()
     status = local_stage.run(spec, stage, sources, site_ref=site_ref, overrides=overrides,
                              recipe_file=locate_recipe(recipe)[0],
                              site_file=locate_site(site_ref)[0], emit=click.echo,
                              say=lambda line: click.echo(line, err=True), amend=amend,
-                             step=step)
-    click.echo(local_stage.closing_line(spec, stage, status, again, train))
+                             step=step, job_id=job_id)
+    click.echo(local_stage.closing_line(spec, stage, status, again, train,
+                                        local_rehearsal.run_folder(spec, job_id)))
     raise SystemExit(status)
 
 

@@ -141,6 +141,7 @@ class SageMakerSite:
     rendezvous_timeout_s: int = least(1, 900)
     compile_cache: str = "/opt/ml/checkpoints/compile-cache"  # kept in S3 with checkpoints
     smoke_instance_type: Optional[str] = None   # a CPU instance for --smoke (ml.c5.4xlarge)
+    export_instance_type: Optional[str] = None  # the export stage's (default: by model size)
     keep_alive_s: int = least(0, 0)             # warm pool: seconds instances stay for the next
 
 

@@ -225,8 +225,8 @@ def _tokenizer_args(spec: JobSpec, declared: tuple[str, ...]) -> tuple[str, ...]
 def _export(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> StageWork:
     """The payload's export program with the training pass's own flags (the model's shape and
     where its data is), the run's tokenizer, RUN/export and the step (default: the newest
-    sealed one that can be proven, when the job starts). Rehearsals, NeMo's and NxD's own runs
-    (docs/model-out.md)."""
+    sealed one that can be proven, when the job starts). Rehearsals, NeMo's, NxD's and SMP's
+    own runs (docs/model-out.md)."""
     from . import for_spec
     name = spec.recipe.payload
     if spec.rehearsal is None and name == "habana_deepspeed":
@@ -235,12 +235,18 @@ def _export(spec: JobSpec, sources: tuple[str, ...], step: Optional[int]) -> Sta
         return _nxd_export(spec, step)
     if spec.rehearsal is None and name == "neuron_nemo":
         return _nemo_export(spec, step)
+    if spec.rehearsal is None and name == "smp_fsdp":
+        return _smp_export(spec, step)
     if spec.rehearsal is None:
         raise ConfigError(f"{spec.source}: --stage export is not available for payload {name} "
                           "yet (only for --smoke rehearsals: docs/model-out.md)")
-    program = ("habana_deepspeed/export_bert.py" if spec.rehearsal.family == "bert"
-               else "smoke/export_smoke.py")
     payload = REGISTRY.get(name)
+    if payload is not None and payload.rehearses_itself:
+        # Its rehearsal runs its own trainer (smp_fsdp.py): its own export reads the checkpoints.
+        program = OWN_EXPORT[name]
+    else:
+        program = ("habana_deepspeed/export_bert.py" if spec.rehearsal.family == "bert"
+                   else "smoke/export_smoke.py")
     args = (*for_spec(spec).train_args,
             *_tokenizer_args(spec, payload.data if payload is not None else ()),
             "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
@@ -290,6 +296,26 @@ def _nxd_export(spec: JobSpec, step: Optional[int]) -> StageWork:
             *(("--step", str(step)) if step is not None else ()), "--on-node")
     return StageWork(program="neuronx_distributed/export_llama.py", tasks=(args,),
                      training_node=True)
+
+
+SMP_PROOF_MICRO_BATCHES = 8   # a 7B model's fp32 forward of 4,096 tokens: about a minute on CPU
+OWN_EXPORT = {"smp_fsdp": "smp_fsdp/export_smp.py"}   # by payload, where the trainer is its own
+
+
+def _smp_export(spec: JobSpec, step: Optional[int]) -> StageWork:
+    """payload/smp_fsdp/export_smp.py with the training pass's flags (torch's DCP reader merges
+    the sharded checkpoint in one CPU process), the tokenizer prepare saved beside the blocks
+    (or data.tokenizer's own folder), proven on the first micro-batches of the step."""
+    from . import for_spec
+    data = spec.recipe.data
+    tokenizer = (data.tokenizer if data.tokenizer and posixpath.isabs(data.tokenizer)
+                 else spec.data_path(data.path))
+    proof = min(SMP_PROOF_MICRO_BATCHES, spec.global_batch_size // spec.micro_batch_size)
+    args = (*for_spec(spec).train_args, "--tokenizer", tokenizer,
+            "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
+            "--micro-batches", str(proof),
+            *(("--step", str(step)) if step is not None else ()), "--on-node")
+    return StageWork(program=OWN_EXPORT["smp_fsdp"], tasks=(args,))
 
 
 NEMO_PROOF_MICRO_BATCHES = 8   # a whole step of a 20B model is hours of fp32 on a CPU

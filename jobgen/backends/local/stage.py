@@ -25,7 +25,10 @@ def run(spec: JobSpec, name: str, sources: Sequence[str], *, site_ref: str,
         job_id: Optional[str] = None, step: Optional[int] = None) -> int:
     """Run stage `name` of `spec` here; returns its status (the first task's that fails). The
     export stage works on `step`, else on the newest sealed checkpoint that can be proven; the
-    eval stage on the export of `step`, else the newest: each found before it starts."""
+    eval stage on the export of `step`, else the newest: each found before it starts. A
+    container backend's stage job runs as its emulated instance (its rehearsal's
+    `stage_instance`: its own disk, the run's checkpoints as the service gives them)."""
+    from ... import backends
     from ...payloads import stages
     from ...runs import ledger as runs
     from . import needs, rehearsal
@@ -44,36 +47,54 @@ def run(spec: JobSpec, name: str, sources: Sequence[str], *, site_ref: str,
     if declared.work is None:
         raise ConfigError(f"--stage {name}: `jobgen run` without --stage runs it")
     exported: Optional[dict[str, object]] = None
-    if name == "export":
-        step = sealed_step(spec, step, say)
-        exported = {"step": step, "folder": str(export_folder(spec, step))}
-    work = stages.work(name, spec, tuple(sources), step)   # refuses what it cannot run first
-    if name == "eval":
-        step = exported_step(spec, step)
-        work = stages.work(name, spec, tuple(sources), step)
-        exported = {"step": step, "results": str(results_file(spec, step))}
-    env = local_runner.node_env({})
-    needs.check(spec, env, programs=[work.program])
-    python = needs.node_python(env) or "python3"
     job_id = job_id or runs.local_job_id()
-    local_runner.place_payload(spec)
-    for warning in rehearsal.record(spec, job_id, site_ref=site_ref, overrides=overrides,
+    instance = None
+    if backends.declaration(spec.backend).container:
+        # The job as the service is handed it: what it refuses is refused before anything.
+        backends.get(spec.backend).plan_stage(spec, name, tuple(sources), step)
+        instance = backends.module(spec.backend, "rehearsal").stage_instance(spec, name, job_id)
+    run_dir = instance.run_dir if instance is not None else spec.run_dir
+    try:
+        if name == "export":
+            step = sealed_step(spec, step, say, *(
+                (instance.trained, instance.shown) if instance is not None else ()))
+            exported = {"step": step, "folder": str(export_folder(spec, step, run_dir))}
+        work = stages.work(name, spec, tuple(sources), step)   # refuses what it cannot run
+        if name == "eval":
+            step = exported_step(spec, step)
+            work = stages.work(name, spec, tuple(sources), step)
+            exported = {"step": step, "results": str(results_file(spec, step))}
+        env = local_runner.node_env({})
+        if instance is not None:     # the container's command, its environment
+            argv, container_env = instance.command(step)
+            env = local_runner.node_env(container_env)
+            commands = [argv]
+        needs.check(spec, env, programs=[work.program])
+        python = needs.node_python(env) or "python3"
+        if instance is None:
+            program = Path.cwd() / spec.payload_dir / work.program
+            commands = [[python, str(program), *args] for args in work.tasks]
+        local_runner.place_payload(spec)
+        warnings = rehearsal.record(spec, job_id, site_ref=site_ref, overrides=overrides,
                                     recipe_file=recipe_file, site_file=site_file, amend=amend,
-                                    stage=name, sources=sources, exported=exported):
+                                    stage=name, sources=sources, exported=exported)
+    except BaseException:
+        if instance is not None:     # a refusal leaves no emulated instance behind
+            instance.discard()
+        raise
+    for warning in warnings:
         say(f"warning: {warning}")
     for note in work.notes:
         say(note)
-    folder = Path(spec.run_dir, "logs", job_id, "node-0")
+    folder = Path(run_dir, "logs", job_id, "node-0")
     folder.mkdir(parents=True, exist_ok=True)
-    program = Path.cwd() / spec.payload_dir / work.program
     status = 0
     log = folder / f"{name}.log"
-    for index, args in enumerate(work.tasks):
+    for index, argv in enumerate(commands):
         # The progress line, as the stage's sbatch script prints it.
-        say(f"jobgen: {name} stage, task {index} of {len(work.tasks)} (run "
+        say(f"jobgen: {name} stage, task {index} of {len(commands)} (run "
             f"{spec.run_name}, job {job_id}): {work.program}")
-        status = _task([python, str(program), *args], env, log,
-                       lambda line: emit(f"[{name}] {line}"))
+        status = _task(argv, env, log, lambda line: emit(f"[{name}] {line}"))
         if status != 0:
             break
     _end(folder, status, name)
@@ -87,25 +108,30 @@ def run(spec: JobSpec, name: str, sources: Sequence[str], *, site_ref: str,
     return status
 
 
-def export_folder(spec: JobSpec, step: int) -> Path:
+def export_folder(spec: JobSpec, step: int, run_dir: Optional[str] = None) -> Path:
     from ...payloads.stages import EXPORT_ROOT
-    return Path(spec.run_dir, EXPORT_ROOT, f"step-{step}").absolute()
+    return Path(run_dir or spec.run_dir, EXPORT_ROOT, f"step-{step}").absolute()
 
 
 def sealed_step(spec: JobSpec, step: Optional[int],
-                say: Optional[Callable[[str], None]] = None) -> int:
+                say: Optional[Callable[[str], None]] = None,
+                trained: Optional[Path] = None, shown: str = "") -> int:
     """The rehearsal's step to export: `step`, or the newest that can be proven (the trainer
     logged the step after it; said where that is not the newest, which is taken where none
     can); one line where `step` is not sealed (a step folder without its COMPLETE marker is
-    being written, or its save failed)."""
-    root = Path(spec.run_dir, "train", "checkpoints")
-    sealed = sorted(int(m.parent.name[len("step_"):]) for m in root.glob("step_*/COMPLETE")
+    being written, or its save failed). `trained`: the training pass's folder where it is not
+    RUN/train (an emulated instance's channel), `shown` its name in the refusals."""
+    trained = trained or Path(spec.run_dir, "train")
+    root: object = shown or trained / "checkpoints"
+    sealed = sorted(int(m.parent.name[len("step_"):])
+                    for m in (trained / "checkpoints").glob("step_*/COMPLETE")
                     if m.parent.name[len("step_"):].isdigit())
     if not sealed:
+        backend = f" --backend {spec.backend}" if spec.backend != "local" else ""
         raise ConfigError(f"{root}: no complete checkpoint to export (train first: jobgen run "
-                          f"{spec.recipe.name} --smoke)")
+                          f"{spec.recipe.name} --smoke{backend})")
     if step is None:
-        logged = logged_steps(Path(spec.run_dir, "train", "metrics.jsonl"))
+        logged = logged_steps(trained / "metrics.jsonl")
         provable = [n for n in sealed if n + 1 in logged]
         if not provable or provable[-1] == sealed[-1]:
             return sealed[-1]
@@ -242,11 +268,11 @@ def _end(folder: Path, status: int, name: str) -> None:
 
 
 def closing_line(spec: JobSpec, name: str, status: int, again: list[str],
-                 train: list[str]) -> str:
+                 train: list[str], run_dir: Optional[str] = None) -> str:
     """The stage's last line: where the dataset (the export, the scores) is and what to run
-    next (`train`)."""
+    next (`train`); `run_dir`: the run folder as it lies here (an emulated instance's)."""
     if name == "export":
-        return _export_line(spec, status, again)
+        return _export_line(run_dir or spec.run_dir, status, again)
     if name == "eval":
         return _eval_line(spec, status, again)
     where = spec.data_path(spec.recipe.data.path)
@@ -258,8 +284,8 @@ def closing_line(spec: JobSpec, name: str, status: int, again: list[str],
                      f"{where}; next, train on it: {shell_quote(train)}")
 
 
-def _export_line(spec: JobSpec, status: int, again: list[str]) -> str:
-    root = Path(spec.run_dir, "export")
+def _export_line(run_dir: str, status: int, again: list[str]) -> str:
+    root = Path(run_dir, "export")
     if status not in (0, 3):
         return printable(f"jobgen: the export stage ended with status {status} (nothing "
                          f"half-written is left in {root}); rerun it with: {shell_quote(again)}")

@@ -26,7 +26,8 @@ DECLARATION = Declaration(
     node_scratch="/tmp/jobgen",
     watch=True,
     logs_per_node=True,
-    options=frozenset({"endpoint_url", "region", "profile"}),
+    # "stage": a submission may be one stage's job (--stages export: stage.py), never a chain.
+    options=frozenset({"endpoint_url", "region", "profile", "stage"}),
     extra="sagemaker", sdk_modules=("botocore",), renders_with_sdk=True,
     default_poll_s=30.0,
     health_on_failure=(

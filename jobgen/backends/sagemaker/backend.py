@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ...images import catalog as images
 from ...inputs.site import Site
@@ -17,6 +17,7 @@ from .. import Echo, JobStatus, SubmitOptions, Submitted, aws, job_status
 from ..aws import call as _call
 from ..protocol import JobRef
 from .request import CHECKPOINTS, job_name, training_job, validate  # noqa: F401  (tests)
+from .stage import stage_job
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 # Where a SageMaker node finds its data channel.
@@ -41,12 +42,36 @@ def _data_read_only(section: SageMakerSite) -> bool:
 
 
 def plan(spec: JobSpec) -> Plan:
-    request = training_job(spec)
-    name = f"{spec.run_name}.training-job.json"
+    return _plan(f"{spec.run_name}.training-job.json", training_job(spec))
+
+
+def _plan(name: str, request: dict[str, Any]) -> Plan:
     return Plan(backend="sagemaker", files=(PlannedFile(name, json.dumps(request, indent=2)
                                                         + "\n"),), primary=name,
                 submit_argv=("aws", "sagemaker", "create-training-job", "--cli-input-json",
                              "file://{primary}"))
+
+
+def plan_stage(spec: JobSpec, name: str, sources: Sequence[str] = (),
+               step: Optional[int] = None) -> Plan:
+    """The export stage's training job (stage.py): one instance on the run's checkpoints."""
+    if name == "train":
+        return plan(spec)
+    return _plan(f"{spec.run_name}-{name}.training-job.json",
+                 stage_job(spec, name, sources, step))
+
+
+def _request(spec: JobSpec, options: SubmitOptions) -> dict[str, Any]:
+    """The one job a submission makes: training, or one stage. SageMaker has no dependencies
+    between training jobs, so stages are not chained: one line says so."""
+    if len(options.stages) > 1:
+        raise ConfigError(f"--stages {','.join(options.stages)}: --backend sagemaker cannot "
+                          "run stages one after another (a SageMaker training job cannot wait "
+                          "for another): submit each on its own, --stages export once training "
+                          "has completed")
+    if options.stages == ("train",):
+        return training_job(spec)
+    return stage_job(spec, options.stages[0], options.sources, options.step)
 
 
 # --- the job once it is submitted -----------------------------------------------------------
@@ -58,7 +83,7 @@ def prepare(spec: JobSpec, strict: bool = True, say: Optional[Echo] = None) -> N
 def dry_run(spec: JobSpec, options: SubmitOptions) -> str:
     name, origin = aws.region(spec.site, "sagemaker")
     return json.dumps({"region": {"name": name, "from": origin},
-                       "CreateTrainingJob": training_job(spec)}, indent=2) + "\n"
+                       "CreateTrainingJob": _request(spec, options)}, indent=2) + "\n"
 
 
 def _client(site: Any, endpoint_url: Optional[str], service: str = "sagemaker") -> Any:
@@ -66,13 +91,14 @@ def _client(site: Any, endpoint_url: Optional[str], service: str = "sagemaker") 
 
 
 def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
-    """CreateTrainingJob with the request `jobgen render --backend sagemaker` prints. Names
-    are never reused by SageMaker: a second submission of the same request gets -2, -3, ..."""
+    """CreateTrainingJob with the request `jobgen render --backend sagemaker [--stage ...]`
+    prints. Names are never reused by SageMaker: a second submission of the same request gets
+    -2, -3, ..."""
     if options.chain:
         raise ConfigError("--chain is for Slurm (a SageMaker job runs both passes on its "
                           "instances)")
+    request = _request(spec, options)
     prepare(spec, strict=True, say=options.say)   # the image holds the job's payload
-    request = training_job(spec)
     client = _client(spec.site, options.endpoint_url)
     base = request["TrainingJobName"]
     for attempt in range(1, 100):
@@ -87,8 +113,10 @@ def submit(spec: JobSpec, options: SubmitOptions) -> Submitted:
         raise RemoteError(f"SageMaker: 99 jobs named {base}[-N] exist already")
     request["TrainingJobName"] = name
     _call(client.create_training_job, **request)
+    resources = request["ResourceConfig"]
     return Submitted((name,), (f"created SageMaker training job {name} "
-                               f"({spec.nodes} x {request['ResourceConfig']['InstanceType']})",))
+                               f"({resources['InstanceCount']} x {resources['InstanceType']})",),
+                     stages=() if options.stages == ("train",) else options.stages)
 
 
 def _ref_client(ref: JobRef, service: str = "sagemaker") -> Any:
