@@ -283,19 +283,26 @@ NXD_PROOF_MICRO_BATCHES = 8   # a 7B model's fp32 forward of 4,096 tokens: about
 
 def _nxd_export(spec: JobSpec, step: Optional[int]) -> StageWork:
     """payload/neuronx_distributed/export_llama.py on a node of the training kind (NxD's
-    converter loads the xser saves with torch_xla), with the tokenizer prepare saved beside the
-    blocks (or data.tokenizer's own folder), proven on the first micro-batches of the step."""
+    converter loads the xser saves with torch_xla)."""
+    return _llama_export(spec, step, "neuronx_distributed/export_llama.py",
+                         NXD_PROOF_MICRO_BATCHES, training_node=True)
+
+
+def _llama_export(spec: JobSpec, step: Optional[int], program: str, micro_batches: int,
+                  training_node: bool = False) -> StageWork:
+    """A Llama export program with the training pass's flags, the tokenizer prepare saved
+    beside the blocks (or data.tokenizer's own folder), proven on the first micro-batches of
+    the step."""
     from . import for_spec
     data = spec.recipe.data
     tokenizer = (data.tokenizer if data.tokenizer and posixpath.isabs(data.tokenizer)
                  else spec.data_path(data.path))
-    proof = min(NXD_PROOF_MICRO_BATCHES, spec.global_batch_size // spec.micro_batch_size)
+    proof = min(micro_batches, spec.global_batch_size // spec.micro_batch_size)
     args = (*for_spec(spec).train_args, "--tokenizer", tokenizer,
             "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
             "--micro-batches", str(proof),
             *(("--step", str(step)) if step is not None else ()), "--on-node")
-    return StageWork(program="neuronx_distributed/export_llama.py", tasks=(args,),
-                     training_node=True)
+    return StageWork(program=program, tasks=(args,), training_node=training_node)
 
 
 SMP_PROOF_MICRO_BATCHES = 8   # a 7B model's fp32 forward of 4,096 tokens: about a minute on CPU
@@ -303,19 +310,9 @@ OWN_EXPORT = {"smp_fsdp": "smp_fsdp/export_smp.py"}   # by payload, where the tr
 
 
 def _smp_export(spec: JobSpec, step: Optional[int]) -> StageWork:
-    """payload/smp_fsdp/export_smp.py with the training pass's flags (torch's DCP reader merges
-    the sharded checkpoint in one CPU process), the tokenizer prepare saved beside the blocks
-    (or data.tokenizer's own folder), proven on the first micro-batches of the step."""
-    from . import for_spec
-    data = spec.recipe.data
-    tokenizer = (data.tokenizer if data.tokenizer and posixpath.isabs(data.tokenizer)
-                 else spec.data_path(data.path))
-    proof = min(SMP_PROOF_MICRO_BATCHES, spec.global_batch_size // spec.micro_batch_size)
-    args = (*for_spec(spec).train_args, "--tokenizer", tokenizer,
-            "--export-root", posixpath.join(spec.run_dir, EXPORT_ROOT),
-            "--micro-batches", str(proof),
-            *(("--step", str(step)) if step is not None else ()), "--on-node")
-    return StageWork(program=OWN_EXPORT["smp_fsdp"], tasks=(args,))
+    """payload/smp_fsdp/export_smp.py (torch's DCP reader merges the sharded checkpoint in one
+    CPU process)."""
+    return _llama_export(spec, step, OWN_EXPORT["smp_fsdp"], SMP_PROOF_MICRO_BATCHES)
 
 
 NEMO_PROOF_MICRO_BATCHES = 8   # a whole step of a 20B model is hours of fp32 on a CPU
