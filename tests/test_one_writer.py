@@ -42,6 +42,9 @@ ALLOWED = {
         "publishes the rehearsal's stand-in image tree by renaming the folder it built",
     ("backends/local/runner.py", "write_text"):
         "stand-in files inside the rehearsal's private temporary tree, before its rename",
+    ("backends/sagemaker/rehearsal.py", "shutil.copy2"):
+        "the export rehearsal's channel: the emulated S3 prefix's regular files (checkpoints, "
+        "too large for fsio's bounded reader) copied into the emulated instance's own folder",
     ("watching/actions.py", "os.rename"):
         "a rollback moves checkpoint folders aside within the run's checkpoint folder "
         "(a folder, kept whole; a symlink moves as itself)",

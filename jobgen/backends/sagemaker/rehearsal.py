@@ -8,6 +8,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -94,7 +95,8 @@ def _download(sources: list[Path], target: Path) -> None:
             here = target / Path(folder).relative_to(source)
             here.mkdir(parents=True, exist_ok=True)
             for name in files:
-                shutil.copy2(Path(folder, name), here / name)
+                if stat.S_ISREG(os.lstat(Path(folder, name)).st_mode):   # S3 holds files only
+                    shutil.copy2(Path(folder, name), here / name)
 
 
 class StageInstance:
